@@ -1,0 +1,5 @@
+import sys
+
+from specui.cli import main
+
+sys.exit(main())

@@ -1,0 +1,65 @@
+"""``specui decode``: one prompt through the engine, printed or as JSON steps."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from specui.trace import SamplingParams, SpecUIError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("decode", help="generate a completion with speculative decoding")
+    p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the verifier's chat template")
+    p.add_argument("--verifier", default="embedded", help="embedded | HF folder | .gguf file | hub id")
+    p.add_argument("--drafter", default="none", help="none | ngram | a shipped drafter name | a speculators folder")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help="K (default: the drafter's own)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--json", action="store_true", help="one JSON object per step, then a summary object")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.prompt.strip():
+        raise SpecUIError("the prompt is empty")
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    if args.num_speculative_tokens is not None and not 0 <= args.num_speculative_tokens <= 256:
+        raise SpecUIError(f"--num-speculative-tokens must be in 0..256, got {args.num_speculative_tokens}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from specui.drafters.resolve import resolve_drafter
+    from specui.engine import Decoding
+    from specui.verifier import Verifier
+
+    verifier = Verifier.load(args.verifier)
+    drafter = resolve_drafter(args.drafter, verifier, args.num_speculative_tokens)
+    prompt_ids = verifier.encode(args.prompt, chat=args.chat)
+    run = Decoding(
+        verifier, drafter, prompt_ids,
+        max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, stop_strings=args.stop,
+    )
+    for step in run:
+        if args.json:
+            print(json.dumps(step.to_dict(), ensure_ascii=False), flush=True)
+    result = run.result
+    if args.json:
+        print(json.dumps({"summary": True, "drafter": drafter.name, **result.summary()}, ensure_ascii=False))
+    else:
+        print(result.output_text)
+        s = result.summary()
+        print(
+            f"[{drafter.name}] {s['num_output_tokens']} tokens in {s['wall_time_s']:.2f}s "
+            f"({s['tokens_per_second']:.1f} tok/s), tau {s['acceptance_length']:.2f}, {s['num_steps']} steps",
+            file=sys.stderr,
+        )
+    return 0

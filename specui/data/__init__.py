@@ -1,0 +1,13 @@
+"""Training and evaluation data: prompt sets, self-distilled responses, verifier hidden states."""
+
+from specui.data.prompts import (
+    Prompt,
+    PromptSet,
+    load_prompts,
+    prompt_sets,
+    read_prompt_file,
+    register_prompt_set,
+    split_of,
+)
+
+__all__ = ["Prompt", "PromptSet", "load_prompts", "prompt_sets", "read_prompt_file", "register_prompt_set", "split_of"]

@@ -1,0 +1,196 @@
+"""Self-distillation: the verifier writes the responses a drafter is trained on.
+
+A drafter is scored on how often the *verifier* agrees with it, so the best
+training text is the verifier's own greedy output.  Responses are generated in
+batches (left padding, ``transformers`` ``generate``) and cached on disk as
+JSONL of token ids, keyed by verifier and prompt, appended batch by batch so an
+interrupted run keeps what it finished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specui.data.prompts import Prompt
+from specui.trace import SpecUIError
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]  # (done, total)
+
+
+@dataclass(frozen=True)
+class TokenSample:
+    """One training sequence: prompt ids then response ids (the loss covers the response)."""
+
+    id: str
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+
+    @property
+    def input_ids(self) -> list[int]:
+        return [*self.prompt_ids, *self.response_ids]
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return [0] * len(self.prompt_ids) + [1] * len(self.response_ids)
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def key(self) -> str:
+        """Content hash of the token ids (and where the loss starts)."""
+        return _hash_ids(self.prompt_ids, self.response_ids)
+
+
+def _hash_ids(*seqs: Sequence[int]) -> str:
+    h = hashlib.sha256()
+    for s in seqs:
+        h.update(b"|" + ",".join(map(str, s)).encode())
+    return h.hexdigest()
+
+
+def verifier_fingerprint(verifier) -> str:
+    """A short id of the verifier's weights and config: caches of another model never match."""
+    h = hashlib.sha256(verifier.config.to_json_string(use_diff=False).encode())
+    # A slice of the embedding and of the LM head tells fine-tunes of one architecture apart.
+    for w in (verifier.embed_tokens.weight, verifier.lm_head.weight):
+        h.update(w.detach().flatten()[:4096].float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def self_distill(
+    verifier,
+    prompts: Sequence[Prompt],
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    cache_dir: str | Path | None = None,
+    max_prompt_tokens: int | None = None,
+    progress: Progress | None = None,
+) -> list[TokenSample]:
+    """Greedy verifier responses for ``prompts`` (cached); one TokenSample per prompt.
+
+    Prompts that bring their own ``response_ids`` are used as they are.
+    ``max_prompt_tokens`` keeps the *last* tokens of longer prompts (the end of
+    a chat is what the response continues).
+    """
+    if max_new_tokens < 1:
+        raise SpecUIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise SpecUIError(f"batch size must be >= 1, got {batch_size}")
+    encoded: list[tuple[Prompt, tuple[int, ...]]] = []
+    for p in prompts:
+        ids = p.encode(verifier)
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            ids = ids[-max_prompt_tokens:]
+        bad = [t for t in ids if not 0 <= t < verifier.vocab_size]
+        if bad:
+            raise SpecUIError(f"prompt {p.id}: token ids {bad[:5]} outside the verifier's vocabulary ({verifier.vocab_size})")
+        encoded.append((p, tuple(ids)))
+
+    cache: dict[str, tuple[int, ...]] = {}
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / f"responses-{verifier_fingerprint(verifier)}-n{max_new_tokens}.jsonl"
+        cache = _read_cache(path)
+
+    todo = [(p, ids) for p, ids in encoded if p.response_ids is None and _hash_ids(ids) not in cache]
+    # Similar lengths in one batch waste less compute on padding.
+    todo.sort(key=lambda pi: len(pi[1]))
+    total, done = len(todo), 0
+    if progress:
+        progress(0, total)
+    for start in range(0, total, batch_size):
+        batch = [ids for _, ids in todo[start : start + batch_size]]
+        responses = generate_greedy(verifier, batch, max_new_tokens)
+        new = {_hash_ids(ids): resp for ids, resp in zip(batch, responses, strict=True)}
+        cache.update(new)
+        if path is not None:
+            _append_cache(path, new)
+        done += len(batch)
+        if progress:
+            progress(done, total)
+
+    out = []
+    for p, ids in encoded:
+        resp = p.response_ids if p.response_ids is not None else cache[_hash_ids(ids)]
+        out.append(TokenSample(p.id, ids, tuple(resp)))
+    return out
+
+
+@torch.inference_mode()
+def generate_greedy(verifier, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[tuple[int, ...]]:
+    """Greedy continuations of a batch of token-id prompts, cut after the first EOS."""
+    eos = sorted(verifier.eos_token_ids)
+    tok = verifier.tokenizer
+    pad = getattr(tok, "pad_token_id", None) if tok is not None else None
+    pad = pad if pad is not None else (eos[0] if eos else 0)
+    width = max(len(p) for p in prompts)
+    # Left padding: every prompt ends at the same column, so generated tokens line up.
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    out = verifier.model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        pad_token_id=pad,
+        eos_token_id=eos or None,
+        # These would otherwise come from generation_config and make "greedy" not greedy.
+        temperature=None,
+        top_p=None,
+        top_k=None,
+    )
+    responses = []
+    for row in out[:, width:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        responses.append(tuple(row[:cut]))
+    return responses
+
+
+def _read_cache(path: Path) -> dict[str, tuple[int, ...]]:
+    cache: dict[str, tuple[int, ...]] = {}
+    if not path.is_file():
+        return cache
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        try:
+            row = json.loads(line)
+            cache[row["key"]] = tuple(int(t) for t in row["response_ids"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            # A crash mid-append leaves one torn line; the prompt is generated again.
+            log.warning("%s:%d: unreadable cached response (skipped)", path, lineno)
+    return cache
+
+
+def _append_cache(path: Path, new: dict[str, tuple[int, ...]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for key, resp in new.items():
+            f.write(json.dumps({"key": key, "response_ids": list(resp)}) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def synthetic_prompts(n: int, vocab_size: int, min_len: int = 8, max_len: int = 24, seed: int = 0, exclude: Sequence[int] = ()) -> list[Prompt]:
+    """Random token-id prompts for verifiers without a tokenizer (tests, smoke runs)."""
+    g = torch.Generator().manual_seed(seed)
+    allowed = torch.tensor([t for t in range(vocab_size) if t not in set(exclude)])
+    out = []
+    for i in range(n):
+        length = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+        ids = allowed[torch.randint(len(allowed), (length,), generator=g)].tolist()
+        out.append(Prompt(f"synthetic-{seed}-{i}", "synthetic", token_ids=tuple(ids)))
+    return out

@@ -1,0 +1,274 @@
+"""Prompt sets as data: a registry of named sets plus user JSONL files.
+
+A prompt set is a name, a loader and a deterministic train / held-out eval
+split (lm-eval-harness style).  Adding a set is one decorated function in
+``specui/data/sets.py`` (or anywhere that is imported); nothing else changes.
+
+Splits are decided by hashing a *split key* -- the HumanEval task id, the
+GSM-Symbolic template, or the row's content for JSONL files -- so a prompt (and
+for generated sets, every prompt of the same template) lands in the same split
+on every machine and every run, and the two splits can never share content.
+
+JSONL rows carry one of:
+
+* ``prompt``: plain text, sent through the verifier's chat template;
+* ``messages``: a chat (``[{"role": ..., "content": ...}, ...]``);
+* ``prompt_ids``: pre-tokenized prompt ids (verifiers without a tokenizer),
+
+optionally ``id`` and ``response_ids`` (a ready-made response: self-distillation
+skips such rows).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specui.trace import SpecUIError
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "eval", "all")
+DEFAULT_EVAL_FRACTION = 0.2
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: exactly one of ``text``, ``messages`` or ``token_ids`` is set."""
+
+    id: str
+    source: str  # the set name or file path it came from
+    text: str | None = None
+    messages: tuple[dict, ...] | None = None
+    token_ids: tuple[int, ...] | None = None
+    response_ids: tuple[int, ...] | None = None  # pre-made response (skips self-distillation)
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        given = sum(x is not None for x in (self.text, self.messages, self.token_ids))
+        if given != 1:
+            raise ValueError(f"prompt {self.id}: give exactly one of text, messages, token_ids")
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 of the prompt content (not the id): equal content, equal hash."""
+        if self.text is not None:
+            payload: object = {"text": self.text}
+        elif self.messages is not None:
+            payload = {"messages": list(self.messages)}
+        else:
+            payload = {"token_ids": list(self.token_ids or ())}
+        return _sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False))
+
+    def encode(self, verifier) -> list[int]:
+        """Token ids of the prompt for ``verifier`` (chat template for text/messages)."""
+        if self.token_ids is not None:
+            return list(self.token_ids)
+        if self.messages is not None:
+            if verifier.tokenizer is None:
+                raise SpecUIError(f"verifier {verifier.name} has no tokenizer: prompt {self.id} needs prompt_ids")
+            return verifier.encode_messages(list(self.messages))
+        return verifier.encode(self.text, chat=True)
+
+    def preview(self, width: int = 80) -> str:
+        if self.text is not None:
+            s = self.text
+        elif self.messages is not None:
+            s = self.messages[-1].get("content", "")
+        else:
+            s = " ".join(str(t) for t in (self.token_ids or ())[:20])
+        s = " ".join(s.split())
+        return s if len(s) <= width else s[: width - 3] + "..."
+
+
+# --- splits --------------------------------------------------------------------------
+
+
+def _sha256(s: str) -> str:
+    return hashlib.sha256(s.encode("utf-8")).hexdigest()
+
+
+def split_of(key: str, eval_fraction: float = DEFAULT_EVAL_FRACTION) -> str:
+    """``"eval"`` or ``"train"`` for a split key, the same everywhere (no RNG state)."""
+    bucket = int(_sha256("specui-split:" + key)[:8], 16) / 0x1_0000_0000  # uniform in [0, 1)
+    return "eval" if bucket < eval_fraction else "train"
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise SpecUIError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+
+
+# --- registry --------------------------------------------------------------------------
+
+# loader(split, limit) -> prompts of that split, in a fixed order
+Loader = Callable[[str, int | None], list[Prompt]]
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    name: str
+    description: str
+    loader: Loader
+
+
+_SETS: dict[str, PromptSet] = {}
+
+
+def register_prompt_set(name: str, description: str) -> Callable[[Loader], Loader]:
+    """Decorator: register ``loader(split, limit)`` as the prompt set ``name``."""
+
+    def wrap(fn: Loader) -> Loader:
+        if name in _SETS:
+            raise ValueError(f"prompt set {name!r} registered twice")
+        _SETS[name] = PromptSet(name, description, fn)
+        return fn
+
+    return wrap
+
+
+def prompt_sets() -> dict[str, PromptSet]:
+    """Every registered set by name (the built-in ones are registered on first use)."""
+    import specui.data.sets  # noqa: F401 - registers the built-in sets
+
+    return dict(_SETS)
+
+
+def load_prompts(name_or_path: str | Path, split: str = "eval", limit: int | None = None) -> list[Prompt]:
+    """Prompts of a registered set or a JSONL file, one split, at most ``limit``."""
+    check_split(split)
+    if limit is not None and limit < 0:
+        raise SpecUIError(f"limit must be >= 0, got {limit}")
+    sets = prompt_sets()
+    name = str(name_or_path)
+    if name in sets:
+        prompts = sets[name].loader(split, limit)
+    else:
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise SpecUIError(
+                f"no prompt set or file named {name!r}; known sets: {', '.join(sorted(sets))}, "
+                "or give a .jsonl file"
+            )
+        prompts = split_prompts(read_prompt_file(path), split)
+    return prompts[:limit] if limit is not None else prompts
+
+
+def split_prompts(prompts: Iterable[Prompt], split: str, eval_fraction: float = DEFAULT_EVAL_FRACTION) -> list[Prompt]:
+    """The prompts of one split, keyed by content (duplicates land together)."""
+    check_split(split)
+    if split == "all":
+        return list(prompts)
+    return [p for p in prompts if split_of(p.content_hash, eval_fraction) == split]
+
+
+# --- JSONL files -----------------------------------------------------------------------
+
+
+@dataclass
+class FileProblem:
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+def read_prompt_file(path: str | Path, problems: list[FileProblem] | None = None, source: str | None = None) -> list[Prompt]:
+    """All usable rows of a JSONL prompt file (duplicates dropped).
+
+    Broken lines are logged with their line number (and appended to ``problems``
+    when given) and skipped; a file with no usable row raises SpecUIError.
+    """
+    path = Path(path)
+    found: list[FileProblem] = []
+    prompts: list[Prompt] = []
+    seen: set[str] = set()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecUIError(f"cannot read prompt file {path}: {e}") from None
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            p = _parse_row(line, lineno, source or str(path))
+        except ValueError as e:
+            found.append(FileProblem(lineno, str(e)))
+            continue
+        if p.content_hash in seen:
+            continue  # a duplicate adds nothing and would double its weight
+        seen.add(p.content_hash)
+        prompts.append(p)
+    for prob in found:
+        log.warning("%s: %s (skipped)", path, prob)
+    if problems is not None:
+        problems.extend(found)
+    if not prompts:
+        detail = f"; first problem: {found[0]}" if found else " (the file is empty)"
+        raise SpecUIError(
+            f"prompt file {path} has no usable rows: each line must be a JSON object with "
+            f"'prompt' (text), 'messages' (a chat) or 'prompt_ids' (token ids){detail}"
+        )
+    return prompts
+
+
+def _parse_row(line: str, lineno: int, source: str) -> Prompt:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg})") from None
+    if not isinstance(row, dict):
+        raise ValueError("not a JSON object")
+    pid = str(row.get("id", f"line-{lineno}"))
+    response = row.get("response_ids")
+    if response is not None:
+        response = tuple(_token_list(response, "response_ids"))
+    kinds = [k for k in ("prompt", "messages", "prompt_ids") if k in row]
+    if len(kinds) != 1:
+        raise ValueError("needs exactly one of 'prompt', 'messages', 'prompt_ids'")
+    kind = kinds[0]
+    if kind == "prompt":
+        if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+            raise ValueError("'prompt' must be a non-empty string")
+        return Prompt(pid, source, text=row["prompt"], response_ids=response)
+    if kind == "messages":
+        msgs = row["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            raise ValueError("'messages' must be a non-empty list")
+        for m in msgs:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise ValueError("each message needs string 'role' and 'content'")
+        return Prompt(pid, source, messages=tuple({"role": m["role"], "content": m["content"]} for m in msgs), response_ids=response)
+    ids = _token_list(row["prompt_ids"], "prompt_ids")
+    if not ids:
+        raise ValueError("'prompt_ids' is empty")
+    return Prompt(pid, source, token_ids=tuple(ids), response_ids=response)
+
+
+def _token_list(value: object, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        raise ValueError(f"'{name}' must be a list of non-negative integers")
+    return list(value)
+
+
+def write_prompt_file(path: str | Path, prompts: Iterable[Prompt]) -> Path:
+    """Write prompts as JSONL rows that ``read_prompt_file`` reads back."""
+    path = Path(path)
+    with path.open("w", encoding="utf-8") as f:
+        for p in prompts:
+            row: dict = {"id": p.id}
+            if p.text is not None:
+                row["prompt"] = p.text
+            elif p.messages is not None:
+                row["messages"] = list(p.messages)
+            else:
+                row["prompt_ids"] = list(p.token_ids or ())
+            if p.response_ids is not None:
+                row["response_ids"] = list(p.response_ids)
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return path

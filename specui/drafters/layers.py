@@ -1,0 +1,516 @@
+"""Building blocks shared by the four learned drafters (DFlash, DSpark, P-EAGLE, EAGLE-3).
+
+Everything computes in float32.  The maths follows the transformers Llama /
+Qwen3 decoder exactly (the speculators checkpoints are trained with those
+layers), but attention visibility is always an explicit boolean mask built by
+the caller, because every drafter has its own unusual pattern (anchored blocks,
+depth rollouts, TTT diagonals).
+
+Shape letters used throughout:
+  N  batch (1 at inference and for packed training sequences)
+  A  independent query groups that share one context (DFlash blocks; else 1)
+  Q  queries per group, K keys per group, T shared context keys
+  Hq / Hkv  query / key-value heads, G = Hq // Hkv, D head_dim, H hidden size
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specui.sampling import process_logits
+from specui.trace import SamplingParams, SpecUIError
+
+# --- config of the decoder layers ("transformer_layer_config") ---------------------------
+
+# The keys transformers 5.x writes for these two model types (to_diff_dict of a
+# Qwen3Config / LlamaConfig, as in the speculators 0.9.0 fixtures).  Saving
+# always writes all of them so the file has the same shape vLLM and speculators read.
+_QWEN3_KEYS = (
+    "attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "head_dim",
+    "hidden_act", "hidden_size", "initializer_range", "intermediate_size", "layer_types",
+    "max_position_embeddings", "max_window_layers", "model_type", "num_attention_heads",
+    "num_hidden_layers", "num_key_value_heads", "pad_token_id", "rms_norm_eps",
+    "rope_parameters", "sliding_window", "tie_word_embeddings", "use_cache",
+    "use_sliding_window", "vocab_size",
+)  # fmt: skip
+_LLAMA_KEYS = (
+    "attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "head_dim",
+    "hidden_act", "hidden_size", "initializer_range", "intermediate_size", "layer_types",
+    "max_position_embeddings", "mlp_bias", "model_type", "num_attention_heads",
+    "num_hidden_layers", "num_key_value_heads", "pad_token_id", "pretraining_tp",
+    "rms_norm_eps", "rope_parameters", "sliding_window", "tie_word_embeddings", "use_cache",
+    "use_sliding_window", "vocab_size",
+)  # fmt: skip
+_DEFAULTS: dict[str, Any] = {
+    "attention_dropout": 0.0, "bos_token_id": None, "eos_token_id": None,
+    "max_window_layers": 28, "pad_token_id": None, "pretraining_tp": 1,
+    "tie_word_embeddings": False, "use_cache": True, "use_sliding_window": False,
+}  # fmt: skip
+
+
+@dataclass(kw_only=True)
+class LayerConfig:
+    """The draft decoder's ``transformer_layer_config`` (a transformers Qwen3/Llama config)."""
+
+    model_type: str  # "qwen3" (q_norm/k_norm) or "llama"
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    layer_types: list[str] = field(default_factory=list)  # "full_attention" | "sliding_attention"
+    sliding_window: int | None = None
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    initializer_range: float = 0.02
+    extra: dict[str, Any] = field(default_factory=dict)  # other keys, written back verbatim
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.model_type != "llama"
+
+    def window(self, layer_idx: int) -> int | None:
+        """The sliding window of a layer, or None for full attention."""
+        return self.sliding_window if self.layer_types[layer_idx] == "sliding_attention" else None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LayerConfig:
+        where = "transformer_layer_config"
+        if not isinstance(d, dict):
+            raise SpecUIError(f"config.json field {where!r} must be an object")
+        known = {f.name for f in fields(cls)} - {"extra", "rope_theta"}
+        kw: dict[str, Any] = {}
+        for name in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "vocab_size"):  # fmt: skip
+            if name not in d:
+                raise SpecUIError(f"config.json {where} has no {name!r}")
+        kw["head_dim"] = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
+        for name in known - {"head_dim"}:
+            if name in d and d[name] is not None:
+                kw[name] = d[name]
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise SpecUIError(f"{where}: rope_type {rope_type!r} is not supported (only 'default')")
+        kw["rope_theta"] = float(rope.get("rope_theta", d.get("rope_theta", 10000.0)))
+        if d.get("hidden_act", "silu") != "silu":
+            raise SpecUIError(f"{where}: hidden_act {d['hidden_act']!r} is not supported (only 'silu')")
+        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "vocab_size"):  # fmt: skip
+            if not isinstance(kw[name], int) or isinstance(kw[name], bool) or kw[name] <= 0:
+                raise SpecUIError(f"{where}.{name} must be a positive integer, got {kw[name]!r}")
+        if kw["num_attention_heads"] % kw["num_key_value_heads"]:
+            raise SpecUIError(f"{where}: num_attention_heads must be a multiple of num_key_value_heads")
+        types = kw.get("layer_types") or []
+        if types and (len(types) != kw["num_hidden_layers"]
+                      or set(types) - {"full_attention", "sliding_attention"}):  # fmt: skip
+            raise SpecUIError(f"{where}.layer_types must list 'full_attention'/'sliding_attention' once per layer, got {types}")
+        if "sliding_attention" in types and not kw.get("sliding_window"):
+            raise SpecUIError(f"{where}: sliding_attention layers need a sliding_window")
+        kw["rms_norm_eps"] = float(kw.get("rms_norm_eps", 1e-6))
+        extra = {k: v for k, v in d.items() if k not in known and k not in ("rope_parameters", "rope_theta", "hidden_act")}
+        return cls(**kw, extra=extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        keys = _LLAMA_KEYS if self.model_type == "llama" else _QWEN3_KEYS
+        out: dict[str, Any] = {k: _DEFAULTS.get(k) for k in keys}
+        out.update({k: v for k, v in self.extra.items() if not k.startswith("_")})
+        out.update(
+            attention_bias=self.attention_bias, head_dim=self.head_dim, hidden_act="silu",
+            hidden_size=self.hidden_size, initializer_range=self.initializer_range,
+            intermediate_size=self.intermediate_size, layer_types=list(self.layer_types),
+            max_position_embeddings=self.max_position_embeddings, model_type=self.model_type,
+            num_attention_heads=self.num_attention_heads, num_hidden_layers=self.num_hidden_layers,
+            num_key_value_heads=self.num_key_value_heads, rms_norm_eps=self.rms_norm_eps,
+            rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"},
+            sliding_window=self.sliding_window, vocab_size=self.vocab_size,
+        )  # fmt: skip
+        if self.model_type == "llama":
+            out["mlp_bias"] = self.mlp_bias
+        return dict(sorted(out.items()))
+
+    @classmethod
+    def like_verifier(cls, verifier_config: Any, model_type: str, num_layers: int, **overrides: Any) -> LayerConfig:
+        """A draft layer config with the verifier's widths (hidden, heads, MLP, vocab)."""
+        c = verifier_config
+        heads = c.num_attention_heads
+        rope = getattr(c, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)) if isinstance(rope, dict) else 10000.0
+        eos = getattr(c, "eos_token_id", None)
+        kw: dict[str, Any] = dict(
+            model_type=model_type, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+            num_hidden_layers=num_layers, num_attention_heads=heads,
+            num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
+            head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab_size=c.vocab_size,
+            rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=float(theta),
+            max_position_embeddings=int(getattr(c, "max_position_embeddings", 2048) or 2048),
+            initializer_range=float(getattr(c, "initializer_range", 0.02) or 0.02),
+            extra={"bos_token_id": getattr(c, "bos_token_id", None),
+                   "eos_token_id": eos if isinstance(eos, int | None) else list(eos)},
+        )  # fmt: skip
+        kw.update(overrides)
+        return cls(**kw)
+
+
+# --- norms, rotary embedding, MLP --------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """``w * x / sqrt(mean(x^2) + eps)``, statistics in float32."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """HF "default" RoPE: ``inv_freq[i] = theta^(-2i/D)``, cos/sin of ``pos * inv_freq`` twice."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # not part of checkpoints
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [...] int -> cos, sin [..., D]."""
+        freqs = positions[..., None].float() * self.inv_freq.float()  # [..., D/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [..., D]
+        return emb.cos(), emb.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., heads, S, D]; cos/sin [..., S, D] (broadcast over heads)."""
+    cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)
+    return x * cos + rotate_half(x) * sin
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, cfg: LayerConfig) -> None:
+        super().__init__()
+        h, i, b = cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=b)
+        self.up_proj = nn.Linear(h, i, bias=b)
+        self.down_proj = nn.Linear(i, h, bias=b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+# --- attention ---------------------------------------------------------------------------
+
+KV = tuple[torch.Tensor, torch.Tensor]  # (k, v)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor,
+    ctx: KV | None = None,
+    ctx_visible: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Softmax attention of queries over their own keys plus an optional shared context.
+
+    q        [N, A, Hq, Q, D]   (already rotated)
+    k, v     [N, A, Hkv, K, D]  keys of each query group (its own tokens and/or a cache)
+    visible  [N|1, A|1, Q, K] bool: True where a query may look at a key
+    ctx      (k, v) each [N, Hkv, T, D]: keys every group of a batch row shares
+             (DFlash's injected verifier context).  Kept un-expanded over A so
+             512 anchors over a 2k-token context cost no copies of it.
+    ctx_visible [N|1, A|1, Q, T] bool
+    Returns  [N, A, Hq, Q, D].
+
+    GQA without repeat_kv: query head h uses kv head h // G, so queries are
+    viewed as [.., Hkv, G*Q, D] against [.., Hkv, K, D].  Scores and softmax are
+    float32; masked keys get the most negative float (not -inf) so a row with no
+    visible key gives a uniform average instead of NaN (such rows are padding).
+    """
+    N, A, Hq, Q, D = q.shape
+    Hkv = k.shape[2]
+    G = Hq // Hkv
+    scale = D**-0.5
+    neg = torch.finfo(torch.float32).min
+    qg = q.reshape(N, A, Hkv, G * Q, D)
+    scores = (qg @ k.transpose(-1, -2)).view(N, A, Hkv, G, Q, -1) * scale  # [N,A,Hkv,G,Q,K]
+    scores = scores.float().masked_fill(~visible[:, :, None, None], neg)
+    if ctx is not None:
+        assert ctx_visible is not None
+        ck, cv = ctx
+        T = ck.shape[2]
+        qc = qg.view(N, A, Hkv, G, Q, D).permute(0, 2, 1, 3, 4, 5).reshape(N, Hkv, A * G * Q, D)
+        s_ctx = (qc @ ck.transpose(-1, -2)).view(N, Hkv, A, G, Q, T).permute(0, 2, 1, 3, 4, 5) * scale
+        s_ctx = s_ctx.float().masked_fill(~ctx_visible[:, :, None, None], neg)
+        scores = torch.cat([s_ctx, scores], dim=-1)  # [N,A,Hkv,G,Q,T+K]
+    p = torch.softmax(scores, dim=-1).to(q.dtype)
+    if ctx is None:
+        out = p.reshape(N, A, Hkv, G * Q, -1) @ v  # [N,A,Hkv,G*Q,D]
+    else:
+        p_ctx, p_own = p[..., :T], p[..., T:]
+        out = p_own.reshape(N, A, Hkv, G * Q, -1) @ v
+        pc = p_ctx.permute(0, 2, 1, 3, 4, 5).reshape(N, Hkv, A * G * Q, T)
+        out_ctx = (pc @ cv).view(N, Hkv, A, G * Q, D).permute(0, 2, 1, 3, 4)
+        out = out + out_ctx
+    return out.reshape(N, A, Hq, Q, D)
+
+
+class Attention(nn.Module):
+    """GQA self-attention (Llama; Qwen3 adds per-head q_norm/k_norm before RoPE).
+
+    ``in_features`` is H for ordinary layers and 2H for the EAGLE-3 first layer,
+    whose input is ``[embedding; projected verifier feature]``.
+    """
+
+    def __init__(self, cfg: LayerConfig, in_features: int, qk_norm: bool) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        b = cfg.attention_bias
+        self.q_proj = nn.Linear(in_features, self.n_heads * self.head_dim, bias=b)
+        self.k_proj = nn.Linear(in_features, self.n_kv * self.head_dim, bias=b)
+        self.v_proj = nn.Linear(in_features, self.n_kv * self.head_dim, bias=b)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=b)
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """[..., S, n*D] -> [..., n, S, D]"""
+        return x.unflatten(-1, (n, self.head_dim)).transpose(-2, -3)
+
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [..., S, in] -> rotated q [..., Hq, S, D]."""
+        q = self._heads(self.q_proj(x), self.n_heads)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        return apply_rope(q, cos, sin)
+
+    def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
+        """x [..., S, in] -> rotated k, v [..., Hkv, S, D] (what a KV cache stores)."""
+        k = self._heads(self.k_proj(x), self.n_kv)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return apply_rope(k, cos, sin), self._heads(self.v_proj(x), self.n_kv)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        visible: torch.Tensor,
+        past: KV | None = None,
+        ctx: KV | None = None,
+        ctx_visible: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, KV]:
+        """x [N, A, S, in] -> ([N, A, S, H], this call's own (k, v) [N, A, Hkv, S, D]).
+
+        Keys are ``past`` (a cache, [N, A, Hkv, P, D]) followed by the S new
+        tokens; ``visible`` is [.., S, P+S].  ``ctx`` is the shared context of `attend`.
+        """
+        q = self.query(x, cos, sin)
+        k, v = self.key_value(x, cos, sin)
+        keys, values = (k, v) if past is None else (torch.cat([past[0], k], -2), torch.cat([past[1], v], -2))
+        out = attend(q, keys, values, visible, ctx, ctx_visible)  # [N, A, Hq, S, D]
+        out = self.o_proj(out.transpose(-2, -3).flatten(-2))
+        return out, (k, v)
+
+
+# --- decoder layers ----------------------------------------------------------------------
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm transformer layer: ``h += attn(norm(h)); h += mlp(norm(h))``."""
+
+    def __init__(self, cfg: LayerConfig, qk_norm: bool, in_features: int | None = None) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, in_features or cfg.hidden_size, qk_norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def attn_input(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what q/k/v are projected from, the residual stream)."""
+        return self.input_layernorm(h), h
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        visible: torch.Tensor,
+        past: KV | None = None,
+        ctx: KV | None = None,
+        ctx_visible: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, KV]:
+        """h [N, A, S, in] -> (h [N, A, S, H], new (k, v)); see Attention.forward."""
+        a, residual = self.attn_input(h)
+        out, kv = self.self_attn(a, cos, sin, visible, past, ctx, ctx_visible)
+        h = residual + out
+        h = h + self.mlp(self.post_attention_layernorm(h))
+        return h, kv
+
+
+class Eagle3FirstLayer(DecoderLayer):
+    """EAGLE-3's first layer: q/k/v read ``[input_layernorm(embed); hidden_norm(feature)]`` (2H).
+
+    Its input is that concatenation, unnormed.  The residual stream starts from
+    the feature half only -- normed when ``norm_before_residual`` -- so the
+    token embedding steers attention but is not added to the stream.
+    """
+
+    def __init__(self, cfg: LayerConfig, qk_norm: bool, norm_before_residual: bool) -> None:
+        super().__init__(cfg, qk_norm, in_features=2 * cfg.hidden_size)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def attn_input(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        embeds, feature = h.chunk(2, dim=-1)  # each [..., H]
+        normed = self.hidden_norm(feature)
+        residual = normed if self.norm_before_residual else feature
+        return torch.cat([self.input_layernorm(embeds), normed], dim=-1), residual
+
+
+# --- weights -------------------------------------------------------------------------------
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """Fresh drafter weights: Linear/Embedding N(0, std), biases 0, norm gains 1."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+        elif isinstance(m, RMSNorm):
+            nn.init.ones_(m.weight)
+
+
+def project_features(
+    x: torch.Tensor, fc: nn.Linear, input_norm: RMSNorm | None, fc_norm: nn.ModuleList | None
+) -> torch.Tensor:
+    """[..., n_aux*H] -> [..., H]."""
+    if input_norm is not None:
+        x = input_norm(x)
+    if fc_norm is not None:
+        x = torch.cat([norm(c) for norm, c in zip(fc_norm, x.chunk(len(fc_norm), dim=-1), strict=True)], -1)
+    return fc(x)
+
+
+# --- the verifier parts a drafter borrows ---------------------------------------------------
+
+
+@dataclass
+class Borrowed:
+    """Frozen verifier modules a drafter uses but does not own (nor save).
+
+    Held in a plain dataclass so ``nn.Module`` does not register them: they stay
+    out of the drafter's ``state_dict()``/``parameters()`` and the optimizer.
+    """
+
+    embed_tokens: nn.Embedding
+    lm_head: nn.Module
+
+
+def register_vocab_map(module: nn.Module, vocab_size: int, draft_vocab_size: int) -> None:
+    """Reduced draft vocabulary (``draft_vocab_size < vocab_size``), speculators convention.
+
+    Registers ``d2t`` [Vd] int64 offsets (target id = draft id + d2t[draft id])
+    and ``t2d`` [V] bool (which target ids are kept) as buffers saved in
+    model.safetensors; with a full vocabulary both are None and not saved.
+    """
+    reduced = draft_vocab_size != vocab_size
+    module.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long) if reduced else None)
+    module.register_buffer("t2d", torch.zeros(vocab_size, dtype=torch.bool) if reduced else None)
+
+
+@torch.no_grad()
+def set_draft_vocab(module: nn.Module, kept_ids: torch.Tensor | list[int]) -> None:
+    """Fill ``d2t``/``t2d`` from the target ids the draft vocabulary keeps."""
+    kept = torch.as_tensor(kept_ids, dtype=torch.long).unique()  # sorted, unique
+    if kept.numel() != module.d2t.numel():
+        raise SpecUIError(f"draft vocabulary needs {module.d2t.numel()} distinct token ids, got {kept.numel()}")
+    if kept.min() < 0 or kept.max() >= module.t2d.numel():
+        raise SpecUIError(f"draft vocabulary ids must lie in [0, {module.t2d.numel()})")
+    module.d2t.copy_(kept - torch.arange(kept.numel()))
+    module.t2d.zero_()
+    module.t2d[kept] = True
+
+
+def draft_target_ids(d2t: torch.Tensor) -> torch.Tensor:
+    """[Vd] target-vocabulary id of each draft-vocabulary slot."""
+    return torch.arange(d2t.numel(), device=d2t.device) + d2t
+
+
+def to_target_vocab(logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """Draft logits [.., Vd] -> target-vocabulary logits [.., V] (-inf where the draft has no token)."""
+    if d2t is None:
+        return logits
+    out = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+    return out.index_copy(-1, draft_target_ids(d2t), logits)
+
+
+# --- drafting helpers shared by the inference classes ---------------------------------------
+
+
+def pick_tokens(
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target-vocabulary logits [k, V] -> (tokens [k], q [k, V]).
+
+    q is the drafter's distribution after the same processing as the verifier's
+    (temperature / top-k / top-p); greedy drafts the argmax (q one-hot on it).
+    """
+    q = process_logits(logits, sampling)
+    if sampling.greedy:
+        return logits.argmax(-1), q
+    return torch.multinomial(q, 1, generator=generator).squeeze(-1), q
+
+
+class PrefixCache:
+    """Bookkeeping for a drafter's incremental cache over committed positions.
+
+    The engine only ever appends committed tokens between steps of one
+    generation; anything else (a new prompt without ``reset()``) is detected
+    here by comparing token prefixes, and the caller rebuilds from scratch.
+    """
+
+    def __init__(self) -> None:
+        self.tokens = torch.zeros(0, dtype=torch.long)
+
+    def valid_length(self, token_ids: torch.Tensor, cached: int) -> int:
+        """How many cached positions are still valid for ``token_ids`` (0 = rebuild)."""
+        n = min(cached, self.tokens.numel(), token_ids.numel())
+        if n < cached or not torch.equal(self.tokens[:n], token_ids[:n].cpu()):
+            return 0
+        return cached
+
+    def remember(self, token_ids: torch.Tensor) -> None:
+        self.tokens = token_ids.detach().cpu().clone()

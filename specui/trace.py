@@ -1,0 +1,159 @@
+"""Records that cross module boundaries: sampling settings, a drafter's proposal,
+one decoding step's trace and a finished generation's summary.
+
+The decoding loop (``specui.engine``) produces them; the store, the CLI and the
+dashboard consume them.  Metric definitions follow REFERENCE.md section 3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import torch
+
+
+class SpecUIError(Exception):
+    """An error a user can cause (bad input, mismatched files); shown as one line."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are chosen.  The same processing is applied to the verifier's
+    distribution p and the drafter's distribution q (losslessness needs that)."""
+
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise SpecUIError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise SpecUIError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise SpecUIError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Proposal:
+    """A drafter's block for one step.
+
+    ``probs`` is the drafter's own (processed) distribution q for each drafted
+    slot, ``[k, V]``; ``None`` means a deterministic proposal (q is one-hot on
+    the drafted token, e.g. n-gram lookup).  ``confidences`` are per-slot
+    acceptance estimates from a confidence head, in [0, 1].
+    """
+
+    token_ids: list[int]
+    probs: torch.Tensor | None = None
+    confidences: list[float] | None = None
+    # Confidence scores of slots dropped by a confidence policy (for the trace).
+    truncated_confidences: list[float] | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+class FinalTokenKind(StrEnum):
+    """The verifier's own token at the end of a step."""
+
+    BONUS = "bonus"  # every draft token was accepted; one more from the verifier
+    CORRECTED = "corrected"  # replaces the first rejected draft token
+
+
+@dataclass
+class StepTrace:
+    """One draft -> verify -> accept step, as the dashboard animates it."""
+
+    step: int
+    context_len: int  # committed tokens (prompt + generated) before this step
+    draft_token_ids: list[int]
+    draft_texts: list[str]
+    draft_probs: list[float]  # q(token) for each drafted token (1.0 if deterministic)
+    target_probs: list[float]  # p(token) under the verifier for each drafted token
+    confidences: list[float] | None
+    num_accepted: int
+    final_token_id: int
+    final_token_text: str
+    final_token_kind: FinalTokenKind
+    emitted_token_ids: list[int]  # accepted drafts + final token (after stop truncation)
+    draft_time_s: float
+    verify_time_s: float
+
+    @property
+    def num_drafted(self) -> int:
+        return len(self.draft_token_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["final_token_kind"] = str(self.final_token_kind)
+        return d
+
+
+@dataclass
+class GenerationResult:
+    """Summary of one prompt's generation."""
+
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    output_text: str
+    steps: list[StepTrace] = field(default_factory=list)
+    stop_reason: str = "max_tokens"  # eos | stop_string | max_tokens | cancelled
+    wall_time_s: float = 0.0
+    num_speculative_tokens: int = 0
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def acceptance_length(self) -> float:
+        """tau = 1 + accepted draft tokens / drafts (steps that drafted anything)."""
+        drafts = [s for s in self.steps if s.num_drafted > 0]
+        if not drafts:
+            return 1.0
+        return 1.0 + sum(s.num_accepted for s in drafts) / len(drafts)
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """a_k = drafts whose slot k was accepted / drafts, k = 1..K."""
+        return per_position_acceptance(self.steps, self.num_speculative_tokens)
+
+    @property
+    def draft_acceptance_rate(self) -> float:
+        drafted = sum(s.num_drafted for s in self.steps)
+        return sum(s.num_accepted for s in self.steps) / drafted if drafted else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.output_token_ids) / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "output_text": self.output_text,
+            "output_token_ids": self.output_token_ids,
+            "acceptance_length": self.acceptance_length,
+            "per_position_acceptance": self.per_position_acceptance,
+            "draft_acceptance_rate": self.draft_acceptance_rate,
+            "tokens_per_second": self.tokens_per_second,
+            "num_steps": self.num_steps,
+            "num_output_tokens": len(self.output_token_ids),
+            "wall_time_s": self.wall_time_s,
+            "draft_time_s": sum(s.draft_time_s for s in self.steps),
+            "verify_time_s": sum(s.verify_time_s for s in self.steps),
+            "stop_reason": self.stop_reason,
+        }
+
+
+def per_position_acceptance(steps: list[StepTrace], num_positions: int) -> list[float]:
+    """a_k for k = 1..num_positions over the steps that drafted anything."""
+    drafts = [s for s in steps if s.num_drafted > 0]
+    if not drafts or num_positions <= 0:
+        return []
+    return [sum(1 for s in drafts if s.num_accepted >= k) / len(drafts) for k in range(1, num_positions + 1)]

