@@ -135,7 +135,7 @@ class Decoding:
         start = time.perf_counter()
         drafter.reset()
         committed = torch.tensor(self.prompt_ids, dtype=torch.long)
-        cache = v.new_cache()
+        cache = self.cache = v.new_cache()  # kept on self so tests can inspect it
         features: torch.Tensor | None = None
         if len(self.prompt_ids) > 1:  # prefill all but the last prompt token
             out = v.forward(committed[:-1], cache, aux_ids, logits=False)
@@ -169,7 +169,7 @@ class Decoding:
                     features = torch.cat([features, out.aux_hidden[: n + 1]])
                 emitted = proposal.token_ids[:n] + [final]
                 emitted, reason = self._apply_stops(output, emitted)
-                committed = torch.cat([committed, torch.tensor(emitted, dtype=torch.long)])
+                committed = self.committed = torch.cat([committed, torch.tensor(emitted, dtype=torch.long)])
                 output.extend(emitted)
                 res.steps.append(self._trace(step, len(committed) - len(emitted), proposal, p, n, final, kind, emitted, t1 - t0, t2 - t1))
                 step += 1
@@ -205,20 +205,24 @@ class Decoding:
         reason = None
         if len(emitted) >= budget:
             emitted, reason = emitted[:budget], "max_tokens"
-        if self.stop_strings:
-            text = self._text(output + emitted)
-            if any(s in text for s in self.stop_strings):
-                # Keep the fewest tokens whose text contains a stop string.
-                for i in range(1, len(emitted) + 1):
-                    if any(s in self._text(output + emitted[:i]) for s in self.stop_strings):
-                        return emitted[:i], "stop_string"
+        if self.stop_strings and self._has_stop(output + emitted):
+            # Keep the fewest tokens whose text contains a stop string.
+            for i in range(1, len(emitted) + 1):
+                if self._has_stop(output + emitted[:i]):
+                    return emitted[:i], "stop_string"
         return emitted, reason
 
-    def _text(self, ids: list[int]) -> str:
+    def _has_stop(self, ids: list[int]) -> bool:
+        text = self._raw_text(ids)
+        return any(s in text for s in self.stop_strings)
+
+    def _raw_text(self, ids: list[int]) -> str:
         tok = self.verifier.tokenizer
-        if tok is None:
-            return self.verifier.decode(ids)
-        text = tok.decode(ids, skip_special_tokens=True)
+        return self.verifier.decode(ids) if tok is None else tok.decode(ids, skip_special_tokens=True)
+
+    def _text(self, ids: list[int]) -> str:
+        """The output text, ending before the first stop string."""
+        text = self._raw_text(ids)
         for s in self.stop_strings:
             if s in text:
                 text = text[: text.index(s)]

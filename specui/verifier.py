@@ -74,6 +74,9 @@ class Verifier:
     def load(cls, spec: str, dtype: torch.dtype = torch.float32) -> Verifier:
         """Load ``embedded``, a local folder, a ``.gguf`` file or a hub id."""
         from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a per-tensor bar on every load is noise
 
         if spec == EMBEDDED:
             folder = embedded_folder()

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecUIError("the prompt is empty")
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     if args.num_speculative_tokens is not None and not 0 <= args.num_speculative_tokens <= 256:
-        raise SpecUIError(f"--num-speculative-tokens must be in 0..256, got {args.num_speculative_tokens}")
+        raise SpecUIError(f"number of speculative tokens (-k) must be in 0..256, got {args.num_speculative_tokens}")
     if args.threads:
         torch.set_num_threads(args.threads)
     from specui.drafters.resolve import resolve_drafter
