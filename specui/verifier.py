@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,7 +61,8 @@ class Verifier:
         self.max_context: int = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
         self.dtype = next(model.parameters()).dtype
         self._layers = _decoder_layers(model)
-        self._capture: dict[int, torch.Tensor] | None = None
+        # Per-thread capture state: the dashboard decodes for several visitors at once.
+        self._local = threading.local()
         # transformers 5.2x renamed `past_key_values` to `cache`.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -171,7 +173,7 @@ class Verifier:
         start = self.cache_length(cache)
         pos = torch.arange(start, start + input_ids.shape[-1]).unsqueeze(0)
         taps = self._run(input_ids.view(1, -1), pos, cache, aux_layer_ids, keep=0 if logits else 1)
-        out = self._last_logits
+        out = self._local.logits
         aux = torch.cat([taps[i][0] for i in aux_layer_ids], dim=-1).float() if aux_layer_ids else None
         return VerifierOutput(logits=out[0].float(), aux_hidden=aux)
 
@@ -183,20 +185,22 @@ class Verifier:
         return torch.stack([taps[i][0] for i in layer_ids], dim=1).float()
 
     def _run(self, ids: torch.Tensor, pos: torch.Tensor, cache, layer_ids: list[int] | None, keep: int = 0) -> dict[int, torch.Tensor]:
-        self._capture = {} if layer_ids else None
-        self._wanted = set(layer_ids or [])
+        local = self._local
+        local.capture = {} if layer_ids else None
+        local.wanted = set(layer_ids or [])
         try:
             kw = {self._cache_kw: cache}
             out = self.model(input_ids=ids, position_ids=pos, use_cache=cache is not None, logits_to_keep=keep, **kw)
-            self._last_logits = out.logits
-            return self._capture or {}
+            local.logits = out.logits
+            return local.capture or {}
         finally:
-            self._capture = None
+            local.capture = None
 
     def _hook(self, layer_id: int):
         def hook(_module, _inputs, output):
-            if self._capture is not None and layer_id in self._wanted:
-                self._capture[layer_id] = output[0] if isinstance(output, tuple) else output
+            capture = getattr(self._local, "capture", None)
+            if capture is not None and layer_id in self._local.wanted:
+                capture[layer_id] = output[0] if isinstance(output, tuple) else output
 
         return hook
 

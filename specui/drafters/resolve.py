@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from specui.drafters.base import Drafter
@@ -35,4 +36,13 @@ def resolve_drafter(spec: str, verifier: Verifier, num_speculative_tokens: int |
         raise SpecUIError(f"unknown drafter {spec!r}: not a known name ({known}) nor an existing folder")
     from specui.drafters import load_drafter
 
+    if options.get("confidence_policy") is not None and _model_type(path) != "dspark":
+        options = {k: v for k, v in options.items() if k != "confidence_policy"}  # DSpark-only option
     return load_drafter(path, verifier, num_speculative_tokens=num_speculative_tokens, **options)
+
+
+def _model_type(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "config.json").read_text()).get("speculators_model_type")
+    except (OSError, ValueError, AttributeError):
+        return None  # load_drafter reports the broken config with a clear message

@@ -1,0 +1,62 @@
+"""SpecUI dashboard: ``python app.py [--host H] [--port P] [--share] [--data-dir D] [--db F]``.
+
+Every flag has an environment variable (SPECUI_HOST, SPECUI_PORT, SPECUI_SHARE,
+SPECUI_DATA_DIR, SPECUI_DB) so a hosted Space can set them.  Binds to loopback
+unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    on_space = env("SPACE_ID") is not None  # Hugging Face Spaces set this
+    p = argparse.ArgumentParser(description="SpecUI dashboard")
+    p.add_argument("--host", default=env("SPECUI_HOST", "0.0.0.0" if on_space else "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env("SPECUI_PORT", env("GRADIO_SERVER_PORT", "7860"))))
+    p.add_argument("--share", action="store_true", default=env("SPECUI_SHARE") == "1", help="print a public Gradio link")
+    p.add_argument("--data-dir", default=env("SPECUI_DATA_DIR"), help="where runs, trained drafters and caches go")
+    p.add_argument("--db", default=env("SPECUI_DB"), help="the SQLite store (default: DATA_DIR/specui.db)")
+    p.add_argument("--max-jobs", type=int, default=None, help="background jobs at once (default 1)")
+    p.add_argument("--threads", type=int, default=int(env("SPECUI_THREADS", "1")), help="torch threads per decode")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.data_dir:
+        os.environ["SPECUI_DATA_DIR"] = os.path.abspath(args.data_dir)
+    if os.environ.get("SPACE_ID") and "SPECUI_ALLOW_HUB" not in os.environ:
+        os.environ["SPECUI_ALLOW_HUB"] = "1"  # on a Space the verifier may come from the hub
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
+    from specui.store import Store
+    from specui.trace import SpecUIError
+    from specui.ui.app import CSS, build_app
+    from workers.runner import Runner
+
+    try:
+        store = Store(args.db)
+    except SpecUIError as e:
+        print(f"specui: error: {e}", file=sys.stderr)
+        return 2
+    # Background jobs (training, benchmarks) run in worker processes this thread starts.
+    runner = Runner(store.path, max_jobs=args.max_jobs)
+    runner.start()
+    app = build_app(store)
+    print(f"SpecUI: store {store.path}", flush=True)
+    try:
+        app.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
+                   max_file_size="512mb", show_error=True)
+    finally:
+        runner.stop(wait=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""``specui bench``: the baseline and each drafter on the same prompts, stored and compared."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from specui.trace import SamplingParams, SpecUIError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="run the baseline and drafters on a prompt set and compare them")
+    p.add_argument("--drafter", action="append", default=[], help="none | ngram | shipped name | folder (repeatable)")
+    p.add_argument("--shipped", action="store_true", help="every drafter shipped in data/drafters")
+    p.add_argument("--prompts", default="demo", help="a prompt set name or a FILE.jsonl (prompt or messages per line)")
+    p.add_argument("--verifier", default="embedded")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts of the held-out split")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 gives stable timings)")
+    p.add_argument("--db", default=None, metavar="PATH", help="store file")
+    p.add_argument("--json", action="store_true", help="print a JSON object with a `runs` list")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specui.benchmark import bench
+    from specui.drafters.resolve import shipped_drafters
+    from specui.store import Store
+
+    drafters = list(args.drafter)
+    if args.shipped:
+        shipped = list(shipped_drafters())
+        if not shipped:
+            raise SpecUIError("no drafters are shipped in data/drafters")
+        drafters += shipped
+    if not drafters:
+        raise SpecUIError("name at least one --drafter (or --shipped)")
+    if args.limit is not None and args.limit < 1:
+        raise SpecUIError(f"--limit must be >= 1, got {args.limit}")
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    torch.set_num_threads(args.threads)
+    store = Store(args.db)
+    log = (lambda m: None) if args.json else (lambda m: print(f"bench: {m}", file=sys.stderr, flush=True))
+    run_ids, comparison = bench(
+        store, verifier=args.verifier, drafters=drafters, prompts=args.prompts, limit=args.limit,
+        max_new_tokens=args.max_new_tokens, sampling=sampling, num_speculative_tokens=args.num_speculative_tokens,
+        seed=args.seed, progress=log,
+    )
+    if args.json:
+        print(json.dumps({"run_ids": run_ids, "runs": comparison.rows,
+                          "columns": {c.key: {"label": c.label, "definition": c.definition, "unit": c.unit} for c in comparison.columns}}, default=str))
+        return 0
+    keys = ["run_id", "drafter", "algorithm", "acceptance_length", "draft_acceptance_rate", "tokens_per_s", "speedup"]
+    pos = [c.key for c in comparison.columns if c.key.startswith("acceptance_pos_")][:8]
+    header = keys + pos
+    print("\t".join(header))
+    for row in comparison.rows:
+        cells = []
+        for k in header:
+            val = row.get(k)
+            cells.append(f"{val:.3f}" if isinstance(val, float) else ("-" if val is None else str(val)))
+        print("\t".join(cells))
+    return 0

@@ -1,0 +1,36 @@
+"""The dashboard: one Gradio Blocks app over the library (engine, drafters, store, workers).
+
+Every event handler is a few lines calling the library, so each action also
+works from the CLI and from tests without a browser.
+"""
+
+from __future__ import annotations
+
+import os
+
+import gradio as gr
+
+from specui.store import Store
+from specui.ui import compare, playground, render, speculators, train
+
+TITLE = "SpecUI — parallel speculative decoding workbench"
+
+
+def build_app(store: Store) -> gr.Blocks:
+    with gr.Blocks(title=TITLE) as app:
+        gr.Markdown(f"# {TITLE}\nP-EAGLE · DFlash · DSpark, with EAGLE-3 and plain / n-gram decoding as baselines.")
+        with gr.Tabs():
+            with gr.Tab("Playground", id="playground"):
+                playground.build(store)
+            with gr.Tab("Train", id="train"):
+                train.build(store)
+            with gr.Tab("Compare", id="compare"):
+                compare.build(store)
+            with gr.Tab("Speculators", id="speculators"):
+                speculators.build()
+    # Several visitors share one CPU: a bounded queue says "busy" instead of piling up.
+    app.queue(max_size=int(os.environ.get("SPECUI_QUEUE_SIZE", "16")), default_concurrency_limit=2)
+    return app
+
+
+CSS = render.CSS

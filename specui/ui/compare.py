@@ -1,0 +1,165 @@
+"""Compare tab: select runs, see the labelled comparison table and charts, download CSV,
+launch a new benchmark in the background."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
+
+from specui.data import prompt_sets
+from specui.metrics import Comparison, compare, confidence_report
+from specui.paths import data_dir
+from specui.store import Store
+from specui.trace import SpecUIError
+from specui.workbench import drafter_choices
+from workers import queue as jobs
+
+ALL = "(all)"
+
+
+def run_choices(store: Store, algorithm: str = ALL, verifier: str = ALL, prompt_set: str = ALL, backend: str = ALL) -> list[str]:
+    runs = store.list_runs()
+    keep = []
+    for r in runs:
+        if algorithm != ALL and r.algorithm != algorithm:
+            continue
+        if verifier != ALL and r.verifier != verifier:
+            continue
+        if prompt_set != ALL and r.prompt_set != prompt_set:
+            continue
+        if backend != ALL and str(r.backend) != backend:
+            continue
+        keep.append(f"{r.id}: {r.drafter} · {r.prompt_set} · {r.status}")
+    return keep
+
+
+def parse_ids(selected: list[str]) -> list[int]:
+    return [int(s.split(":", 1)[0]) for s in selected or []]
+
+
+def comparison_frame(c: Comparison) -> pd.DataFrame:
+    """Rows = runs; headers carry label and unit (definitions are in the legend)."""
+    cols = [col for col in c.columns if any(row.get(col.key) is not None for row in c.rows)]
+    data = {f"{col.label} [{col.unit}]" if col.unit else col.label: [row.get(col.key) for row in c.rows] for col in cols}
+    return pd.DataFrame(data)
+
+
+def definitions_markdown(c: Comparison) -> str:
+    lines = [f"- **{col.label}** (`{col.key}`{', ' + col.unit if col.unit else ''}): {col.definition}"
+             for col in c.columns if not col.key.startswith("acceptance_pos_") or col.key == "acceptance_pos_1"]
+    return "\n".join(lines)
+
+
+def charts(store: Store, c: Comparison, run_ids: list[int]) -> tuple[go.Figure, go.Figure, go.Figure, go.Figure]:
+    pos_keys = sorted((col.key for col in c.columns if col.key.startswith("acceptance_pos_")),
+                      key=lambda k: int(k.rsplit("_", 1)[1]))
+    curves = go.Figure()
+    bars = go.Figure()
+    for row in c.rows:
+        name = f"{row['run_id']}: {row.get('drafter')}"
+        ys = [row.get(k) for k in pos_keys]
+        if any(y is not None for y in ys):
+            curves.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers", name=name))
+        bars.add_trace(go.Bar(name=name, x=["τ", "speedup"], y=[row.get("acceptance_length"), row.get("speedup")]))
+    curves.update_layout(title="Per-position acceptance a_k", xaxis_title="slot k", yaxis_title="a_k", yaxis_range=[0, 1])
+    bars.update_layout(title="Acceptance length τ and speedup", barmode="group")
+    hist = go.Figure()
+    for rid in run_ids:
+        lengths = [1 + s.num_accepted for s in store.get_steps(rid) if s.num_drafted]
+        if lengths:
+            hist.add_trace(go.Histogram(x=lengths, name=str(rid), opacity=0.6))
+    hist.update_layout(title="Tokens per step (1 + accepted)", barmode="overlay", xaxis_title="tokens", yaxis_title="steps")
+    rel = go.Figure()
+    rel.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect", line={"dash": "dot"}))
+    for rid in run_ids:
+        rep = confidence_report(store, [rid])
+        if rep is None:
+            continue
+        bins = [b for b in rep.reliability if b.count]
+        rel.add_trace(go.Scatter(x=[b.mean_confidence for b in bins], y=[b.accuracy for b in bins],
+                                 mode="lines+markers", name=f"run {rid}"))
+    rel.update_layout(title="Confidence reliability (DSpark)", xaxis_title="predicted acceptance",
+                      yaxis_title="observed acceptance", xaxis_range=[0, 1], yaxis_range=[0, 1])
+    return curves, bars, hist, rel
+
+
+def export_csv(store: Store, run_ids: list[int]) -> str:
+    if not run_ids:
+        raise SpecUIError("select at least one run")
+    out_dir = data_dir() / "exports"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkstemp(prefix="specui-compare-", suffix=".csv", dir=out_dir)[1])
+    compare(store, run_ids).to_csv(path)
+    return str(path)
+
+
+def build(store: Store) -> None:
+    gr.Markdown("Select stored runs and compare them. Speedup is measured against the baseline run "
+                "(no drafter) of the same prompt set, verifier and backend.")
+    with gr.Row():
+        algorithm = gr.Dropdown([ALL, "none", "ngram", "dflash", "dspark", "peagle", "eagle3"], value=ALL, label="Algorithm")
+        verifier = gr.Dropdown([ALL, "SmolLM2-135M-Instruct"], value=ALL, label="Verifier", allow_custom_value=True)
+        pset = gr.Dropdown([ALL, "playground", *prompt_sets()], value=ALL, label="Prompt set", allow_custom_value=True)
+        backend = gr.Dropdown([ALL, "local", "vllm"], value=ALL, label="Backend")
+        refresh = gr.Button("Refresh")
+    runs = gr.CheckboxGroup(run_choices(store), label="Runs", elem_id="runs")
+    with gr.Row():
+        go_btn = gr.Button("Compare", variant="primary", elem_id="compare")
+        csv_btn = gr.DownloadButton("Download CSV", elem_id="download-csv")
+    table = gr.Dataframe(label="Comparison", elem_id="comparison", wrap=True)
+    with gr.Accordion("Column definitions", open=False):
+        defs = gr.Markdown()
+    with gr.Row():
+        curves = gr.Plot(label="Per-position acceptance")
+        bars = gr.Plot(label="τ and speedup")
+    with gr.Row():
+        hist = gr.Plot(label="Acceptance length histogram")
+        rel = gr.Plot(label="Reliability diagram")
+    with gr.Accordion("Launch a benchmark (runs in the background)", open=False):
+        with gr.Row():
+            b_drafters = gr.Dropdown([c for c in drafter_choices() if c != "none"], multiselect=True, label="Drafters")
+            b_prompts = gr.Dropdown(list(prompt_sets()), value="demo", label="Prompt set", allow_custom_value=True)
+            b_limit = gr.Number(4, precision=0, label="Prompts (held-out split)")
+            b_max = gr.Number(64, precision=0, label="Max new tokens")
+            b_temp = gr.Number(0.0, label="Temperature")
+        b_go = gr.Button("Start benchmark")
+        b_status = gr.Markdown()
+
+    def filt(a, v, p, b):
+        return gr.update(choices=run_choices(store, a, v, p, b))
+
+    for comp in (algorithm, verifier, pset, backend):
+        comp.change(filt, [algorithm, verifier, pset, backend], runs)
+    refresh.click(filt, [algorithm, verifier, pset, backend], runs)
+
+    def do_compare(selected):
+        ids = parse_ids(selected)
+        if not ids:
+            raise gr.Error("select at least one run")
+        c = compare(store, ids)
+        return (comparison_frame(c), definitions_markdown(c), *charts(store, c, ids))
+
+    go_btn.click(do_compare, runs, [table, defs, curves, bars, hist, rel], api_name="compare")
+
+    def do_csv(selected):
+        try:
+            return export_csv(store, parse_ids(selected))
+        except SpecUIError as e:
+            raise gr.Error(str(e)) from None
+
+    csv_btn.click(do_csv, runs, csv_btn, api_name="export")
+
+    def start_bench(drafters, prompts, limit, max_new, temp, request: gr.Request):
+        if not drafters:
+            return "choose at least one drafter"
+        job = jobs.enqueue(store, "bench", {
+            "drafters": drafters, "prompts": prompts, "limit": int(limit or 4), "max_new_tokens": int(max_new or 64),
+            "temperature": float(temp or 0), "owner": request.session_hash if request else None,
+        }, owner=request.session_hash if request else None)
+        return f"benchmark queued as job {job.id}; its runs appear here when done (Refresh)"
+
+    b_go.click(start_bench, [b_drafters, b_prompts, b_limit, b_max, b_temp], b_status, api_name="bench")

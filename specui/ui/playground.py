@@ -1,0 +1,216 @@
+"""Playground tab: pick verifier and speculator(s), type a prompt, watch decoding live."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+from specui.data import Prompt, load_prompts
+from specui.engine import Decoding
+from specui.store import DecodingSettings, RunRecorder, Store
+from specui.trace import SamplingParams, SpecUIError
+from specui.ui import render
+from specui.workbench import WORKBENCH, drafter_choices
+
+MAX_PROMPT_CHARS = 20_000
+_STOP: dict[str, threading.Event] = {}  # session -> stop request of its running generation
+
+
+def example_prompts() -> dict[str, Prompt]:
+    """A few held-out prompts per shipped set, labelled for a dropdown."""
+    out: dict[str, Prompt] = {}
+    for name, n in (("demo", 12), ("humaneval", 4), ("gsm-symbolic", 4)):
+        try:
+            for p in load_prompts(name, split="eval", limit=n):
+                out[f"[{name}] {p.preview(70)}"] = p
+        except SpecUIError:
+            continue  # a set whose package is missing: skip it, the others still work
+    return out
+
+
+@dataclass
+class _Lane:
+    """One speculator's generation in the (possibly side-by-side) view."""
+
+    decoding: Decoding
+    recorder: RunRecorder
+    run_id: int
+    drafter_name: str
+    done: bool = False
+    error: str | None = None
+    steps: list = field(default_factory=list)
+
+
+def _policy(mode: str, threshold: float) -> dict | None:
+    if mode == "off":
+        return None
+    return {"mode": mode, "threshold": float(threshold)}
+
+
+def run_playground(
+    store: Store, verifier_spec: str, drafters: list[str], k: int, temperature: float, top_p: float,
+    seed: int, max_new_tokens: int, prompt: str | Prompt, chat: bool, policy_mode: str, threshold: float,
+    owner: str | None, stop: threading.Event,
+):
+    """Generator of (lanes, finished) as decoding advances: the library side of the tab."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise SpecUIError("the prompt is empty")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise SpecUIError(f"the prompt is longer than {MAX_PROMPT_CHARS} characters")
+    sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p))
+    v = WORKBENCH.verifier(verifier_spec)
+    if isinstance(prompt, Prompt):
+        ids, text = prompt.encode(v), prompt.preview(10_000)
+    else:
+        ids, text = v.encode(prompt, chat=chat), prompt
+    k_opt = int(k) if k else None
+    policy = _policy(policy_mode, threshold)
+    with ExitStack() as stack:
+        lanes: list[_Lane] = []
+        for name in drafters:
+            d = stack.enter_context(WORKBENCH.drafter(name, v, k_opt, confidence_policy=policy))
+            decoding = Decoding(
+                v, d, ids, max_new_tokens=int(max_new_tokens), sampling=sampling, seed=int(seed),
+                should_stop=stop.is_set,
+            )
+            settings = DecodingSettings(
+                num_speculative_tokens=d.num_speculative_tokens, temperature=sampling.temperature,
+                top_p=sampling.top_p, max_new_tokens=int(max_new_tokens),
+                confidence_policy=None if policy is None else f"{policy['mode']}:{policy['threshold']}",
+            )
+            run = store.create_run(verifier=v.name, prompt_set="playground", algorithm=d.algorithm, drafter=d.name,
+                                   settings=settings, seed=int(seed), owner=owner)
+            rec = stack.enter_context(RunRecorder(store, run.id))
+            rec.begin_prompt(0, text)
+            lanes.append(_Lane(decoding, rec, run.id, d.name))
+        iters = [iter(lane.decoding) for lane in lanes]
+        while not all(lane.done for lane in lanes):
+            for lane, it in zip(lanes, iters, strict=True):
+                if lane.done:
+                    continue
+                try:
+                    lane.recorder.step(next(it))
+                except StopIteration:
+                    lane.done = True
+                    lane.recorder.end_prompt(lane.decoding.result)
+                    if lane.decoding.result.stop_reason == "cancelled":
+                        lane.recorder.stop()
+            yield lanes
+
+
+def build(store: Store) -> None:
+    """Components and events of the Playground tab (inside a gr.Blocks context)."""
+    examples = example_prompts()
+    choices = drafter_choices()
+    default = next((c for c in ("dspark", "dflash", "ngram") if c in choices), "none")
+    gr.Markdown("Decode one prompt with speculative decoding and watch each step: the draft block, "
+                "which tokens the verifier accepted or rejected, and its own corrected or bonus token.")
+    with gr.Row():
+        with gr.Column(scale=1, min_width=280):
+            verifier = gr.Dropdown(["embedded"], value="embedded", label="Verifier", allow_custom_value=True,
+                                   info="embedded = SmolLM2-135M-Instruct; or a local HF folder / .gguf / hub id")
+            drafter_a = gr.Dropdown(choices, value=default, label="Speculator", allow_custom_value=True,
+                                    elem_id="drafter-a")
+            side = gr.Checkbox(False, label="Side by side: a second speculator, same prompt and seed")
+            drafter_b = gr.Dropdown(choices, value="none", label="Second speculator", allow_custom_value=True,
+                                    visible=False)
+            k = gr.Slider(0, 16, value=0, step=1, label="K / block size (0 = the speculator's own)")
+            temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
+            top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
+            seed = gr.Number(0, precision=0, label="Seed")
+            max_new = gr.Slider(1, 512, value=96, step=1, label="Max new tokens")
+            with gr.Accordion("DSpark confidence policy", open=False):
+                policy = gr.Radio(["off", "threshold", "cost"], value="off", label="Truncate drafts before verifying",
+                                  info="threshold: keep slots while cumprod(confidence) ≥ t; cost: maximise expected tokens per cost")
+                threshold = gr.Slider(0, 1, value=0.5, step=0.05, label="Threshold t")
+        with gr.Column(scale=3):
+            example = gr.Dropdown(list(examples), value=None, label="Prompt from a prompt set (held-out split)")
+            prompt = gr.Textbox(lines=4, label="Prompt", placeholder="Type a prompt…", elem_id="prompt",
+                                max_length=MAX_PROMPT_CHARS)
+            chat = gr.Checkbox(True, label="Use the verifier's chat template")
+            with gr.Row():
+                go = gr.Button("Generate", variant="primary", elem_id="generate")
+                stop = gr.Button("Stop", variant="stop", elem_id="stop")
+            gr.HTML(render.LEGEND)
+            status = gr.Markdown(elem_id="status")
+            with gr.Row():
+                with gr.Column():
+                    stats_a = gr.Markdown(elem_id="stats-a")
+                    out_a = gr.HTML(elem_id="output-a")
+                    steps_a = gr.HTML(elem_id="steps-a")
+                with gr.Column(visible=False) as col_b:
+                    stats_b = gr.Markdown(elem_id="stats-b")
+                    out_b = gr.HTML(elem_id="output-b")
+                    steps_b = gr.HTML(elem_id="steps-b")
+
+    side.change(lambda s: (gr.update(visible=s), gr.update(visible=s)), side, [drafter_b, col_b])
+    example.change(lambda e: _example_text(examples.get(e)) if e else gr.update(), example, prompt)
+
+    def generate(verifier_spec, da, db, side_by_side, k_, t, tp, seed_, max_new_, text, chat_, pol, thr,
+                 request: gr.Request):
+        session = request.session_hash if request is not None else "cli"
+        stop_event = _STOP[session] = threading.Event()
+        chosen = examples.get(_example_key(examples, text))
+        names = [da] + ([db] if side_by_side else [])
+        blank = ("", "", "")
+        try:
+            lanes = []
+            for lanes in run_playground(store, verifier_spec, names, k_, t, tp, seed_, max_new_, chosen or text,
+                                        chat_, pol, thr, owner=session, stop=stop_event):
+                yield _view(lanes, running=True)
+            yield _view(lanes, running=False)
+        except SpecUIError as e:
+            yield (f"⚠️ {e}", *blank, *blank)
+        finally:
+            _STOP.pop(session, None)
+
+    go.click(generate, [verifier, drafter_a, drafter_b, side, k, temperature, top_p, seed, max_new, prompt, chat,
+                        policy, threshold],
+             [status, stats_a, out_a, steps_a, stats_b, out_b, steps_b], api_name="generate",
+             concurrency_limit=2, concurrency_id="decode")
+    stop.click(_request_stop, None, status, api_name="stop", queue=False)
+
+
+def _request_stop(request: gr.Request):
+    event = _STOP.get(request.session_hash if request is not None else "cli")
+    if event is None:
+        return "nothing is running"
+    event.set()
+    return "stopping…"
+
+
+def _example_text(p: Prompt | None) -> str:
+    if p is None:
+        return ""
+    if p.text is not None:
+        return p.text
+    if p.messages:
+        return p.messages[-1].get("content", "")
+    return ""
+
+
+def _example_key(examples: dict[str, Prompt], text: str) -> str | None:
+    """The example whose text is in the box unchanged (its messages/system prompt are kept)."""
+    for key, p in examples.items():
+        if p.messages is not None and _example_text(p) == text:
+            return key
+    return None
+
+
+def _view(lanes, running: bool):
+    if not lanes:
+        return ("", "", "", "", "", "", "")
+    parts = []
+    for lane in lanes[:2]:
+        res = lane.decoding.result
+        head = f"**{lane.drafter_name}** (run {lane.run_id})  \n"
+        parts += [head + render.stats_markdown(res, running and not lane.done),
+                  render.output_html(res.steps), render.steps_html(res.steps)]
+    if len(lanes) == 1:
+        parts += ["", "", ""]
+    status = "decoding…" if running else "done: runs stored (see Compare)"
+    return (status, *parts)

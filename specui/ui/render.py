@@ -1,0 +1,113 @@
+"""Step traces as HTML: each step's draft block with accepted, rejected,
+discarded, corrected and bonus tokens in distinct colours, confidences beside
+the drafted tokens, and probabilities on hover."""
+
+from __future__ import annotations
+
+import html
+
+from specui.trace import FinalTokenKind, GenerationResult, StepTrace
+
+CSS = """
+.specui-legend span, .specui-steps .tok, .specui-output .tok {
+  font-family: ui-monospace, SFMono-Regular, Menlo, monospace; white-space: pre-wrap;
+  border-radius: 3px; padding: 0 2px; margin: 0 1px; line-height: 1.9;
+}
+.specui-steps { max-height: 460px; overflow-y: auto; font-size: 13px; }
+.specui-step { border-bottom: 1px solid #8883; padding: 2px 0; }
+.specui-step .idx { color: #888; display: inline-block; min-width: 5.5em; font-size: 11px; }
+.tok.accepted  { background: #c8f7c5; color: #064e03; }
+.tok.rejected  { background: #ffd1d1; color: #7a0000; text-decoration: line-through; }
+.tok.discarded { background: #eeeeee; color: #999999; text-decoration: line-through; }
+.tok.corrected { background: #ffe2b3; color: #7a4300; font-weight: 600; }
+.tok.bonus     { background: #cfe3ff; color: #003c8f; font-weight: 600; }
+.tok.prompt    { color: #777; }
+.tok sup.conf  { font-size: 9px; color: #555; margin-left: 1px; }
+.specui-output { font-size: 14px; max-height: 460px; overflow-y: auto; }
+.specui-output .tok { margin: 0; padding: 0; }
+"""
+
+LEGEND = (
+    '<div class="specui-legend">'
+    '<span class="tok accepted">accepted draft</span> '
+    '<span class="tok rejected">rejected draft</span> '
+    '<span class="tok discarded">discarded (after a rejection)</span> '
+    '<span class="tok corrected">corrected (verifier)</span> '
+    '<span class="tok bonus">bonus (verifier)</span> '
+    "<small>superscript: DSpark confidence · hover a token: draft q and verifier p · "
+    "␣ space, ↵ newline, → tab</small></div>"
+)
+
+
+def visible(text: str) -> str:
+    """Make whitespace visible inside a token chip (code stays readable)."""
+    return text.replace(" ", "␣").replace("\t", "→").replace("\n", "↵")
+
+
+def _chip(text: str, cls: str, title: str = "", conf: float | None = None) -> str:
+    sup = f'<sup class="conf">{conf:.2f}</sup>' if conf is not None else ""
+    t = f' title="{html.escape(title)}"' if title else ""
+    return f'<span class="tok {cls}"{t}>{html.escape(visible(text))}{sup}</span>'
+
+
+def step_html(step: StepTrace) -> str:
+    chips = []
+    for i, (tid, text) in enumerate(zip(step.draft_token_ids, step.draft_texts, strict=True)):
+        if i < step.num_accepted:
+            cls = "accepted"
+        elif i == step.num_accepted:
+            cls = "rejected"
+        else:
+            cls = "discarded"
+        conf = step.confidences[i] if step.confidences and i < len(step.confidences) else None
+        title = f"id {tid} · draft q={step.draft_probs[i]:.3f} · verifier p={step.target_probs[i]:.3f}"
+        if conf is not None:
+            title += f" · confidence {conf:.3f}"
+        chips.append(_chip(text, cls, title, conf))
+    kind = "bonus" if step.final_token_kind == FinalTokenKind.BONUS else "corrected"
+    chips.append(_chip(step.final_token_text, kind, f"id {step.final_token_id} · {kind} token from the verifier"))
+    label = f"#{step.step} +{len(step.emitted_token_ids)}"
+    timing = f"draft {step.draft_time_s * 1e3:.0f} ms · verify {step.verify_time_s * 1e3:.0f} ms"
+    return f'<div class="specui-step"><span class="idx" title="{timing}">{label}</span>{"".join(chips)}</div>'
+
+
+def steps_html(steps: list[StepTrace], limit: int = 400) -> str:
+    """Newest step first, so the live view needs no scrolling."""
+    shown = steps[-limit:][::-1]
+    body = "".join(step_html(s) for s in shown) or "<i>no steps yet</i>"
+    return f'<div class="specui-steps">{body}</div>'
+
+
+def output_html(steps: list[StepTrace]) -> str:
+    """The generated text, each token coloured by where it came from."""
+    chips = []
+    for s in steps:
+        for i, tid in enumerate(s.emitted_token_ids):
+            if i < s.num_accepted:
+                chips.append(_raw_chip(s.draft_texts[i], "accepted", f"draft token {tid}"))
+            else:
+                kind = "bonus" if s.final_token_kind == FinalTokenKind.BONUS else "corrected"
+                chips.append(_raw_chip(s.final_token_text, kind, f"verifier token {tid}"))
+    return f'<div class="specui-output">{"".join(chips)}</div>'
+
+
+def _raw_chip(text: str, cls: str, title: str) -> str:
+    return f'<span class="tok {cls}" title="{html.escape(title)}">{html.escape(text)}</span>'
+
+
+def stats_markdown(result: GenerationResult, running: bool) -> str:
+    s = result.summary() if result.steps else None
+    if s is None:
+        return "waiting for the first step…"
+    n_tokens = sum(len(st.emitted_token_ids) for st in result.steps)
+    wall = sum(st.draft_time_s + st.verify_time_s for st in result.steps)
+    tps = n_tokens / wall if wall > 0 else 0.0
+    a = ", ".join(f"{x:.2f}" for x in result.per_position_acceptance) or "–"
+    state = "running" if running else f"done ({result.stop_reason})"
+    return (
+        f"**{state}** · steps {len(result.steps)} · tokens {n_tokens}  \n"
+        f"**tau** (1 + accepted/drafts) **{result.acceptance_length:.2f}** · "
+        f"draft acceptance rate {result.draft_acceptance_rate:.2f}  \n"
+        f"per-position acceptance a_k: {a}  \n"
+        f"**{tps:.1f} tok/s** · draft {s['draft_time_s']:.2f} s vs verify {s['verify_time_s']:.2f} s"
+    )

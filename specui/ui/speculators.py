@@ -1,0 +1,130 @@
+"""Speculators tab: list with model cards, import a folder, validate against a
+verifier, and the exact ``vllm serve`` line to serve one."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import gradio as gr
+
+from specui.drafters import validate_checkpoint
+from specui.drafters.resolve import shipped_drafters
+from specui.export import vllm_serve_command
+from specui.paths import confine
+from specui.trace import SpecUIError
+from specui.workbench import WORKBENCH, trained_drafters_dir
+
+MAX_UPLOAD_BYTES = 512 * 1024 * 1024
+ALLOWED_UPLOADS = {"config.json", "model.safetensors", "README.md"}
+
+
+def speculator_folders() -> dict[str, Path]:
+    out = {f"shipped/{k}": v for k, v in shipped_drafters().items()}
+    root = trained_drafters_dir()
+    if root.is_dir():
+        out.update({f"trained/{p.name}": p for p in sorted(root.iterdir()) if (p / "config.json").is_file()})
+    return out
+
+
+def describe(folder: Path) -> str:
+    """Model card (README.md) or a summary of config.json."""
+    card = folder / "README.md"
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"⚠️ config.json unreadable: {e}"
+    k = (cfg.get("speculators_config", {}).get("proposal_methods") or [{}])[0].get("speculative_tokens")
+    layer = cfg.get("transformer_layer_config", {})
+    head = (f"**{folder.name}** · `{cfg.get('speculators_model_type')}` · K={k} · "
+            f"{layer.get('num_hidden_layers')} layer(s) · aux layers "
+            f"{cfg.get('aux_hidden_state_layer_ids') or cfg.get('eagle_aux_hidden_state_layer_ids')}  \n`{folder}`\n\n")
+    return head + (card.read_text()[:20_000] if card.is_file() else "_no model card_")
+
+
+def validate(folder: Path, verifier_spec: str) -> str:
+    problems = validate_checkpoint(folder, WORKBENCH.verifier(verifier_spec))
+    if not problems:
+        return f"✅ `{folder.name}` fits verifier `{verifier_spec}`"
+    return "❌ does not fit:\n" + "\n".join(f"- {p}" for p in problems)
+
+
+def import_folder(source: str | None, uploads: list[str] | None, name: str) -> Path:
+    """Copy a speculators folder (a path inside the app's folders, or uploaded files)
+    into the app's speculators folder under ``name``."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name or ""):
+        raise SpecUIError("name: letters, digits, '.', '_' and '-' (up to 64), starting with a letter or digit")
+    dest = trained_drafters_dir() / name
+    if dest.exists():
+        raise SpecUIError(f"a speculator named {name!r} already exists")
+    files: dict[str, Path] = {}
+    if source:
+        src = confine(source)
+        if not src.is_dir():
+            raise SpecUIError(f"{source} is not a folder")
+        files = {f.name: f for f in src.iterdir() if f.name in ALLOWED_UPLOADS}
+    for up in uploads or []:
+        p = Path(up)
+        if p.name not in ALLOWED_UPLOADS:
+            raise SpecUIError(f"unexpected file {p.name}: upload config.json, model.safetensors (and README.md)")
+        if p.stat().st_size > MAX_UPLOAD_BYTES:
+            raise SpecUIError(f"{p.name} is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
+        files[p.name] = p
+    if not {"config.json", "model.safetensors"} <= files.keys():
+        raise SpecUIError("a speculator needs config.json and model.safetensors")
+    tmp = dest.with_name(f".{name}.importing")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for fname, f in files.items():
+        shutil.copyfile(f, tmp / fname)
+    tmp.rename(dest)
+    return dest
+
+
+def build() -> None:
+    folders = speculator_folders()
+    with gr.Row():
+        with gr.Column(scale=1):
+            pick = gr.Dropdown(list(folders), value=next(iter(folders), None), label="Speculator", elem_id="speculator")
+            verifier = gr.Dropdown(["embedded"], value="embedded", label="Verifier", allow_custom_value=True)
+            with gr.Row():
+                val_btn = gr.Button("Validate against verifier")
+                vllm_btn = gr.Button("vLLM serve command")
+            report = gr.Markdown()
+            cmd = gr.Code(label="Serve with vLLM", language="shell")
+            with gr.Accordion("Import a speculator", open=False):
+                src = gr.Textbox(label="Folder (inside the app's data folders)")
+                up = gr.File(file_count="multiple", file_types=[".json", ".safetensors", ".md"], label="or upload files")
+                name = gr.Textbox(label="Name")
+                imp_btn = gr.Button("Import")
+                imp_status = gr.Markdown()
+        with gr.Column(scale=2):
+            card = gr.Markdown(describe(folders[pick.value]) if pick.value else "no speculators yet")
+
+    def current(key):
+        folder = speculator_folders().get(key)
+        if folder is None:
+            raise gr.Error("choose a speculator")
+        return folder
+
+    pick.change(lambda key: describe(current(key)), pick, card)
+
+    def on_validate(key, v):
+        try:
+            return validate(current(key), v)
+        except SpecUIError as e:
+            return f"❌ {e}"
+
+    val_btn.click(on_validate, [pick, verifier], report, api_name="validate")
+    vllm_btn.click(lambda key, v: vllm_serve_command(current(key), v), [pick, verifier], cmd, api_name="vllm_command")
+
+    def on_import(source, uploads, name_):
+        try:
+            dest = import_folder(source, uploads, name_.strip())
+        except SpecUIError as e:
+            return f"❌ {e}", gr.update()
+        return f"✅ imported as `trained/{dest.name}`", gr.update(choices=list(speculator_folders()))
+
+    imp_btn.click(on_import, [src, up, name], [imp_status, pick])

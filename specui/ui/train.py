@@ -1,0 +1,131 @@
+"""Train tab: start a training job in a background worker, watch progress, loss and
+per-position accuracy, read the log tail, cancel or resume."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import gradio as gr
+import plotly.graph_objects as go
+
+from specui.data import prompt_sets
+from specui.store import JobStatus, Store
+from specui.trace import SpecUIError
+from specui.workbench import trained_drafters_dir
+from workers import queue as jobs
+
+ALGORITHMS = ["dflash", "dspark", "peagle", "eagle3"]
+
+
+def job_choices(store: Store) -> list[str]:
+    return [f"{j.id}: {j.kind} · {j.status} · {j.params.get('algorithm', '')} {j.params.get('out', '').rsplit('/', 1)[-1]}"
+            for j in store.list_jobs(limit=50)]
+
+
+def job_view(store: Store, choice: str | None):
+    if not choice:
+        return "no job selected", go.Figure(), go.Figure(), ""
+    job = store.get_job(int(choice.split(":", 1)[0]))
+    pct = f"{100 * (job.progress or 0):.0f}%"
+    head = f"**job {job.id}** · {job.kind} · **{job.status}** · {pct} · {job.message or ''}"
+    if job.error:
+        head += f"  \n⚠️ {job.error}"
+    loss = go.Figure()
+    acc = go.Figure()
+    series: dict[str, list] = {}
+    for m in store.job_metrics(job.id):
+        series.setdefault(m.name, []).append((m.step, m.value))
+    for name, pts in sorted(series.items()):
+        xs, ys = zip(*pts, strict=True)
+        if "loss" in name:
+            loss.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name))
+        elif name.startswith(("acc", "pos_acc", "accuracy")) or "acc" in name:
+            acc.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name))
+    loss.update_layout(title="Loss", xaxis_title="step")
+    acc.update_layout(title="Per-position accuracy", xaxis_title="step", yaxis_range=[0, 1])
+    return head, loss, acc, job.log_tail or ""
+
+
+def start_training(store: Store, algorithm: str, verifier: str, prompts: str, steps: int, block_size: int,
+                   max_anchors: int, layers: int, lr: float, name: str, owner: str | None) -> int:
+    if algorithm not in ALGORITHMS:
+        raise SpecUIError(f"unknown algorithm {algorithm!r}")
+    name = name.strip() or f"{algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+        raise SpecUIError("name: letters, digits, '.', '_' and '-' (up to 64)")
+    if int(steps) < 1:
+        raise SpecUIError("steps must be >= 1")
+    params = {
+        "algorithm": algorithm, "verifier": verifier, "prompts": prompts, "steps": int(steps),
+        "block_size": int(block_size), "max_anchors": int(max_anchors), "lr": float(lr),
+        "out": str(trained_drafters_dir() / name), "threads": 1,
+    }
+    if layers:
+        params["layers"] = int(layers)
+    return jobs.enqueue(store, "train", params, owner=owner).id
+
+
+def build(store: Store) -> None:
+    with gr.Row():
+        with gr.Column(scale=1):
+            algorithm = gr.Dropdown(ALGORITHMS, value="dflash", label="Algorithm", elem_id="train-algorithm")
+            verifier = gr.Dropdown(["embedded"], value="embedded", label="Verifier", allow_custom_value=True)
+            prompts = gr.Dropdown(list(prompt_sets()), value="gsm-symbolic", label="Prompt set (train split)",
+                                  allow_custom_value=True)
+            steps = gr.Number(200, precision=0, label="Steps", elem_id="train-steps")
+            block = gr.Number(8, precision=0, label="Block size / K")
+            anchors = gr.Number(64, precision=0, label="Anchors per sequence (DFlash/DSpark)")
+            layers = gr.Number(0, precision=0, label="Draft layers (0 = default)")
+            lr = gr.Number(6e-4, label="Learning rate")
+            name = gr.Textbox(label="Name (the speculator's folder)", elem_id="train-name")
+            start = gr.Button("Start training", variant="primary", elem_id="train-start")
+            started = gr.Markdown(elem_id="train-started")
+        with gr.Column(scale=2):
+            with gr.Row():
+                pick = gr.Dropdown(job_choices(store), label="Job", elem_id="job")
+                refresh = gr.Button("Refresh")
+                cancel = gr.Button("Cancel", variant="stop", elem_id="job-cancel")
+                resume = gr.Button("Resume", elem_id="job-resume")
+            head = gr.Markdown(elem_id="job-status")
+            with gr.Row():
+                loss = gr.Plot()
+                acc = gr.Plot()
+            log = gr.Textbox(label="Log tail", lines=10, max_lines=20, autoscroll=True)
+    timer = gr.Timer(2.0)
+
+    def on_start(a, v, p, s, b, an, ly, lr_, n, request: gr.Request):
+        try:
+            jid = start_training(store, a, v, p, s, b, an, ly, lr_, n, request.session_hash if request else None)
+        except SpecUIError as e:
+            return f"❌ {e}", gr.update()
+        choices = job_choices(store)
+        return f"job {jid} queued", gr.update(choices=choices, value=next(c for c in choices if c.startswith(f"{jid}:")))
+
+    start.click(on_start, [algorithm, verifier, prompts, steps, block, anchors, layers, lr, name],
+                [started, pick], api_name="train")
+    refresh.click(lambda: gr.update(choices=job_choices(store)), None, pick)
+    pick.change(lambda c: job_view(store, c), pick, [head, loss, acc, log])
+    timer.tick(lambda c: job_view(store, c), pick, [head, loss, acc, log])
+
+    def on_cancel(choice, request: gr.Request):
+        if not choice:
+            return "no job selected"
+        try:
+            jobs.cancel(store, int(choice.split(":", 1)[0]), request.session_hash if request else None)
+        except SpecUIError as e:
+            return f"❌ {e}"
+        return "cancel requested"
+
+    cancel.click(on_cancel, pick, head)
+
+    def on_resume(choice, request: gr.Request):
+        if not choice:
+            return "no job selected", gr.update()
+        old = store.get_job(int(choice.split(":", 1)[0]))
+        if old.status not in (JobStatus.CANCELLED, JobStatus.FAILED):
+            return f"job {old.id} is {old.status}; only a cancelled or failed job is resumed", gr.update()
+        job = jobs.enqueue(store, old.kind, {**old.params, "resume": True}, owner=request.session_hash if request else None)
+        return f"resuming as job {job.id} from the last checkpoint", gr.update(choices=job_choices(store))
+
+    resume.click(on_resume, pick, [head, pick])

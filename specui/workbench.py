@@ -1,0 +1,68 @@
+"""Loaded models shared by the dashboard's visitors.
+
+Verifiers are loaded once per spec and shared (forward passes are thread-safe:
+the tap capture is per thread).  Drafters keep per-generation state, so each
+run borrows an instance from a small pool and returns it afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from specui.drafters.base import Drafter
+from specui.drafters.resolve import BUILTIN, resolve_drafter, shipped_drafters
+from specui.paths import data_dir
+from specui.verifier import Verifier
+
+
+def trained_drafters_dir() -> Path:
+    """Where trained and imported speculators live (inside the app's data folder)."""
+    return data_dir() / "speculators"
+
+
+def drafter_choices() -> list[str]:
+    """Names a user can pick: built-ins, shipped drafters, then trained/imported folders."""
+    names = [*BUILTIN, *shipped_drafters()]
+    root = trained_drafters_dir()
+    if root.is_dir():
+        names += [str(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file()]
+    return names
+
+
+class Workbench:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._verifiers: dict[str, Verifier] = {}
+        self._verifier_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._idle: dict[tuple, list[Drafter]] = defaultdict(list)
+
+    def verifier(self, spec: str) -> Verifier:
+        with self._lock:
+            if spec in self._verifiers:
+                return self._verifiers[spec]
+            load_lock = self._verifier_locks[spec]
+        with load_lock:  # one load per spec, other specs load in parallel
+            if spec not in self._verifiers:
+                self._verifiers[spec] = Verifier.load(spec)
+            return self._verifiers[spec]
+
+    @contextmanager
+    def drafter(self, spec: str, verifier: Verifier, k: int | None = None, **options) -> Iterator[Drafter]:
+        key = (spec, verifier.name, k, tuple(sorted(options.items())))
+        with self._lock:
+            pool = self._idle[key]
+            drafter = pool.pop() if pool else None
+        if drafter is None:
+            drafter = resolve_drafter(spec, verifier, k, **options)
+        try:
+            yield drafter
+        finally:
+            with self._lock:
+                self._idle[key].append(drafter)
+
+
+WORKBENCH = Workbench()
