@@ -109,7 +109,7 @@ def build(store: Store) -> None:
     runs = gr.CheckboxGroup(run_choices(store), label="Runs", elem_id="runs")
     with gr.Row():
         go_btn = gr.Button("Compare", variant="primary", elem_id="compare")
-        csv_btn = gr.DownloadButton("Download CSV", elem_id="download-csv")
+        csv_btn = gr.DownloadButton("Download CSV", elem_id="download-csv", interactive=False)
     table = gr.Dataframe(label="Comparison", elem_id="comparison", wrap=True)
     with gr.Accordion("Column definitions", open=False):
         defs = gr.Markdown()
@@ -141,17 +141,11 @@ def build(store: Store) -> None:
         if not ids:
             raise gr.Error("select at least one run")
         c = compare(store, ids)
-        return (comparison_frame(c), definitions_markdown(c), *charts(store, c, ids))
+        # The CSV is written with the table, so "Download CSV" serves exactly what is shown.
+        csv_path = export_csv(store, ids)
+        return (comparison_frame(c), definitions_markdown(c), *charts(store, c, ids), gr.update(value=csv_path, interactive=True))
 
-    go_btn.click(do_compare, runs, [table, defs, curves, bars, hist, rel], api_name="compare")
-
-    def do_csv(selected):
-        try:
-            return export_csv(store, parse_ids(selected))
-        except SpecUIError as e:
-            raise gr.Error(str(e)) from None
-
-    csv_btn.click(do_csv, runs, csv_btn, api_name="export")
+    go_btn.click(do_compare, runs, [table, defs, curves, bars, hist, rel, csv_btn], api_visibility="private")
 
     def start_bench(drafters, prompts, limit, max_new, temp, request: gr.Request):
         if not drafters:
