@@ -52,8 +52,12 @@ def _chip(text: str, cls: str, title: str = "", conf: float | None = None) -> st
 
 def step_html(step: StepTrace) -> str:
     chips = []
+    # A stop condition (EOS, budget, stop string) may cut the step's tokens short.
+    kept = len(step.emitted_token_ids)
     for i, (tid, text) in enumerate(zip(step.draft_token_ids, step.draft_texts, strict=True)):
-        if i < step.num_accepted:
+        if i < step.num_accepted and i >= kept:
+            cls = "discarded"
+        elif i < step.num_accepted:
             cls = "accepted"
         elif i == step.num_accepted:
             cls = "rejected"
@@ -65,7 +69,8 @@ def step_html(step: StepTrace) -> str:
             title += f" · confidence {conf:.3f}"
         chips.append(_chip(text, cls, title, conf))
     kind = "bonus" if step.final_token_kind == FinalTokenKind.BONUS else "corrected"
-    chips.append(_chip(step.final_token_text, kind, f"id {step.final_token_id} · {kind} token from the verifier"))
+    if kept > step.num_accepted:  # the verifier's own token survived the stop conditions
+        chips.append(_chip(step.final_token_text, kind, f"id {step.final_token_id} · {kind} token from the verifier"))
     label = f"#{step.step} +{len(step.emitted_token_ids)}"
     timing = f"draft {step.draft_time_s * 1e3:.0f} ms · verify {step.verify_time_s * 1e3:.0f} ms"
     return f'<div class="specui-step"><span class="idx" title="{timing}">{label}</span>{"".join(chips)}</div>'
@@ -83,7 +88,7 @@ def output_html(steps: list[StepTrace]) -> str:
     chips = []
     for s in steps:
         for i, tid in enumerate(s.emitted_token_ids):
-            if i < s.num_accepted:
+            if i < s.num_accepted and i < len(s.draft_texts):
                 chips.append(_raw_chip(s.draft_texts[i], "accepted", f"draft token {tid}"))
             else:
                 kind = "bonus" if s.final_token_kind == FinalTokenKind.BONUS else "corrected"

@@ -1,0 +1,41 @@
+"""Step rendering: the right class per token, visible whitespace, escaped text."""
+
+from __future__ import annotations
+
+import re
+
+from specui.trace import FinalTokenKind, StepTrace
+from specui.ui.render import output_html, step_html
+
+
+def _step(num_accepted, kind, emitted, texts=("a", " b", "\n", "<script>")):
+    return StepTrace(
+        step=0, context_len=5, draft_token_ids=[1, 2, 3, 4], draft_texts=list(texts),
+        draft_probs=[0.9, 0.8, 0.7, 0.6], target_probs=[0.9, 0.7, 0.1, 0.2], confidences=[0.95, 0.8, 0.4, 0.1],
+        num_accepted=num_accepted, final_token_id=9, final_token_text="Z", final_token_kind=kind,
+        emitted_token_ids=emitted, draft_time_s=0.01, verify_time_s=0.1,
+    )
+
+
+def _classes(html: str) -> list[str]:
+    return re.findall(r'class="tok (\w+)"', html)
+
+
+def test_rejection_mid_block_marks_accepted_rejected_discarded_corrected():
+    html = step_html(_step(2, FinalTokenKind.CORRECTED, [1, 2, 9]))
+    assert _classes(html) == ["accepted", "accepted", "rejected", "discarded", "corrected"]
+    assert "␣b" in html and "↵" in html  # whitespace visible
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert '<sup class="conf">0.95</sup>' in html
+
+
+def test_all_accepted_ends_with_bonus_and_stop_truncation_discards_the_rest():
+    assert _classes(step_html(_step(4, FinalTokenKind.BONUS, [1, 2, 3, 4, 9])))[-1] == "bonus"
+    cut = step_html(_step(4, FinalTokenKind.BONUS, [1, 2]))  # EOS at the second token
+    assert _classes(cut) == ["accepted", "accepted", "discarded", "discarded"]
+
+
+def test_output_colours_tokens_by_origin():
+    html = output_html([_step(2, FinalTokenKind.CORRECTED, [1, 2, 9])])
+    assert _classes(html) == ["accepted", "accepted", "corrected"]
+    assert ">a<" in html and "> b<" in html
