@@ -57,3 +57,18 @@ def test_decode_error_exit_code_and_no_traceback_in_a_real_process():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "specui: error: the prompt is empty"
+
+
+@pytest.mark.parametrize("algorithm", ["dflash", "dspark", "peagle", "eagle3"])
+def test_decode_with_each_fixture_checkpoint(capsys, fixture_dir, algorithm):
+    rc = main(["decode", "--verifier", str(fixture_dir / "verifier"), "--drafter", str(fixture_dir / algorithm),
+               "--prompt-ids", "5 17 300 42 7 99 12", "--max-new-tokens", "12", "--json"])
+    assert rc == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    steps, summary = lines[:-1], lines[-1]
+    assert len(summary["output_token_ids"]) == 12
+    assert any(s["draft_token_ids"] for s in steps)
+    if algorithm == "dspark":
+        assert all(s["confidences"] and all(0 <= c <= 1 for c in s["confidences"]) for s in steps if s["draft_token_ids"])
+    else:
+        assert all(s["confidences"] is None for s in steps)

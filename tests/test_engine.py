@@ -221,3 +221,26 @@ def test_bad_engine_input_raises_clear_errors(tiny):
         SamplingParams(temperature=1.0, top_p=1.5)
     with pytest.raises(SpecUIError, match="token ids"):
         Decoding(tiny, PlainDrafter(), [1, 999])
+
+
+# --- the learned drafters plugged into the loop -------------------------------------------
+
+ALGORITHMS = ["dflash", "dspark", "peagle", "eagle3"]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_greedy_output_with_random_learned_drafter_equals_plain(fixture_verifier, algorithm):
+    from specui.drafters import create_drafter
+
+    v = fixture_verifier
+    gen = torch.Generator().manual_seed(5)
+    for seed in range(3):
+        drafter = create_drafter(algorithm, v, seed=seed, num_layers=1)
+        prompt = torch.randint(0, v.vocab_size - 1, (6 + 5 * seed,), generator=gen).tolist()
+        plain = generate(v, PlainDrafter(), prompt, max_new_tokens=30, stop_on_eos=False)
+        spec = generate(v, drafter, prompt, max_new_tokens=30, stop_on_eos=False)
+        assert spec.output_token_ids == plain.output_token_ids, (algorithm, seed)
+        assert all(s.num_drafted > 0 for s in spec.steps[:-1])
+        sampled = generate(v, drafter, prompt, max_new_tokens=20, sampling=SamplingParams(temperature=1.0), seed=seed,
+                           stop_on_eos=False)
+        assert len(sampled.output_token_ids) == 20

@@ -13,7 +13,9 @@ from specui.trace import SamplingParams, SpecUIError
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("decode", help="generate a completion with speculative decoding")
-    p.add_argument("--prompt", required=True, help="the prompt text")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompt-ids", help="the prompt as token ids ('1 2 3'; for verifiers without a tokenizer)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the verifier's chat template")
     p.add_argument("--verifier", default="embedded", help="embedded | HF folder | .gguf file | hub id")
     p.add_argument("--drafter", default="none", help="none | ngram | a shipped drafter name | a speculators folder")
@@ -30,8 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.prompt.strip():
+    if args.prompt is not None and not args.prompt.strip():
         raise SpecUIError("the prompt is empty")
+    prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     if args.num_speculative_tokens is not None and not 0 <= args.num_speculative_tokens <= 256:
         raise SpecUIError(f"number of speculative tokens (-k) must be in 0..256, got {args.num_speculative_tokens}")
@@ -43,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
 
     verifier = Verifier.load(args.verifier)
     drafter = resolve_drafter(args.drafter, verifier, args.num_speculative_tokens)
-    prompt_ids = verifier.encode(args.prompt, chat=args.chat)
+    if prompt_ids is None:
+        prompt_ids = verifier.encode(args.prompt, chat=args.chat)
     run = Decoding(
         verifier, drafter, prompt_ids,
         max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, stop_strings=args.stop,
@@ -63,3 +67,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise SpecUIError(f"--prompt-ids takes integers separated by spaces or commas, got {text!r}") from None
+    if not ids:
+        raise SpecUIError("the prompt is empty")
+    return ids

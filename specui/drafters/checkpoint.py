@@ -87,6 +87,7 @@ class DraftConfig:
     architecture: ClassVar[str]  # "DFlashDraftModel", ...
     config_class_name: ClassVar[str]  # for auto_map
     aux_key: ClassVar[str] = "aux_hidden_state_layer_ids"
+    create_options: ClassVar[tuple[str, ...]] = ()  # config fields a model's create(**options) accepts
 
     layer: LayerConfig
     aux_layer_ids: list[int]
@@ -98,7 +99,9 @@ class DraftConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DraftConfig:
-        layer = LayerConfig.from_dict(read_field(d, "transformer_layer_config", "str?", None) or d.get("transformer_layer_config"))
+        if "transformer_layer_config" not in d:
+            raise SpecUIError("config.json has no 'transformer_layer_config'")
+        layer = LayerConfig.from_dict(d["transformer_layer_config"])
         aux = read_field(d, cls.aux_key, "int-list?", None)
         spec = d.get("speculators_config")
         if not isinstance(spec, dict):
@@ -309,24 +312,27 @@ def load_model(path: str | os.PathLike, verifier: Verifier) -> DraftModel:
     model_cls = _model_class(_read_config(folder))
     model = model_cls(config)
     state = model.state_dict()
-    for k, ref in state.items():
-        t = tensors[k] if k in tensors else model.fallback_tensor(k, verifier)
-        state[k] = t.to(ref.dtype) if ref.is_floating_point() or t.dtype != ref.dtype else t
-    model.load_state_dict(state)
-    model.config.dtype = "float32"
+    present = {k: tensors[k].to(ref.dtype) for k, ref in state.items() if k in tensors}
+    model.load_state_dict(present, strict=False)  # computes in float32 whatever the storage dtype
+    with torch.no_grad():  # after d2t is in place: fallbacks may depend on the draft vocabulary
+        for k in state.keys() - present.keys():
+            model.get_parameter(k).copy_(model.fallback_tensor(k, verifier))
     model.bind_verifier(verifier)
     return model.to(_device(verifier)).eval()
 
 
-def load_drafter(path: str | os.PathLike, verifier: Verifier, num_speculative_tokens: int | None = None) -> Drafter:
+def load_drafter(
+    path: str | os.PathLike, verifier: Verifier, num_speculative_tokens: int | None = None, **options: Any
+) -> Drafter:
     """Load a speculators-format folder as a ready-to-use Drafter for ``verifier``.
 
-    ``num_speculative_tokens`` overrides the checkpoint's K (tokens per proposal).
+    ``num_speculative_tokens`` overrides the checkpoint's K (tokens per proposal);
+    ``options`` go to the drafter class (DSpark: ``confidence_policy``).
     Raises SpecUIError naming every mismatch with the verifier.
     """
     model = load_model(path, verifier)
     drafter_cls = lookup(model.config.model_type)
-    return drafter_cls(model, num_speculative_tokens=num_speculative_tokens, name=Path(path).name)
+    return drafter_cls(model, num_speculative_tokens=num_speculative_tokens, name=Path(path).name, **options)
 
 
 def _device(verifier: Verifier) -> torch.device:

@@ -15,6 +15,8 @@ Shape letters used throughout:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -98,11 +100,15 @@ class LayerConfig:
                      "num_attention_heads", "num_key_value_heads", "vocab_size"):  # fmt: skip
             if name not in d:
                 raise SpecUIError(f"config.json {where} has no {name!r}")
+        if d["model_type"] not in ("qwen3", "llama"):
+            raise SpecUIError(f"{where}.model_type {d['model_type']!r} is not supported (qwen3 or llama)")
         kw["head_dim"] = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
         for name in known - {"head_dim"}:
             if name in d and d[name] is not None:
                 kw[name] = d[name]
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise SpecUIError(f"{where}.rope_parameters must be an object")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
             raise SpecUIError(f"{where}: rope_type {rope_type!r} is not supported (only 'default')")
@@ -226,6 +232,13 @@ class MLP(nn.Module):
 # --- attention ---------------------------------------------------------------------------
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (k, v)
+
+
+def extend_kv(past: list[KV] | None, new: list[KV]) -> list[KV]:
+    """Per-layer caches with ``new`` appended along the key axis (``past`` None = empty)."""
+    if past is None:
+        return list(new)
+    return [(torch.cat([pk, k], -2), torch.cat([pv, v], -2)) for (pk, pv), (k, v) in zip(past, new, strict=True)]
 
 
 def attend(
@@ -514,3 +527,78 @@ class PrefixCache:
 
     def remember(self, token_ids: torch.Tensor) -> None:
         self.tokens = token_ids.detach().cpu().clone()
+
+
+class LearnedDrafter:
+    """What the four learned drafters share on the inference side (the Drafter protocol).
+
+    Subclasses set ``model_class`` and implement ``reset`` and ``propose``.
+    ``self.model`` is the ``nn.Module`` (training uses it directly).
+    """
+
+    model_class: type
+
+    def __init__(
+        self, model: nn.Module, num_speculative_tokens: int | None = None, name: str | None = None, **options: Any
+    ) -> None:
+        if options:
+            raise SpecUIError(f"the {model.config.model_type} drafter has no option(s) {', '.join(sorted(options))}")
+        self.model = model.eval()
+        cfg = model.config
+        self.algorithm: str = cfg.model_type
+        self.name: str = name or cfg.model_type
+        self.aux_layer_ids: list[int] | None = list(cfg.aux_layer_ids)
+        k = cfg.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
+        if k < 1:
+            raise SpecUIError(f"num_speculative_tokens must be >= 1, got {k}")
+        self.num_speculative_tokens: int = k
+        self.reset()
+
+    @classmethod
+    def create(cls, verifier: Any, **sizes: Any) -> LearnedDrafter:
+        """A freshly initialised drafter for ``verifier`` (see the model's ``create``)."""
+        return cls(cls.model_class.create(verifier, **sizes))
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def inputs(self, ctx: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validated (token_ids [L], features [L-1, F]) on the model's device, float32."""
+        device = next(self.model.parameters()).device
+        ids = ctx.token_ids.reshape(-1).to(device)
+        if ids.numel() == 0:
+            raise SpecUIError("a drafter needs at least one committed token")
+        width = len(self.model.config.aux_layer_ids) * self.model.config.layer.hidden_size
+        feats = ctx.features
+        if feats is None:
+            raise SpecUIError(f"the {self.algorithm} drafter needs verifier features (aux layers {self.aux_layer_ids})")
+        feats = feats.reshape(-1, feats.shape[-1]).to(device, torch.float32)
+        if feats.shape[-1] != width or feats.shape[0] < ids.numel() - 1:
+            raise SpecUIError(
+                f"verifier features have shape {list(feats.shape)}; the {self.algorithm} drafter needs "
+                f"[{ids.numel() - 1}, {width}] (aux layers {self.aux_layer_ids})"
+            )
+        return ids, feats[: ids.numel() - 1]
+
+    def empty_proposal(self) -> Any:
+        from specui.trace import Proposal
+
+        return Proposal(token_ids=[], probs=torch.zeros(0, self.model.config.layer.vocab_size))
+
+
+def verifier_identity(verifier: Any) -> dict[str, Any]:
+    """The verifier fields a new checkpoint records (speculators_config.verifier)."""
+    cfg = verifier.config
+    path = getattr(cfg, "_name_or_path", None) or getattr(cfg, "name_or_path", None) or verifier.name
+    return {"verifier_name_or_path": str(path), "verifier_architectures": list(getattr(cfg, "architectures", None) or [])}
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Initialise a fresh model from ``seed`` without disturbing the global RNG."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield

@@ -1,0 +1,112 @@
+"""Drafting time per block vs K for EAGLE-3 and the parallel drafters (run by hand, not in CI).
+
+    .venv/bin/python bench/draft_cost.py [--embedded] [--repeats 15] [--context 128] [--markov-rank 256]
+
+Randomly initialised drafters at the sizes of the embedded verifier
+(SmolLM2-135M: hidden 576, 30 layers, vocab 49152, 9 heads / 3 kv heads,
+head_dim 64).  The verifier is a random LlamaForCausalLM of those sizes (no
+download) unless ``--embedded`` loads the real one; only its embedding, LM
+head and widths matter here.  Each timed call is one decoding step in steady
+state: one more committed token (and its verifier features) than the last
+call, so the drafters' incremental caches do what they do in the engine.
+One CPU thread (two-thread timings swing on these machines); median of repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from specui.drafters import create_drafter
+from specui.drafters.base import DraftContext
+from specui.trace import SamplingParams
+from specui.verifier import Verifier
+
+KS = (2, 4, 8, 16)
+
+
+def smollm2_sized_verifier() -> Verifier:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, head_dim=64, max_position_embeddings=8192,
+        rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return Verifier(LlamaForCausalLM(cfg).eval(), None, name="random-smollm2-sized")
+
+
+def drafter_for(algo: str, verifier: Verifier, k: int, markov_rank: int = 256):  # noqa: ANN201 - a Drafter
+    sizes = {
+        "eagle3": dict(num_layers=1, num_speculative_tokens=k),
+        "peagle": dict(num_layers=2, num_speculative_tokens=k),
+        "dflash": dict(num_layers=2, block_size=k + 1),  # slot 0 is the anchor: K+1 slots draft K
+        "dspark": dict(num_layers=2, block_size=k, markov_rank=markov_rank),  # every slot drafts
+    }[algo]
+    d = create_drafter(algo, verifier, seed=0, **sizes)
+    assert d.num_speculative_tokens == k
+    return d
+
+
+def time_blocks(drafters: dict[int, object], verifier: Verifier, context: int, repeats: int) -> dict[int, float]:
+    """Median seconds of ``propose`` per K over ``repeats`` consecutive decoding steps.
+
+    The Ks take turns step by step, so a burst of load from another process
+    hits them alike instead of skewing one K's numbers.
+    """
+    g = torch.Generator().manual_seed(1)
+    total = context + repeats + 1
+    ids = torch.randint(0, verifier.vocab_size, (total,), generator=g)
+    width = len(next(iter(drafters.values())).aux_layer_ids) * verifier.hidden_size
+    feats = torch.randn(total, width, generator=g)
+    sampling = SamplingParams()
+
+    def step(drafter, n: int) -> float:  # noqa: ANN001
+        ctx = DraftContext(token_ids=ids[:n], features=feats[: n - 1], sampling=sampling, generator=None)
+        t0 = time.perf_counter()
+        proposal = drafter.propose(ctx)
+        dt = time.perf_counter() - t0
+        assert len(proposal) == drafter.num_speculative_tokens
+        return dt
+
+    samples: dict[int, list[float]] = {k: [] for k in drafters}
+    for d in drafters.values():
+        d.reset()
+        step(d, context)  # prefill: the caches take the whole prompt once (not timed)
+    for r in range(repeats):
+        for k, d in drafters.items():
+            samples[k].append(step(d, context + 1 + r))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--embedded", action="store_true", help="load the real embedded SmolLM2 verifier")
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--context", type=int, default=128, help="prompt length before the timed steps")
+    ap.add_argument("--algorithms", default="eagle3,peagle,dflash,dspark")
+    ap.add_argument("--markov-rank", type=int, default=256, help="DSpark Markov head rank (0 = none)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    verifier = Verifier.load("embedded") if args.embedded else smollm2_sized_verifier()
+    print(f"verifier {verifier.name}: hidden {verifier.hidden_size}, {verifier.num_layers} layers, "
+          f"vocab {verifier.vocab_size}; torch threads {torch.get_num_threads()}; context {args.context}; "
+          f"median of {args.repeats}")  # fmt: skip
+    print(f"{'drafter':<8} {'layers':>6} " + " ".join(f"{f'K={k} ms':>9}" for k in KS) + "  " +
+          " ".join(f"{f't{k}/t2':>6}" for k in KS[1:]))  # fmt: skip
+    with torch.inference_mode():
+        for algo in args.algorithms.split(","):
+            drafters = {k: drafter_for(algo, verifier, k, args.markov_rank) for k in KS}
+            times = time_blocks(drafters, verifier, args.context, args.repeats)
+            layers = drafters[KS[0]].model.config.layer.num_hidden_layers
+            print(f"{algo:<8} {layers:>6} " + " ".join(f"{times[k] * 1e3:>9.2f}" for k in KS) + "  "
+                  + " ".join(f"{times[k] / times[2]:>6.2f}" for k in KS[1:]))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
