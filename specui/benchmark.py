@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specui.data import Prompt, load_prompts
+from specui.data import Prompt, load_prompts, prompt_sets
 from specui.drafters.base import Drafter
 from specui.engine import Decoding
 from specui.metrics import Comparison, compare
@@ -103,7 +103,9 @@ def bench(
     should_stop: Callable[[], bool] | None = None,
 ) -> tuple[list[int], Comparison]:
     """Baseline + each drafter over the same prompts; returns run ids and their comparison."""
-    prompt_list = load_prompts(prompts, split="eval", limit=limit)
+    # A registered set contributes its held-out split; a user's file is used whole.
+    split = "eval" if prompts in prompt_sets() else "all"
+    prompt_list = load_prompts(prompts, split=split, limit=limit)
     if not prompt_list:
         raise SpecUIError(f"prompt set {prompts!r} has no prompts")
     v = WORKBENCH.verifier(verifier)
@@ -122,32 +124,3 @@ def bench(
             progress(f"{name}: {len(prompt_list)} prompts in {time.perf_counter() - t0:.1f} s")
     return run_ids, compare(store, run_ids)
 
-
-# --- as a background job (the dashboard's "launch a benchmark") -------------------------
-
-from workers.runner import JobContext, job_kind  # noqa: E402  (the job layer sits on top of the library)
-
-
-@job_kind("bench")
-def bench_job(params: dict, ctx: JobContext) -> dict:
-    """params: verifier, drafters, prompts, limit, max_new_tokens, temperature, num_speculative_tokens, seed."""
-    import torch
-
-    torch.set_num_threads(int(params.get("threads", 1)))
-    store = ctx.store
-    done: list[str] = []
-
-    def progress(message: str) -> None:
-        done.append(message)
-        ctx.log(message)
-        ctx.progress(len(done) / (1 + len(params.get("drafters", []))), message)
-
-    run_ids, _ = bench(
-        store, verifier=params.get("verifier", "embedded"), drafters=list(params.get("drafters", [])),
-        prompts=params.get("prompts", "demo"), limit=params.get("limit"),
-        max_new_tokens=int(params.get("max_new_tokens", 96)),
-        sampling=SamplingParams(temperature=float(params.get("temperature", 0.0))),
-        num_speculative_tokens=params.get("num_speculative_tokens"), seed=int(params.get("seed", 0)),
-        owner=params.get("owner"), progress=progress, should_stop=ctx.cancelled,
-    )
-    return {"run_ids": run_ids}

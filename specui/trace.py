@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from specui.errors import SpecUIError
 
+if TYPE_CHECKING:  # torch costs seconds to import; the store and CLI need none of it
+    import torch
 
-class SpecUIError(Exception):
-    """An error a user can cause (bad input, mismatched files); shown as one line."""
+__all__ = ["SpecUIError"]
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 JobFn = Callable[[dict[str, Any], "JobContext"], Any]
 
 # Modules that register job kinds; a missing one is skipped (not built yet).
-KIND_MODULES = ["workers.builtin", "specui.training.job", "specui.benchmark"]
+KIND_MODULES = ["workers.builtin", "specui.training.job", "specui.bench_job"]
 
 
 @dataclass(frozen=True)
@@ -91,14 +91,18 @@ def job_kind(kind: str) -> Callable[[JobFn], JobFn]:
 def load_kinds(extra_modules: Iterable[str] = ()) -> list[str]:
     """Import the modules that register kinds; returns the registered kinds."""
     env = [m.strip() for m in os.environ.get("SPECUI_JOB_MODULES", "").split(",") if m.strip()]
-    for name in [*KIND_MODULES, *env, *extra_modules]:
+    _import_modules([*KIND_MODULES, *env, *extra_modules])
+    return sorted(_KINDS)
+
+
+def _import_modules(names: Iterable[str]) -> None:
+    for name in names:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as e:
             if e.name != name:
                 raise
             log.debug("job module %s not found; skipped", name)
-    return sorted(_KINDS)
 
 
 def registered_kinds() -> list[str]:
@@ -214,9 +218,15 @@ def _raise_cancelled(signum: int, frame: Any) -> None:
 
 
 def run_job(db_path: str | os.PathLike[str], job_id: int, modules: Iterable[str] = (), *, heartbeat_s: float = 1.0) -> JobStatus:
-    """Run one claimed job in this process (what a runner's child does)."""
+    """Run one claimed job in this process (what a runner's child does).
+    ``modules``: where its kind is registered; only those are imported (some kind
+    modules import torch, which a ``count`` job should not wait for)."""
     store = Store(db_path)
-    load_kinds(modules)
+    modules = list(modules)
+    if modules:
+        _import_modules(modules)
+    else:
+        load_kinds()
     job = store.get_job(job_id)
     if job.status != JobStatus.RUNNING:
         log.warning("job %s is %s, not running; nothing to do", job_id, job.status)

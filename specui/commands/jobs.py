@@ -1,0 +1,99 @@
+"""``specui jobs``: list, show and cancel background jobs; start a worker runner."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from specui.commands.runs import _table, _when, add_db_option
+from specui.store import JobStatus, Store
+from workers import queue
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("jobs", help="list, show and cancel background jobs")
+    add_db_option(p)
+    common = argparse.ArgumentParser(add_help=False)
+    add_db_option(common, on_subcommand=True)
+    js = p.add_subparsers(dest="jobs_command", required=True, metavar="{list,show,cancel,worker}")
+
+    ls = js.add_parser("list", parents=[common], help="jobs, newest first")
+    ls.add_argument("--status", choices=[s.value for s in JobStatus])
+    ls.add_argument("--kind")
+    ls.add_argument("--limit", type=int, default=50)
+    ls.set_defaults(func=cmd_list)
+
+    show = js.add_parser("show", parents=[common], help="one job: parameters, log tail, latest metrics")
+    show.add_argument("job_id", type=int)
+    show.set_defaults(func=cmd_show)
+
+    ca = js.add_parser("cancel", parents=[common], help="cancel a queued or running job")
+    ca.add_argument("job_id", type=int)
+    ca.add_argument("--force", action="store_true", help="also cancel a job that a dashboard session owns")
+    ca.set_defaults(func=cmd_cancel)
+
+    wk = js.add_parser("worker", parents=[common], help="run queued jobs (each in its own process)")
+    wk.add_argument("--max-jobs", type=int, help="jobs at once (default: $SPECUI_MAX_JOBS or 1)")
+    wk.add_argument("--until-idle", action="store_true", help="exit when nothing is queued or running")
+    wk.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE", help="also import MODULE (registers job kinds)")
+    wk.set_defaults(func=cmd_worker)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with Store(args.db) as store:
+        jobs = queue.list_jobs(store, status=args.status, kind=args.kind, limit=args.limit)
+    if not jobs:
+        print("no jobs")
+        return 0
+    rows = [
+        [str(j.id), j.kind, str(j.status) + (" (cancelling)" if j.cancel_requested_at and j.status == JobStatus.RUNNING else ""), f"{100 * j.progress:.0f}%", _when(j.created_at), (j.error or j.message or "")[:60]]
+        for j in jobs
+    ]
+    print(_table(["ID", "KIND", "STATUS", "PROGRESS", "CREATED", "MESSAGE"], rows))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with Store(args.db) as store:
+        job = store.get_job(args.job_id)
+        metrics = store.job_metrics(args.job_id)
+    print(f"job {job.id}: {job.kind}  [{job.status}]  {100 * job.progress:.0f}%")
+    print(f"  params   {job.params_json}")
+    for key, value in (("created", _when(job.created_at)), ("started", _when(job.started_at)), ("ended", _when(job.ended_at)), ("message", job.message), ("error", job.error), ("result", job.result_json)):
+        if value not in (None, "-"):
+            print(f"  {key:<8} {value}")
+    latest: dict[str, tuple[int, float]] = {}
+    for m in metrics:
+        latest[m.name] = (m.step, m.value)
+    for name, (step, value) in sorted(latest.items()):
+        print(f"  metric   {name} = {value:.6g} (step {step})")
+    if job.log_tail:
+        print("log tail:")
+        print("\n".join("  " + ln for ln in job.log_tail.splitlines()[-20:]))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with Store(args.db) as store:
+        job = queue.cancel(store, args.job_id, requester=None, force=args.force)
+    if job.status == JobStatus.CANCELLED:
+        print(f"job {job.id} cancelled")
+    elif job.status == JobStatus.RUNNING:
+        print(f"job {job.id}: cancel requested (its runner stops it)")
+    else:
+        print(f"job {job.id} already ended ({job.status}); nothing to cancel")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.runner import Runner
+
+    runner = Runner(args.db, max_jobs=args.max_jobs, modules=tuple(args.modules))
+    print(f"worker: {runner.store.path}, up to {runner.max_jobs} job(s), kinds: {', '.join(runner.kinds)}", flush=True)
+    started = time.monotonic()
+    try:
+        runner.run(until_idle=args.until_idle)
+    except KeyboardInterrupt:
+        runner.stop(wait=False)
+    print(f"worker: stopped after {time.monotonic() - started:.0f} s")
+    return 0

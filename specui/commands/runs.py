@@ -1,0 +1,147 @@
+"""``specui runs``: list, show, export (CSV) and delete stored benchmark runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from specui.metrics import compare, write_steps_csv
+from specui.store import RunStatus, Store
+
+
+def add_db_option(parser: argparse.ArgumentParser, *, on_subcommand: bool = False) -> None:
+    # On the group (`specui runs --db X list`) and again on each subcommand
+    # (`specui runs list --db X`); SUPPRESS keeps a subcommand from resetting it.
+    parser.add_argument(
+        "--db",
+        default=argparse.SUPPRESS if on_subcommand else None,
+        metavar="PATH",
+        help="store file (default: $SPECUI_DATA_DIR/specui.db, else ~/.local/share/specui/specui.db)",
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("runs", help="list, show, export and delete stored runs")
+    add_db_option(p)
+    common = argparse.ArgumentParser(add_help=False)
+    add_db_option(common, on_subcommand=True)
+    rs = p.add_subparsers(dest="runs_command", required=True, metavar="{list,show,export,delete}")
+
+    ls = rs.add_parser("list", parents=[common], help="stored runs, newest first")
+    ls.add_argument("--status", choices=[s.value for s in RunStatus])
+    ls.add_argument("--algorithm")
+    ls.add_argument("--prompt-set")
+    ls.add_argument("--verifier")
+    ls.add_argument("--limit", type=int, default=50)
+    ls.set_defaults(func=cmd_list)
+
+    show = rs.add_parser("show", parents=[common], help="one run: settings, versions and metrics")
+    show.add_argument("run_id", type=int)
+    show.set_defaults(func=cmd_show)
+
+    ex = rs.add_parser("export", parents=[common], help="write a comparison (or per-step) CSV")
+    ex.add_argument("--csv", required=True, metavar="FILE", help="output file ('-' for stdout)")
+    ex.add_argument("--runs", type=int, nargs="+", metavar="ID", help="runs to include (default: all, oldest first)")
+    ex.add_argument("--steps", action="store_true", help="one row per decoding step instead of one per run")
+    ex.add_argument("--excel", action="store_true", help="start the file with a UTF-8 BOM (Excel needs it for non-ASCII text)")
+    ex.set_defaults(func=cmd_export)
+
+    de = rs.add_parser("delete", parents=[common], help="delete a run with its results and steps")
+    de.add_argument("run_id", type=int)
+    de.add_argument("--force", action="store_true", help="also delete a run that a dashboard session owns")
+    de.set_defaults(func=cmd_delete)
+
+
+def _when(ts: float | None) -> str:
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with Store(args.db) as store:
+        runs = store.list_runs(status=args.status, algorithm=args.algorithm, prompt_set=args.prompt_set, verifier=args.verifier, limit=args.limit)
+        if not runs:
+            print(f"no runs in {store.path}")
+            return 0
+        counts = store.count_results([r.id for r in runs if r.id is not None])
+        rows = [
+            [str(r.id), str(r.status), r.display_name, r.algorithm, str(r.backend), r.prompt_set, str(counts[r.id][0]), str(counts[r.id][1]), _when(r.started_at)]
+            for r in runs
+            if r.id is not None
+        ]
+    print(_table(["ID", "STATUS", "NAME", "ALGORITHM", "BACKEND", "PROMPT SET", "PROMPTS", "STEPS", "STARTED"], rows))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with Store(args.db) as store:
+        run = store.get_run(args.run_id)
+        cmp = compare(store, [args.run_id])
+    print(f"run {run.id}: {run.display_name}  [{run.status}]")
+    for key, value in (
+        ("algorithm", run.algorithm),
+        ("drafter", run.drafter),
+        ("verifier", run.verifier),
+        ("backend", run.backend),
+        ("prompt set", run.prompt_set),
+        ("seed", run.seed),
+        ("started", _when(run.started_at)),
+        ("ended", _when(run.ended_at)),
+        ("error", run.error),
+    ):
+        if value is not None:
+            print(f"  {key:<11} {value}")
+    print("  settings    " + ", ".join(f"{k}={v}" for k, v in sorted(run.settings.items())))
+    print("  versions    " + ", ".join(f"{k} {v}" for k, v in sorted(run.versions.items())))
+    print("metrics:")
+    row = cmp.rows[0]
+    skip = {"run_id", "label", "algorithm", "drafter", "verifier", "backend", "prompt_set", "status"}
+    for c in cmp.columns:
+        if c.key not in skip and row.get(c.key) is not None:
+            print(f"  {c.label:<24} {_fmt(row[c.key])} {c.unit}".rstrip())
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    with Store(args.db) as store:
+        if args.steps:
+            if not args.runs:
+                from specui.store import user_error
+
+                raise user_error("--steps needs --runs ID [ID ...]")
+            ids = args.runs
+        else:
+            ids = args.runs or [r.id for r in reversed(store.list_runs())]
+        dest = sys.stdout if args.csv == "-" else args.csv
+        if args.steps:
+            write_steps_csv(store, ids, dest, bom=args.excel)
+            what = f"steps of run(s) {', '.join(map(str, ids))}"
+        else:
+            compare(store, ids).to_csv(dest, bom=args.excel)
+            what = f"{len(ids)} run(s)"
+    if args.csv != "-":
+        print(f"wrote {what} to {args.csv}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    with Store(args.db) as store:
+        store.delete_run(args.run_id, requester=None, force=args.force)
+    print(f"deleted run {args.run_id}")
+    return 0

@@ -1,0 +1,45 @@
+"""``specui bench``: baseline and drafters on the same prompts, stored and compared."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specui.cli import main
+from specui.store import Store
+
+
+def test_bench_json_runs_baseline_and_drafter_on_the_same_prompts(tmp_path, capsys, embedded_verifier):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        json.dumps({"prompt": "Repeat twice: red green blue."}) + "\n"
+        + "not json\n"
+        + json.dumps({"messages": [{"role": "user", "content": "Say hello."}]}) + "\n"
+    )
+    db = tmp_path / "s.db"
+    rc = main(["bench", "--drafter", "ngram", "--prompts", str(prompts), "--max-new-tokens", "12",
+               "--db", str(db), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    runs = out["runs"]
+    assert [r["algorithm"] for r in runs] == ["none", "ngram"]
+    base, ngram = runs
+    assert base["speedup"] == pytest.approx(1.0)
+    assert ngram["baseline_run_id"] == base["run_id"]
+    assert ngram["speedup"] == pytest.approx(base["ms_per_output_token"] / ngram["ms_per_output_token"], rel=1e-6)
+    assert ngram["acceptance_length"] >= 1.0
+    store = Store(db)
+    results = [store.get_results(r["run_id"]) for r in runs]
+    assert [len(r) for r in results] == [2, 2]  # the broken line is skipped, the good ones kept
+    # Greedy: both runs produce the same text for each prompt.
+    assert [r.output_text for r in results[0]] == [r.output_text for r in results[1]]
+
+
+def test_bench_bad_input(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert main(["bench", "--drafter", "ngram", "--prompts", str(empty), "--db", str(tmp_path / "a.db")]) == 2
+    assert "no usable" in capsys.readouterr().err
+    assert main(["bench", "--prompts", "demo", "--db", str(tmp_path / "a.db")]) == 2
+    assert "at least one --drafter" in capsys.readouterr().err

@@ -1,0 +1,230 @@
+"""Comparison metrics and CSV files, checked against numbers computed here
+independently from hand-built step traces."""
+
+from __future__ import annotations
+
+import csv
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specui.metrics import (
+    BASE_COLUMNS,
+    apply_temperature,
+    auroc,
+    brier_score,
+    calibrate,
+    compare,
+    confidence_report,
+    expected_calibration_error,
+    fit_temperature,
+    write_steps_csv,
+)
+from specui.store import Backend, DecodingSettings, RunStatus, Store
+from specui.trace import FinalTokenKind, SpecUIError, StepTrace
+from tests.store_helpers import make_trace, record
+
+
+def _plain_step(i: int) -> StepTrace:
+    """A baseline step: nothing drafted, one verifier token."""
+    return StepTrace(i, 10 + i, [], [], [], [], None, 0, 7, "x", FinalTokenKind.BONUS, [7], 0.0, 0.02)
+
+
+@pytest.fixture
+def three_runs(tmp_path: Path) -> tuple[Store, dict[str, int], dict[str, list[list[StepTrace]]], dict[str, list[float]]]:
+    store = Store(tmp_path / "specui.db")
+    prompts = {
+        "base": [[_plain_step(i) for i in range(n)] for n in (30, 40, 50)],
+        "conf": [[make_trace(i, 3, seed=10 + p) for i in range(n)] for p, n in enumerate((12, 9, 20))],
+        "plain": [[make_trace(i, 5, seed=20 + p, confidences=False) for i in range(n)] for p, n in enumerate((8, 11))],
+    }
+    walls = {"base": [1.5, 2.0, 2.6], "conf": [0.9, 0.7, 1.4], "plain": [0.8, 0.95]}
+    ids = {}
+    for name, algo, k, label in (("base", "none", 0, None), ("conf", "dspark", 3, "=DSpark (cal)"), ("plain", "dflash", 5, None)):
+        run = store.create_run(
+            verifier="smollm2", prompt_set="humaneval:0-2", algorithm=algo, label=label, owner="secret-session-id-123",
+            settings=DecodingSettings(num_speculative_tokens=k, temperature=0.0, max_new_tokens=64),
+        )
+        record(store, run.id, prompts[name], walls[name], k)
+        ids[name] = run.id
+    yield store, ids, prompts, walls
+    store.close()
+
+
+def _expected(prompts: list[list[StepTrace]], walls: list[float], k_max: int, base_tpot: float | None) -> dict[str, float | None]:
+    steps = [s for p in prompts for s in p]
+    drafts = [s for s in steps if s.draft_token_ids]
+    accepted = sum(s.num_accepted for s in drafts)
+    drafted = sum(len(s.draft_token_ids) for s in steps)
+    tokens = sum(len(s.emitted_token_ids) for s in steps)
+    wall = sum(walls)
+    exp: dict[str, float | None] = {
+        "num_steps": len(steps),
+        "num_drafts": len(drafts),
+        "num_output_tokens": tokens,
+        "acceptance_length": 1 + accepted / len(drafts) if drafts else 1.0,
+        "draft_acceptance_rate": accepted / drafted if drafted else None,
+        "tokens_per_s": tokens / wall,
+        "speedup": None if base_tpot is None else base_tpot / (wall / tokens),
+    }
+    for k in range(1, k_max + 1):
+        exp[f"acceptance_pos_{k}"] = sum(1 for s in drafts if s.num_accepted >= k) / len(drafts) if drafts else None
+    conf, lab = [], []
+    for s in steps:
+        for slot, c in enumerate(s.confidences or []):
+            conf.append(c)
+            lab.append(1.0 if slot < s.num_accepted else 0.0)
+    if conf:
+        n = len(conf)
+        exp["confidence_brier"] = sum((c - y) ** 2 for c, y in zip(conf, lab, strict=True)) / n
+        pos = [c for c, y in zip(conf, lab, strict=True) if y]
+        neg = [c for c, y in zip(conf, lab, strict=True) if not y]
+        exp["confidence_auroc"] = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg) / (len(pos) * len(neg))
+        ece = 0.0
+        for b in range(10):
+            members = [(c, y) for c, y in zip(conf, lab, strict=True) if min(int(c * 10), 9) == b]
+            if members:
+                ece += len(members) / n * abs(sum(y for _, y in members) / len(members) - sum(c for c, _ in members) / len(members))
+        exp["confidence_ece"] = ece
+    else:
+        exp.update(confidence_brier=None, confidence_auroc=None, confidence_ece=None)
+    return exp
+
+
+def test_comparison_csv_matches_independent_computation(three_runs, tmp_path: Path) -> None:
+    store, ids, prompts, walls = three_runs
+    out = tmp_path / "cmp.csv"
+    compare(store, [ids["base"], ids["conf"], ids["plain"]]).to_csv(out)
+    text = out.read_text(encoding="utf-8")
+    assert "secret-session-id-123" not in text and "hostname" not in text  # no session ids, no hosts
+    with out.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames
+        rows = list(reader)
+    assert header == [c.key for c in BASE_COLUMNS] + [f"acceptance_pos_{k}" for k in range(1, 6)]
+    assert all(h.isidentifier() and h == h.lower() for h in header)
+
+    for row, name in zip(rows, ("base", "conf", "plain"), strict=True):
+        # Speedup over the prompts both runs finished ("plain" has only the first two).
+        n = len(prompts[name])
+        base_tpot = sum(walls["base"][:n]) / sum(len(s.emitted_token_ids) for p in prompts["base"][:n] for s in p)
+        exp = _expected(prompts[name], walls[name], 5, base_tpot)
+        assert int(row["run_id"]) == ids[name]
+        assert row["baseline_run_id"] == str(ids["base"])
+        assert row["status"] == "done" and row["num_prompts"] == str(len(prompts[name]))
+        for key, value in exp.items():
+            if value is None:
+                assert row[key] == "", (name, key)
+            else:
+                assert float(row[key]) == pytest.approx(value, rel=1e-12), (name, key)
+    assert rows[0]["speedup"] == "1.0"
+    assert rows[1]["label"] == "'=DSpark (cal)"  # a spreadsheet must not run it as a formula
+    assert rows[1]["acceptance_pos_4"] == "0.0"  # K=3 run: slot 4 never drafted, column shared
+
+
+def test_steps_csv_has_one_row_per_step_with_the_stored_values(three_runs, tmp_path: Path) -> None:
+    store, ids, prompts, _ = three_runs
+    out = tmp_path / "steps.csv"
+    write_steps_csv(store, [ids["conf"]], out, bom=True)
+    raw = out.read_bytes()
+    assert raw.startswith(b"\xef\xbb\xbf")  # Excel's UTF-8 marker, on request
+    with out.open(newline="", encoding="utf-8-sig") as f:
+        rows = list(csv.DictReader(f))
+    flat = [(p, s) for p, steps in enumerate(prompts["conf"]) for s in steps]
+    assert len(rows) == len(flat)
+    for row, (p, s) in zip(rows, flat, strict=True):
+        assert (int(row["prompt_index"]), int(row["step"])) == (p, s.step)
+        assert int(row["num_accepted"]) == s.num_accepted and int(row["num_drafted"]) == len(s.draft_token_ids)
+        assert [int(t) for t in eval(row["draft_token_ids"])] == s.draft_token_ids
+        assert float(row["verify_time_s"]) == s.verify_time_s
+        assert row["final_token_kind"] == str(s.final_token_kind)
+        expected_text = "'" + s.final_token_text if s.final_token_text.startswith("=") else s.final_token_text
+        assert row["final_token_text"] == expected_text
+
+
+def test_speedup_prefers_a_baseline_of_the_same_backend_and_prompts(three_runs) -> None:
+    store, ids, _, _ = three_runs
+    # No vLLM baseline, and none on the other prompt set: no speedup rather than a misleading one.
+    vllm = store.create_run(verifier="smollm2", prompt_set="humaneval:0-2", algorithm="dflash", backend=Backend.VLLM)
+    record(store, vllm.id, [[make_trace(i, 3) for i in range(5)]], [0.5], 3)
+    other_set = store.create_run(verifier="smollm2", prompt_set="gsm8k:0-0", algorithm="dflash")
+    record(store, other_set.id, [[make_trace(i, 3) for i in range(5)]], [0.5], 3)
+    cmp = compare(store, [vllm.id, other_set.id, ids["plain"]])
+    assert cmp.values("speedup")[:2] == [None, None]
+    assert cmp.values("baseline_run_id") == [None, None, ids["base"]]
+
+
+def test_unknown_run_in_a_comparison_is_a_clear_error(three_runs, tmp_path: Path) -> None:
+    store, ids, _, _ = three_runs
+    with pytest.raises(SpecUIError, match="unknown run id 424242"):
+        compare(store, [ids["base"], 424242])
+    out = tmp_path / "never.csv"
+    with pytest.raises(SpecUIError, match="unknown run id 424242"):
+        write_steps_csv(store, [424242], out)
+    assert not out.exists()
+
+
+def test_columns_carry_label_definition_and_unit(three_runs) -> None:
+    store, ids, _, _ = three_runs
+    cmp = compare(store, [ids["conf"]])
+    for c in cmp.columns:
+        assert c.label and c.definition
+    assert cmp.column("tokens_per_s").unit == "tokens/s"
+    assert "bonus" in cmp.column("acceptance_length").definition
+    assert cmp.column("acceptance_pos_2").label == "a_2"
+
+
+def test_confidence_metrics_on_small_known_cases() -> None:
+    conf, lab = [0.1, 0.1, 0.9, 0.9], [0, 1, 1, 1]
+    assert expected_calibration_error(conf, lab) == pytest.approx(0.5 * 0.4 + 0.5 * 0.1)
+    assert brier_score(conf, lab) == pytest.approx((0.01 + 0.81 + 0.01 + 0.01) / 4)
+    assert auroc(conf, lab) == pytest.approx((1 + 1 + 0.5) / 3)  # positives .1,.9,.9 vs negative .1
+    assert auroc([0.2, 0.8], [1, 1]) is None
+    assert auroc([0.9, 0.8, 0.1], [1, 1, 0]) == 1.0
+
+
+def test_temperature_scaling_recovers_a_known_temperature() -> None:
+    rng = np.random.default_rng(0)
+    z = rng.normal(0.0, 3.0, 40_000)
+    labels = rng.random(z.size) < 1 / (1 + np.exp(-z / 2.5))  # truth: logits are 2.5x too sharp
+    conf = 1 / (1 + np.exp(-z))
+    t = fit_temperature(conf, labels)
+    assert t == pytest.approx(2.5, rel=0.05)
+
+    def nll(temp: float) -> float:
+        p = np.clip(apply_temperature(conf, temp), 1e-12, 1 - 1e-12)
+        return float(-np.mean(labels * np.log(p) + (~labels) * np.log(1 - p)))
+
+    assert nll(t) <= min(nll(t * 0.98), nll(t * 1.02))
+    assert expected_calibration_error(apply_temperature(conf, t), labels) < expected_calibration_error(conf, labels) / 3
+    with pytest.raises(SpecUIError, match="both accepted and rejected"):
+        fit_temperature([0.3, 0.9], [1, 1])
+
+
+def test_calibration_fits_on_one_run_and_reports_on_another(tmp_path: Path) -> None:
+    rng = random.Random(1)
+
+    def overconfident(i: int, seed: int) -> StepTrace:
+        t = make_trace(i, 4, seed=seed)
+        # Confidences much sharper than the acceptance they predict.
+        t.confidences = [1 / (1 + math.exp(-3 * (1.5 - k + rng.gauss(0, 1)))) for k in range(4)]
+        t.num_accepted = next((k for k in range(4) if rng.random() > 1 / (1 + math.exp(-(1.5 - k)))), 4)
+        return t
+
+    with Store(tmp_path / "s.db") as store:
+        fit_run = store.create_run(verifier="v", prompt_set="train", algorithm="dspark")
+        eval_run = store.create_run(verifier="v", prompt_set="eval", algorithm="dspark")
+        record(store, fit_run.id, [[overconfident(i, 1) for i in range(1500)]], [1.0], 4)
+        record(store, eval_run.id, [[overconfident(i, 2) for i in range(1500)]], [1.0], 4)
+        cal = calibrate(store, [fit_run.id], [eval_run.id])
+        assert cal.temperature > 1.5  # the head was overconfident
+        assert cal.after.ece < cal.before.ece
+        assert cal.after.auroc == pytest.approx(cal.before.auroc)  # a monotone map keeps the ranking
+        report = confidence_report(store, [eval_run.id])
+        assert report is not None and len(report.per_slot) == 4 and sum(b.count for b in report.reliability) == 6000
+        plain = store.create_run(verifier="v", prompt_set="eval", algorithm="dflash")
+        store.finish_run(plain.id, RunStatus.DONE)
+        assert confidence_report(store, [plain.id]) is None
