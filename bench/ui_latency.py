@@ -1,0 +1,75 @@
+"""Dashboard overhead, measured by hand in a real browser.
+
+    .venv/bin/python bench/ui_latency.py [--repeats 3] [--max-new-tokens 64]
+
+Starts ``app.py`` on a free port, and per repeat: (1) times Generate in
+headless Chromium from the click to the first drafted step on screen and to
+"done"; (2) times the same decode through the library (what the CLI runs) in
+this process.  Prints medians and the ratio UI / library of total decode time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from specui.drafters.simple import NgramDrafter  # noqa: E402
+from specui.engine import generate  # noqa: E402
+from specui.verifier import Verifier  # noqa: E402
+from tests.app_server import running_app  # noqa: E402
+
+PROMPT = "Repeat this sentence three times: the quick brown fox jumps over the lazy dog."
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from playwright.sync_api import sync_playwright
+
+    v = Verifier.load("embedded")
+    ids = v.encode(PROMPT, chat=True)
+    first, ui_total, lib_total = [], [], []
+    with tempfile.TemporaryDirectory() as d, running_app(Path(d)) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox", "--disable-gpu"])
+        page = browser.new_page()
+        page.set_default_timeout(300_000)
+        page.goto(url)
+        page.locator("#prompt textarea").fill(PROMPT)
+        page.locator("input[aria-label='Max new tokens']").fill(str(args.max_new_tokens))
+        page.locator("input[aria-label='Max new tokens']").press("Enter")
+        for rep in range(args.repeats + 1):  # the first round warms the app's model cache up
+            page.evaluate("() => { const s = document.querySelector('#steps-a'); if (s) s.innerHTML = ''; }")
+            t0 = time.perf_counter()
+            page.locator("#generate").click()
+            page.wait_for_selector("#steps-a .specui-step")
+            t1 = time.perf_counter()
+            page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('done')")
+            t2 = time.perf_counter()
+            t3 = time.perf_counter()
+            generate(v, NgramDrafter(4), ids, max_new_tokens=args.max_new_tokens)
+            t4 = time.perf_counter()
+            if rep:
+                first.append(t1 - t0)
+                ui_total.append(t2 - t0)
+                lib_total.append(t4 - t3)
+        browser.close()
+    ui, lib = statistics.median(ui_total), statistics.median(lib_total)
+    print(f"click -> first drafted step on screen: median {statistics.median(first):.2f} s")
+    print(f"decode {args.max_new_tokens} tokens: UI median {ui:.2f} s, library (CLI path) median {lib:.2f} s, "
+          f"UI/library = {ui / lib:.2f}")
+
+
+if __name__ == "__main__":
+    main()
