@@ -133,8 +133,22 @@ class Verifier:
         return ids
 
     def default_aux_layer_ids(self) -> list[int]:
+        """``[2, n//2, n-3]`` (the EAGLE-3 / DFlash choice), without repeats for shallow models."""
         n = self.num_layers
-        return [2, n // 2, n - 3]
+        return sorted({min(2, n), max(1, n // 2), max(1, n - 3)})
+
+    def default_mask_token_id(self) -> int:
+        """A token a drafter can use as MASK: an added special token the chat
+        template never emits (vLLM does not range-check it, and pad/eos would
+        end generation), else the last vocabulary id."""
+        tok = self.tokenizer
+        if tok is not None:
+            in_use = set(tok.all_special_ids) | self.eos_token_ids
+            added = getattr(tok, "added_tokens_decoder", {}) or {}
+            candidates = [i for i in added if i not in in_use and 0 <= i < self.vocab_size]
+            if candidates:
+                return max(candidates)  # SmolLM2: 16 = <empty_output>
+        return self.vocab_size - 1
 
     def check_aux_layer_ids(self, ids: list[int]) -> None:
         bad = [i for i in ids if not 0 <= i <= self.num_layers]
@@ -181,7 +195,8 @@ class Verifier:
     def taps(self, input_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
         """Taps of a whole sequence without cache: ``[T, len(layer_ids), H]``."""
         pos = torch.arange(input_ids.shape[-1]).unsqueeze(0)
-        taps = self._run(input_ids.view(1, -1), pos, None, layer_ids)
+        # Only the last position's logits: extraction needs none, and the LM head is costly.
+        taps = self._run(input_ids.view(1, -1), pos, None, layer_ids, keep=1)
         return torch.stack([taps[i][0] for i in layer_ids], dim=1).float()
 
     def _run(self, ids: torch.Tensor, pos: torch.Tensor, cache, layer_ids: list[int] | None, keep: int = 0) -> dict[int, torch.Tensor]:
@@ -246,9 +261,17 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def _load_tokenizer(src):
     from transformers import AutoTokenizer
 
+    folder = Path(str(src))
+    if folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        # transformers would build a placeholder tokenizer (vocab 1, eos 0) from
+        # config.json alone; a verifier without tokenizer files has none.
+        return None
     try:
         return AutoTokenizer.from_pretrained(src)
     except Exception:  # noqa: BLE001 - a folder without tokenizer files is allowed

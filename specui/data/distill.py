@@ -141,9 +141,10 @@ def generate_greedy(verifier, prompts: Sequence[Sequence[int]], max_new_tokens: 
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
         mask[i, width - len(p) :] = 1
+    device = next(verifier.model.parameters()).device
     out = verifier.model.generate(
-        input_ids=ids,
-        attention_mask=mask,
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         num_beams=1,
@@ -155,7 +156,7 @@ def generate_greedy(verifier, prompts: Sequence[Sequence[int]], max_new_tokens: 
         top_k=None,
     )
     responses = []
-    for row in out[:, width:].tolist():
+    for row in out[:, width:].cpu().tolist():
         cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
         responses.append(tuple(row[:cut]))
     return responses

@@ -100,9 +100,10 @@ class LocalExtractor(HiddenStateExtractor):
     def extract(self, samples: Sequence[TokenSample], out_dir: Path) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
         paths = []
+        device = next(self.verifier.model.parameters()).device
         for s in samples:
             ids = torch.tensor(s.input_ids, dtype=torch.long)
-            taps = self.verifier.taps(ids, self.layer_ids)  # [T, n_aux + 1, H]
+            taps = self.verifier.taps(ids.to(device), self.layer_ids)  # [T, n_aux + 1, H]
             path = out_dir / self.file_name(s)
             write_sample(path, taps, ids, torch.tensor(s.loss_mask, dtype=torch.long), {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)})
             paths.append(path)
@@ -112,9 +113,9 @@ class LocalExtractor(HiddenStateExtractor):
 def write_sample(path: Path, hidden_states: torch.Tensor, token_ids: torch.Tensor, loss_mask: torch.Tensor, metadata: dict[str, str] | None = None) -> None:
     """Write one sample file atomically (a reader never sees half a file)."""
     tensors = {
-        "hidden_states": hidden_states.to(STORE_DTYPE).contiguous(),
-        "token_ids": token_ids.to(torch.long).contiguous(),
-        "loss_mask": loss_mask.to(torch.long).contiguous(),
+        "hidden_states": hidden_states.to("cpu", STORE_DTYPE).contiguous(),
+        "token_ids": token_ids.to("cpu", torch.long).contiguous(),
+        "loss_mask": loss_mask.to("cpu", torch.long).contiguous(),
     }
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=path.parent)
     os.close(fd)

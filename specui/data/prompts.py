@@ -68,9 +68,9 @@ class Prompt:
         """Token ids of the prompt for ``verifier`` (chat template for text/messages)."""
         if self.token_ids is not None:
             return list(self.token_ids)
+        if verifier.tokenizer is None:
+            raise SpecUIError(f"verifier {verifier.name} has no tokenizer: prompt {self.id} needs 'prompt_ids' (token ids)")
         if self.messages is not None:
-            if verifier.tokenizer is None:
-                raise SpecUIError(f"verifier {verifier.name} has no tokenizer: prompt {self.id} needs prompt_ids")
             return verifier.encode_messages(list(self.messages))
         return verifier.encode(self.text, chat=True)
 

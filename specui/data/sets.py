@@ -6,7 +6,13 @@ the sets costs nothing.
 
 from __future__ import annotations
 
-from specui.data.prompts import Prompt, read_prompt_file, register_prompt_set, split_of, split_prompts
+from specui.data.prompts import (
+    Prompt,
+    read_prompt_file,
+    register_prompt_set,
+    split_of,
+    split_prompts,
+)
 from specui.paths import shipped_data_dir
 from specui.trace import SpecUIError
 

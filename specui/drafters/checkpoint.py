@@ -369,7 +369,10 @@ def save_drafter(drafter_model: nn.Module | Drafter, path: str | os.PathLike, dt
     tmp_weights = _temp_path(folder, WEIGHTS_FILE)
     tmp_config = _temp_path(folder, CONFIG_FILE)
     try:
-        save_file(tensors, str(tmp_weights), metadata={"format": "pt"})
+        try:
+            save_file(tensors, str(tmp_weights), metadata={"format": "pt"})
+        except Exception as e:  # safetensors raises its own error type for I/O failures
+            raise OSError(f"cannot write {folder / WEIGHTS_FILE}: {e}") from e
         with open(tmp_config, "w") as f:
             json.dump(config, f, indent=2)
             f.write("\n")
@@ -387,4 +390,5 @@ def save_drafter(drafter_model: nn.Module | Drafter, path: str | os.PathLike, dt
 def _temp_path(folder: Path, name: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; a saved drafter is for everyone who may read the folder
     return Path(tmp)

@@ -140,7 +140,7 @@ class DFlashModel(DraftModel):
 
         ``block_size`` (default 8) or ``num_speculative_tokens`` K sets the
         block: K+1 slots (K with sample_from_anchor, DSpark's default).
-        ``mask_token_id`` defaults to the last vocabulary id (pick an unused
+        ``mask_token_id`` defaults to ``verifier.default_mask_token_id()`` (pick an unused
         special token where the tokenizer has one; never pad/eos).
         ``sliding_window_non_causal`` defaults to True so vLLM serves the block
         bidirectionally, the way full-attention layers are trained.
@@ -160,7 +160,7 @@ class DFlashModel(DraftModel):
         block_size = block_size or 8
         aux = list(aux_layer_ids) if aux_layer_ids is not None else verifier.default_aux_layer_ids()
         verifier.check_aux_layer_ids(aux)
-        mask = verifier.vocab_size - 1 if mask_token_id is None else mask_token_id
+        mask = verifier.default_mask_token_id() if mask_token_id is None else mask_token_id
         if mask in verifier.eos_token_ids:
             raise SpecUIError(f"mask_token_id {mask} is an end-of-sequence token; choose an unused token")
         layer = LayerConfig.like_verifier(

@@ -77,7 +77,7 @@ class PEagleModel(Eagle3Model):
 
     @classmethod
     def create_defaults(cls, verifier: Any) -> dict[str, Any]:
-        return {"mask_token_id": verifier.vocab_size - 1}
+        return {"mask_token_id": verifier.default_mask_token_id()}
 
     def init_extra(self) -> None:
         nn.init.normal_(self.mask_hidden, std=1.0)  # on the scale of verifier taps

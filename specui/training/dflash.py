@@ -1,0 +1,104 @@
+"""DFlash training: random anchored blocks, position-decayed loss against the verifier.
+
+Per batch (packed into one sequence):
+
+1. anchors: up to ``max_anchors`` random response positions per document;
+2. ``DFlashModel.forward_blocks`` drafts every block ``[x[p], MASK x (B-1)]``
+   in one pass under the block mask (context j < p of the same document,
+   the block's own slots);
+3. targets: the verifier's logits at ``model.target_positions`` -- slot k
+   predicts x[p+k] (DSpark: x[p+k+1]) -- from the stored pre-norm last layer;
+4. loss: per-slot CE against the verifier's argmax (speculators' DFlash loss;
+   ``extra={"loss": "kl"}`` for the soft KL), weighted ``exp(-(k-1)/gamma)``
+   over drafted slots k = 1.., or by D-PACE.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specui.drafters.dflash import DFlashModel
+from specui.training.objectives import (
+    Metrics,
+    Objective,
+    Packed,
+    block_metrics,
+    decay_weights,
+    dpace_weights,
+    pack,
+    register_objective,
+    select_anchors,
+    slot_loss_fn,
+    slot_stats,
+    weighted_mean,
+)
+
+
+@register_objective("dflash")
+class DFlashObjective(Objective):
+    model_class = DFlashModel
+
+    @property
+    def first_slot(self) -> int:
+        """Slot 0 of DFlash predicts the anchor itself: drafted slots start at 1."""
+        return 0 if self.model_class.config_class.sample_from_anchor else 1
+
+    @property
+    def num_positions(self) -> int:  # type: ignore[override]
+        return self.cfg.block_size - self.first_slot
+
+    def create_options(self) -> dict:
+        return {}
+
+    def build(self) -> DFlashModel:
+        cfg = self.cfg
+        return self.model_class.create(
+            self.verifier,
+            num_layers=cfg.num_layers,
+            block_size=cfg.block_size,
+            aux_layer_ids=cfg.aux_layer_ids,
+            mask_token_id=cfg.mask_token_id,
+            draft_vocab=self.draft_vocab,
+            seed=cfg.seed,
+            **self.create_options(),
+        )
+
+    def usable(self, sample) -> bool:
+        # The first response token must be able to anchor a whole block.
+        return len(sample.response_ids) > self.cfg.block_size
+
+    def blocks(self, model: DFlashModel, batch, gen: torch.Generator):
+        """Shared by DSpark: (packed batch, anchors, model output, targets [A, B, Vd], valid [A, B])."""
+        packed: Packed = pack(batch)
+        anchors = select_anchors(packed, self.cfg.block_size, self.cfg.max_anchors, gen)
+        out = model.forward_blocks(packed.hidden_states, packed.input_ids, anchors, packed.position_ids, packed.document_ids)
+        T, B = len(packed), self.cfg.block_size
+        tgt_pos, valid = model.target_positions(anchors, T)
+        # The slot predicts the token after tgt_pos: it must lie in the anchor's document.
+        nxt = (tgt_pos + 1).clamp(max=T - 1)
+        valid = valid & (packed.document_ids[nxt] == packed.document_ids[anchors][:, None])
+        # speculators' aligned loss mask: the mask at the slot's own position p+k (DFlash: the
+        # predicted token; DSpark: the token before it, as EAGLE masks by input token).
+        slot_pos = (anchors[:, None] + torch.arange(B, device=anchors.device)).clamp(max=T - 1)
+        valid = valid & packed.loss_mask[slot_pos].bool()
+        targets = self.targets(packed.last_hidden[tgt_pos])  # [A, B, Vd]
+        return packed, anchors, out, targets, valid
+
+    def slot_loss(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weighted mean loss, position weights [A|1, S]) over drafted slots."""
+        A, S, V = logits.shape
+        per_slot = slot_loss_fn(self.cfg, "ce")(logits.reshape(-1, V), targets.reshape(-1, V)).view(A, S)
+        if self.cfg.dpace:
+            w = dpace_weights(per_slot.detach(), valid)
+        else:
+            w = decay_weights(S, self.cfg.gamma, logits.device)[None]
+        return weighted_mean(per_slot, w, valid), w
+
+    def loss(self, model: DFlashModel, batch, gen: torch.Generator) -> tuple[torch.Tensor, Metrics]:
+        _, _, out, targets, valid = self.blocks(model, batch, gen)
+        f = self.first_slot
+        logits, targets, valid = out.logits[:, f:], targets[:, f:], valid[:, f:]
+        loss, _ = self.slot_loss(logits, targets, valid)
+        metrics = block_metrics(*slot_stats(logits.detach(), targets), valid, self.num_positions)
+        metrics["anchors"] = torch.tensor(float(valid.shape[0]))
+        return loss, metrics

@@ -1,0 +1,62 @@
+"""DSpark training: DFlash's anchored blocks plus the Markov and confidence heads.
+
+* Draft distribution: the backbone logits plus the Markov bias (teacher-forced
+  previous tokens); every slot, the anchor's too, is a proposal
+  (``sample_from_anchor``), slot k predicting x[p+k+1].
+* Loss: ``(1 - tv_weight) * CE + tv_weight * TV`` per slot with DFlash's
+  position weights (TV is what speculative sampling's acceptance depends on),
+  plus ``confidence_weight * BCE(confidence logit, 1 - TV(p_draft, p_target))``
+  with the acceptance target detached.
+* Warm start: ``init_from`` a DFlash checkpoint copies the backbone; the heads
+  start fresh (the Markov head at zero, i.e. as plain DFlash).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specui.drafters.dspark import DSparkModel
+from specui.training.dflash import DFlashObjective
+from specui.training.objectives import (
+    Metrics,
+    block_metrics,
+    register_objective,
+    tv_distance,
+    weighted_mean,
+)
+
+
+@register_objective("dspark")
+class DSparkObjective(DFlashObjective):
+    model_class = DSparkModel
+
+    def create_options(self) -> dict:
+        return {"markov_rank": self.cfg.markov_rank}
+
+    def loss(self, model: DSparkModel, batch, gen: torch.Generator) -> tuple[torch.Tensor, Metrics]:
+        _, _, out, targets, valid = self.blocks(model, batch, gen)
+        logits = out.markov_logits  # [A, B, Vd]; all B slots are drafted
+        A, S, V = logits.shape
+        ce, w = self.slot_loss(logits, targets, valid)
+        tw = self.cfg.tv_weight
+        with torch.set_grad_enabled(tw > 0):  # no graph for a TV term the loss does not use
+            tv = tv_distance(logits.reshape(-1, V), targets.reshape(-1, V)).view(A, S)
+        loss = (1 - tw) * ce + tw * weighted_mean(tv, w, valid) if tw > 0 else ce
+        hit = logits.detach().argmax(-1) == targets.argmax(-1)
+        metrics = block_metrics(hit, (1.0 - tv).detach(), valid, self.num_positions)
+        metrics["ce"] = ce.detach()
+        metrics["tv"] = weighted_mean(tv.detach(), torch.ones_like(w), valid)
+        if out.confidence_logits is not None:
+            accept = (1.0 - tv).detach()  # the analytic acceptance probability of each slot
+            bce = F.binary_cross_entropy_with_logits(out.confidence_logits, accept, reduction="none")
+            conf_loss = weighted_mean(bce, w, valid)
+            loss = loss + self.cfg.confidence_weight * conf_loss
+            with torch.no_grad():
+                m = valid.float()
+                prob = torch.sigmoid(out.confidence_logits)
+                metrics["confidence_loss"] = conf_loss.detach()
+                metrics["confidence_abs_error"] = ((prob - accept).abs() * m).sum() / m.sum().clamp_min(1)
+                metrics["confidence_mean"] = (prob * m).sum() / m.sum().clamp_min(1)
+                metrics["accept_rate"] = (accept * m).sum() / m.sum().clamp_min(1)
+        return loss, metrics

@@ -1,0 +1,44 @@
+"""The "train" job kind: the dashboard starts, watches and cancels training through
+the job queue (``workers``), which runs this in a process of its own.
+
+``params`` are ``TrainConfig`` fields (``algorithm`` required).  ``out``
+defaults to the job's own folder; a job always resumes from its last
+checkpoint, so a job restarted after a crash picks up where it stopped.
+Cancelling saves a checkpoint at the current step and ends the job.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from workers.runner import JobContext, job_kind
+
+
+@job_kind("train")
+def train_job(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    # Imported here: registering the kind (the UI, `specui jobs`) must not import torch.
+    from specui.training.config import TrainConfig
+    from specui.training.loop import TrainHooks, train
+
+    p = dict(params)
+    p.setdefault("out", str(ctx.checkpoint_dir / "drafter"))
+    p["resume"] = True
+    cfg = TrainConfig.from_dict(p)
+
+    def progress(step: int, total: int, metrics: dict[str, float]) -> None:
+        msg = f"step {step}/{total}"
+        if "loss" in metrics:
+            msg += f", loss {metrics['loss']:.4f}"
+        ctx.progress(min(1.0, step / total), msg)
+
+    def metric(step: int, name: str, value: float) -> None:
+        if not math.isnan(value):  # an empty metric (e.g. no complete block) is not a data point
+            ctx.metric(step, name, value)
+
+    def stage(what: str, done: int, total: int) -> None:
+        ctx.progress(0.0, f"{what} {done}/{total}")
+
+    result = train(cfg, TrainHooks(progress=progress, log=ctx.log, metric=metric, cancelled=ctx.cancelled, stage=stage))
+    metrics = {k: v for k, v in result.metrics.items() if not math.isnan(v)}  # the result is strict JSON
+    return {"out": str(result.out), "step": result.step, "status": result.status, "metrics": metrics}

@@ -1,0 +1,341 @@
+"""The one training loop every algorithm shares.
+
+    prompts -> self-distilled responses -> verifier hidden states -> batches
+    -> objective.loss (the drafter's training-layout forward) -> AdamW step
+    -> metrics every ``log_every`` steps, a checkpoint every ``checkpoint_every``
+
+Compute is fp32 (bf16 is slow on CPUs without AVX-512; hidden states are only
+*stored* in bf16).  Everything random is derived from (seed, step, rank) --
+batch order, anchors, sparsified depths -- so a run resumed from a checkpoint
+draws exactly what the uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from torch import nn
+
+from specui.data.distill import TokenSample, self_distill
+from specui.data.hidden import HiddenStateStore, LocalExtractor, SampleTensors
+from specui.data.prompts import load_prompts
+from specui.trace import SpecUIError
+from specui.training import distributed
+from specui.training.config import TrainConfig
+from specui.training.objectives import Objective, TargetHead, most_frequent_tokens, objective_for
+from specui.training.state import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+RUN_FILE = "train_run.json"
+
+
+@dataclass
+class TrainHooks:
+    """How a caller (CLI, job worker, test) watches and steers a run.  All optional."""
+
+    progress: Callable[[int, int, dict[str, float]], None] | None = None  # (step, total, last metrics)
+    log: Callable[[str], None] | None = None
+    metric: Callable[[int, str, float], None] | None = None
+    cancelled: Callable[[], bool] | None = None
+    stage: Callable[[str, int, int], None] | None = None  # data preparation: (what, done, total)
+
+    def say(self, line: str) -> None:
+        log.info(line)
+        if self.log:
+            self.log(line)
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    step: int  # steps completed
+    status: str  # "finished" | "cancelled"
+    metrics: dict[str, float] = field(default_factory=dict)  # the last logged
+    resumed_from: int | None = None
+    model: nn.Module | None = field(default=None, repr=False)  # the trained drafter (this process's copy)
+
+
+class StepModule(nn.Module):
+    """drafter + objective as one module, so DDP sees every parameter the loss uses."""
+
+    def __init__(self, model: nn.Module, objective: Objective) -> None:
+        super().__init__()
+        self.model = model
+        self.objective = objective
+
+    def forward(self, batch: list[SampleTensors], gen: torch.Generator):
+        return self.objective.loss(self.model, batch, gen)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine or linear decay to ``lr * min_lr_ratio`` (or constant)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return cfg.lr
+    span = max(1, cfg.steps - cfg.warmup_steps)
+    frac = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    if cfg.schedule == "linear":
+        return cfg.lr - (cfg.lr - floor) * frac
+    return floor + 0.5 * (cfg.lr - floor) * (1 + math.cos(math.pi * frac))
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    return (seed * 1_000_003 + step * 7919 + rank * 104_729) % (2**63 - 1)
+
+
+def batch_indices(step: int, num_samples: int, batch_size: int, world: int, rank: int, seed: int) -> list[int]:
+    """This process's share of global batch ``step``: epochs of seeded permutations."""
+    gb = batch_size * world
+    perms: dict[int, torch.Tensor] = {}
+    out = []
+    for j in range(rank, gb, world):
+        epoch, i = divmod(step * gb + j, num_samples)
+        if epoch not in perms:
+            perms[epoch] = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + 7 * epoch))
+        out.append(int(perms[epoch][i]))
+    return out
+
+
+# --- data ------------------------------------------------------------------------------------
+
+
+def prepare_samples(cfg: TrainConfig, verifier, cache_dir: Path, d: distributed.Dist, hooks: TrainHooks) -> list[TokenSample]:
+    """Train-split prompts -> self-distilled token samples, cut to ``max_seq_len``."""
+    prompts = load_prompts(cfg.prompts, split="train", limit=cfg.num_prompts)
+    if not prompts:
+        raise SpecUIError(f"prompt set {cfg.prompts!r} has no training prompts")
+
+    def progress(done: int, total: int) -> None:
+        if hooks.stage and d.is_main:
+            hooks.stage("generating responses", done, total)
+
+    # The first process generates (and caches); the others then read the cache.
+    if d.is_main:
+        hooks.say(f"self-distillation: {len(prompts)} prompts, up to {cfg.max_new_tokens} new tokens each")
+        samples = self_distill(verifier, prompts, cfg.max_new_tokens, cfg.gen_batch_size, cache_dir, progress=progress)
+    d.barrier()
+    if not d.is_main:
+        samples = self_distill(verifier, prompts, cfg.max_new_tokens, cfg.gen_batch_size, cache_dir)
+    cut = []
+    for s in samples:
+        if len(s) > cfg.max_seq_len:
+            keep = max(0, cfg.max_seq_len - len(s.prompt_ids))
+            s = TokenSample(s.id, s.prompt_ids[: cfg.max_seq_len], s.response_ids[:keep])
+        cut.append(s)
+    return cut
+
+
+# --- the loop --------------------------------------------------------------------------------
+
+
+def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> TrainResult:
+    """Run (or resume) one training run; returns when done, cancelled or failed."""
+    hooks = hooks or TrainHooks()
+    d = distributed.setup(cfg.device)
+    try:
+        return _train(cfg, hooks, d)
+    finally:
+        distributed.teardown(d)
+
+
+def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist) -> TrainResult:
+    from specui.verifier import Verifier
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out).expanduser()
+    ckpt = latest_checkpoint(out)
+    if ckpt is not None and not cfg.resume:
+        raise SpecUIError(f"{out} already holds training checkpoints (step {ckpt.step}); pass --resume to continue, or choose another --out")
+    if d.is_main:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SpecUIError(f"cannot create the output folder {out}: {e.strerror or e}") from None
+    cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else out / "cache"
+
+    hooks.say(f"loading verifier {cfg.verifier}")
+    verifier = Verifier.load(cfg.verifier)
+    verifier.model.to(d.device)
+    for p in verifier.model.parameters():
+        p.requires_grad_(False)
+
+    samples = prepare_samples(cfg, verifier, cache_dir, d, hooks)
+    kept = None
+    if cfg.draft_vocab_size is not None and cfg.draft_vocab_size < verifier.vocab_size:
+        kept = most_frequent_tokens(samples, verifier.vocab_size, cfg.draft_vocab_size)
+    objective = objective_for(cfg, verifier, TargetHead(verifier, kept, d.device))
+    objective.draft_vocab = kept
+    usable = [s for s in samples if objective.usable(s)]
+    if not usable:
+        raise SpecUIError(
+            f"none of the {len(samples)} samples has a response long enough to train {cfg.algorithm} on; "
+            "raise --max-new-tokens (or --max-seq-len), or lower --block-size"
+        )
+    if len(usable) < len(samples):
+        hooks.say(f"{len(samples) - len(usable)} samples with too short a response skipped")
+    samples = usable
+
+    model = objective.build().to(d.device)
+    if cfg.init_from:
+        warm_start(model, Path(cfg.init_from), verifier, hooks)
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(trainable, cfg)
+    n_params = sum(p.numel() for p in trainable)
+    hooks.say(f"{cfg.algorithm} drafter: {cfg.num_layers} layers, {n_params / 1e6:.2f} M trainable parameters, {len(samples)} samples")
+
+    start, resumed_from = 0, None
+    if ckpt is not None:
+        state = load_checkpoint(ckpt, model, optimizer)
+        start = resumed_from = int(state["step"])
+        hooks.say(f"resuming from {ckpt.path} (step {start})")
+    if start >= cfg.steps:
+        hooks.say(f"already trained {start} steps (asked for {cfg.steps})")
+
+    extractor = LocalExtractor(verifier, model.config.aux_layer_ids)
+    store = HiddenStateStore(extractor, samples, cfg.extraction, cache_dir / "hidden")
+    if cfg.extraction == "offline":
+        hooks.say(f"extracting hidden states of {len(samples)} samples (offline)")
+
+        def progress(done: int, total: int) -> None:
+            if hooks.stage and d.is_main:
+                hooks.stage("extracting hidden states", done, total)
+
+        store.prepare(range(d.rank, len(samples), d.world), progress=progress)
+        d.barrier()
+
+    step_module = StepModule(model, objective)
+    runner: nn.Module = step_module
+    if d.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # Some heads (e.g. a confidence head with no valid slot in a batch) may get no gradient.
+        runner = DDP(step_module, device_ids=[d.device.index] if d.device.type == "cuda" else None, find_unused_parameters=True)
+
+    if d.is_main:
+        (out / RUN_FILE).write_text(json.dumps({"config": cfg.to_dict(), "world_size": d.world, "status": "running"}, indent=2))
+    metrics_path = out / METRICS_FILE
+    last: dict[str, float] = {}
+    window: list[dict[str, torch.Tensor]] = []
+    t_window, tokens_window = time.perf_counter(), 0
+    status = "finished"
+    step = start
+    gen = torch.Generator(device="cpu")
+    if hooks.progress and d.is_main:
+        hooks.progress(step, cfg.steps, last)
+    while step < cfg.steps:
+        if hooks.cancelled is not None and d.any(d.is_main and hooks.cancelled()):
+            status = "cancelled"
+            break
+        lr = lr_at(step, cfg)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        idx = batch_indices(step, len(samples), cfg.batch_size, d.world, d.rank, cfg.seed)
+        batch = [_to(s, d.device) for s in store.get(idx)]
+        gen.manual_seed(step_seed(cfg.seed, step, d.rank))
+        loss, metrics = runner(batch, gen)
+        if not torch.isfinite(loss):
+            raise SpecUIError(f"the loss became {loss.item()} at step {step}; lower --lr")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip)
+        optimizer.step()
+        step += 1
+
+        tokens_window += sum(len(s) for s in batch)
+        window.append({"loss": loss.detach(), "grad_norm": grad_norm.detach(), **{k: v.detach() for k, v in metrics.items()}})
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            elapsed = time.perf_counter() - t_window
+            last = summarize(window, d)
+            last.update(lr=lr, step_time_s=elapsed / len(window), tokens_per_s=tokens_window * d.world / max(elapsed, 1e-9))
+            window, t_window, tokens_window = [], time.perf_counter(), 0
+            if d.is_main:
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps({"step": step, **strict(last)}) + "\n")
+                if hooks.metric:
+                    for k, v in last.items():
+                        hooks.metric(step, k, v)
+                hooks.say(f"step {step}/{cfg.steps} loss {last['loss']:.4f} accept_len {last.get('accept_len', float('nan')):.2f} lr {lr:.2e}")
+        if d.is_main and hooks.progress:
+            hooks.progress(step, cfg.steps, last)
+        if step % cfg.checkpoint_every == 0 and step < cfg.steps and d.is_main:
+            path = save_checkpoint(out, step, model, optimizer, {"algorithm": cfg.algorithm}, cfg.keep_checkpoints)
+            hooks.say(f"checkpoint {path}")
+
+    if d.is_main:
+        have = list_checkpoints(out)
+        if step > 0 and (not have or have[-1].step != step):
+            save_checkpoint(out, step, model, optimizer, {"algorithm": cfg.algorithm}, cfg.keep_checkpoints)
+        if status == "finished" and step >= cfg.steps:
+            from specui.drafters.checkpoint import save_drafter
+
+            try:
+                save_drafter(model, out)
+            except (OSError, SafetensorError) as e:
+                reason = getattr(e, "strerror", None) or e
+                raise SpecUIError(f"could not save the final drafter in {out}: {reason} (the last checkpoint is kept)") from None
+            hooks.say(f"saved drafter to {out}")
+        run = json.loads((out / RUN_FILE).read_text())
+        run.update(status=status, step=step, metrics=strict(last))
+        (out / RUN_FILE).write_text(json.dumps(run, indent=2))
+    d.barrier()
+    return TrainResult(out=out, step=step, status=status, metrics=last, resumed_from=resumed_from, model=model.eval())
+
+
+def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+    # No weight decay on norm gains and biases (1-D), as is usual for transformers.
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def summarize(window: list[dict[str, torch.Tensor]], d: distributed.Dist) -> dict[str, float]:
+    """Mean of each metric over the window's steps and over processes (NaN = absent)."""
+    names = sorted(window[0])
+    local = torch.stack([torch.stack([w[k].float().cpu() for w in window]).nanmean() for k in names])
+    return {k: float(v) for k, v in zip(names, d.mean(local).tolist(), strict=True)}
+
+
+def strict(metrics: dict[str, float]) -> dict[str, float | None]:
+    """NaN (an empty metric, e.g. no complete block) as null: files stay strict JSON."""
+    return {k: None if math.isnan(v) else v for k, v in metrics.items()}
+
+
+def _to(s: SampleTensors, device: torch.device) -> SampleTensors:
+    if device.type == "cpu":
+        return s
+    return SampleTensors(*(t.to(device, non_blocking=True) for t in (s.input_ids, s.hidden_states, s.last_hidden, s.loss_mask)))
+
+
+def warm_start(model: nn.Module, path: Path, verifier, hooks: TrainHooks) -> None:
+    """Copy every tensor of checkpoint ``path`` whose name and shape fit (DSpark from DFlash)."""
+    from specui.drafters.checkpoint import load_model
+
+    src = load_model(path, verifier).state_dict()
+    own = model.state_dict()
+    taken = {k: v for k, v in src.items() if k in own and own[k].shape == v.shape}
+    if not taken:
+        raise SpecUIError(f"nothing in {path} fits this drafter (different verifier or shape)")
+    model.load_state_dict(taken, strict=False)
+    fresh = sorted(set(own) - set(taken))
+    hooks.say(f"warm start from {path}: {len(taken)} tensors copied" + (f", new: {', '.join(fresh)}" if fresh else ""))

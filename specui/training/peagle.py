@@ -1,0 +1,73 @@
+"""P-EAGLE training: parallel rollouts with draft-block sparsification.
+
+The batch is packed in the shifted EAGLE layout.  Every row is a depth-0 row
+(it is also the context the deeper rows read); depth d >= 1 keeps about
+``max(r^d, r_min)`` of the rows, drawn from the chains that survived depth
+d-1 (``specui.drafters.peagle.cod_rows``, applied per document), so a long
+sequence costs ~3-4x its length in rows instead of K times.
+``PEagleModel.forward_rows`` runs all kept rows in one pass with the rollout
+mask; row (a, d) predicts x[a+d+2] against the verifier's distribution there
+(soft KL by default).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specui.drafters.peagle import PEagleModel, cod_rows
+from specui.training.objectives import (
+    Metrics,
+    Objective,
+    block_metrics,
+    pack_shifted,
+    register_objective,
+    slot_loss_fn,
+    slot_stats,
+)
+
+
+@register_objective("peagle")
+class PEagleObjective(Objective):
+    @property
+    def num_positions(self) -> int:  # type: ignore[override]
+        return self.cfg.num_depths
+
+    def build(self) -> PEagleModel:
+        cfg = self.cfg
+        options = {"mask_token_id": cfg.mask_token_id} if cfg.mask_token_id is not None else {}
+        return PEagleModel.create(
+            self.verifier,
+            num_layers=cfg.num_layers,
+            num_speculative_tokens=cfg.num_depths,
+            aux_layer_ids=cfg.aux_layer_ids,
+            draft_vocab=self.draft_vocab,
+            seed=cfg.seed,
+            **options,
+        )
+
+    def loss(self, model: PEagleModel, batch, gen: torch.Generator) -> tuple[torch.Tensor, Metrics]:
+        p = pack_shifted(batch)
+        K, dev = self.cfg.num_depths, p.input_ids.device
+        anchors, depths = [], []
+        for start, n in zip(p.starts, p.lengths, strict=True):
+            a, d = cod_rows(p.loss_mask[start : start + n], K, self.cfg.cod_ratio, self.cfg.cod_min_ratio, gen)
+            anchors.append(a + start)
+            depths.append(d)
+        row_a, row_d = torch.cat(anchors).to(dev), torch.cat(depths).to(dev)
+        out = model.forward_rows(p.hidden_states, p.input_ids, row_a, row_d, p.document_ids)
+        q = row_a + row_d  # the row's own shifted index: its target is the verifier there
+        valid = p.loss_mask[q].bool()
+        targets = self.targets(p.last_hidden[q])  # [R, Vd]
+        per_row = slot_loss_fn(self.cfg, "kl")(out.logits, targets)
+        loss = (per_row * valid).sum() / valid.sum().clamp_min(1)
+
+        # Metrics on a grid [anchor, depth]: only rollouts kept at every depth give tau.
+        hit, accept = slot_stats(out.logits.detach(), targets)
+        grid = torch.zeros(len(p), K, dtype=torch.bool, device=dev)
+        g_hit, g_acc = grid.clone(), torch.zeros(len(p), K, device=dev)
+        grid[row_a, row_d] = valid
+        g_hit[row_a, row_d] = hit
+        g_acc[row_a, row_d] = accept
+        metrics = block_metrics(g_hit, g_acc, grid, K)
+        metrics["rows"] = torch.tensor(float(row_a.numel()))
+        return loss, metrics

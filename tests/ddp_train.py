@@ -1,0 +1,33 @@
+"""Run by ``torchrun --nproc-per-node 2`` in test_training: a few DDP steps on the
+fixture verifier; each rank writes its initial and final drafter weights."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+from specui.training import loop
+from specui.training.config import TrainConfig
+
+torch.set_num_threads(1)
+out, verifier, prompts, cache = sys.argv[1:5]
+rank = os.environ["RANK"]
+
+build = loop.StepModule.__init__
+
+
+def record_init(self, model, objective):  # the weights every rank starts from
+    save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, f"{out}/rank{rank}-init.safetensors")
+    build(self, model, objective)
+
+
+loop.StepModule.__init__ = record_init
+cfg = TrainConfig(
+    algorithm="dflash", verifier=verifier, prompts=prompts, out=out, cache_dir=cache, steps=4, batch_size=2,
+    max_new_tokens=40, aux_layer_ids=[1, 3, 4], lr=3e-3, warmup_steps=1, log_every=2, checkpoint_every=100,
+)  # fmt: skip
+result = loop.train(cfg)
+save_file({k: v.contiguous() for k, v in result.model.state_dict().items()}, f"{out}/rank{rank}.safetensors")

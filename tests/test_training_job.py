@@ -1,0 +1,73 @@
+"""The "train" job kind through the real queue and runner: start, watch, cancel, resume."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from specui.drafters.checkpoint import validate_checkpoint
+from specui.store import JobStatus, Store
+from specui.training.state import latest_checkpoint
+from workers import queue
+from workers.runner import Runner
+
+
+def _wait(what: str, cond: Callable[[], bool], timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_train_job_reports_progress_cancels_and_resumes(tmp_path: Path, fixture_dir: Path, fixture_verifier, monkeypatch) -> None:
+    monkeypatch.setenv("SPECUI_JOB_MODULES", "specui.training.job")
+    rng = random.Random(1)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_ids": [rng.randrange(500) for _ in range(10)]}) + "\n" for _ in range(12)))
+    out = tmp_path / "drafter"
+    params = {
+        "algorithm": "dflash", "verifier": str(fixture_dir / "verifier"), "prompts": str(prompts), "out": str(out),
+        "aux_layer_ids": [1, 3, 4], "max_new_tokens": 32, "steps": 100000, "log_every": 2, "checkpoint_every": 1000,
+        "lr": 3e-3, "warmup_steps": 1, "threads": 1,
+    }  # fmt: skip
+    store = Store(tmp_path / "specui.db")
+    job = queue.enqueue(store, "train", params)
+    runner = Runner(store.path, poll_s=0.05, heartbeat_s=0.1, cancel_grace_s=60)
+    runner.start()
+    try:
+        _wait("loss metrics", lambda: len(store.job_metrics(job.id, "loss")) >= 2)
+        running = store.get_job(job.id)
+        assert running.status == JobStatus.RUNNING and 0 < running.progress < 1
+        assert running.message.startswith("step ")
+        queue.cancel(store, job.id)
+        _wait("the cancel", lambda: store.get_job(job.id).status != JobStatus.RUNNING)
+        cancelled = store.get_job(job.id)
+        assert cancelled.status == JobStatus.CANCELLED, cancelled.error
+        stopped_at = cancelled.result["step"]
+        assert latest_checkpoint(out).step == stopped_at > 0  # cancelling saved where it stopped
+
+        # The same run again, now with an end: it resumes from the cancel's checkpoint.
+        again = queue.enqueue(store, "train", {**params, "steps": stopped_at + 4})
+        _wait("the resumed job", lambda: store.get_job(again.id).status not in (JobStatus.QUEUED, JobStatus.RUNNING))
+    finally:
+        runner.stop()
+    done = store.get_job(again.id)
+    assert done.status == JobStatus.DONE, done.error or done.log_tail
+    assert done.result["step"] == stopped_at + 4
+    assert f"resuming from {out / 'checkpoints'}" in done.log_tail
+    assert validate_checkpoint(out, fixture_verifier) == []
+    store.close()
+
+
+def test_train_job_with_bad_params_fails_with_the_message(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECUI_JOB_MODULES", "specui.training.job")
+    store = Store(tmp_path / "specui.db")
+    job = queue.enqueue(store, "train", {"algorithm": "medusa"})
+    Runner(store.path, poll_s=0.05, heartbeat_s=0.1).run(until_idle=True, timeout_s=60)
+    failed = store.get_job(job.id)
+    assert failed.status == JobStatus.FAILED
+    assert "unknown algorithm 'medusa'" in failed.error
+    store.close()
