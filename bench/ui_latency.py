@@ -47,8 +47,8 @@ def main() -> None:
         page.set_default_timeout(300_000)
         page.goto(url)
         page.locator("#prompt textarea").fill(PROMPT)
-        page.locator("input[aria-label='Max new tokens']").fill(str(args.max_new_tokens))
-        page.locator("input[aria-label='Max new tokens']").press("Enter")
+        page.locator("#max-new input[type=number]").fill(str(args.max_new_tokens))
+        page.locator("#max-new input[type=number]").press("Enter")
         for rep in range(args.repeats + 1):  # the first round warms the app's model cache up
             page.evaluate("() => { const s = document.querySelector('#steps-a'); if (s) s.innerHTML = ''; }")
             t0 = time.perf_counter()

@@ -12,7 +12,9 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt scripts/
   exit 0
 fi
 [ -x "$PY" ] || python3 -m venv "$VENV"
-pip() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }
+# The machine-wide pip config may name local index folders that do not exist;
+# pip warns once per package about each.  Keep the log readable.
+pip() { "$PY" -m pip install --quiet --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
   echo "setup: installing torch" >&2

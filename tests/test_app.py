@@ -150,6 +150,24 @@ def test_browser_playground_shows_accepted_and_rejected_tokens(page):
     page.screenshot(path=str(SHOTS / "playground.png"), full_page=True)
 
 
+def test_browser_stop_ends_the_run_as_stopped(page, app_url):
+    from specui.store import Store
+
+    _tab(page, "Playground")
+    page.locator("#prompt textarea").fill("Write a long story about a lighthouse keeper.")
+    page.locator("#max-new input[type=number]").fill("400")
+    page.locator("#max-new input[type=number]").press("Enter")
+    page.locator("#generate").click()
+    page.wait_for_selector("#steps-a .specui-step")
+    page.locator("#stop").click()
+    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('done')", timeout=120_000)
+    assert "cancelled" in page.locator("#stats-a").inner_text()
+    run = Store(app_url[1] / "specui.db").list_runs(limit=1)[0]
+    assert str(run.status) == "stopped"
+    assert 0 < len(run_steps := Store(app_url[1] / "specui.db").get_steps(run.id)) < 400
+    assert all(s.num_drafted >= 0 for s in run_steps)
+
+
 def test_browser_train_start_and_cancel(page):
     _tab(page, "Train")
     page.locator("#train-name textarea, #train-name input").first.fill(f"ui-test-{int(time.time())}")

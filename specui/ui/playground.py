@@ -113,8 +113,10 @@ def build(store: Store) -> None:
         with gr.Column(scale=1, min_width=280):
             verifier = gr.Dropdown(["embedded"], value="embedded", label="Verifier", allow_custom_value=True,
                                    info="embedded = SmolLM2-135M-Instruct; or a local HF folder / .gguf / hub id")
-            drafter_a = gr.Dropdown(choices, value=default, label="Speculator", allow_custom_value=True,
-                                    elem_id="drafter-a")
+            with gr.Row():
+                drafter_a = gr.Dropdown(choices, value=default, label="Speculator", allow_custom_value=True,
+                                        elem_id="drafter-a", scale=4)
+                refresh = gr.Button("↻", scale=0, min_width=40, elem_id="refresh-drafters")
             side = gr.Checkbox(False, label="Side by side: a second speculator, same prompt and seed")
             drafter_b = gr.Dropdown(choices, value="none", label="Second speculator", allow_custom_value=True,
                                     visible=False)
@@ -122,7 +124,7 @@ def build(store: Store) -> None:
             temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
             top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             seed = gr.Number(0, precision=0, label="Seed")
-            max_new = gr.Slider(1, 512, value=96, step=1, label="Max new tokens")
+            max_new = gr.Slider(1, 512, value=96, step=1, label="Max new tokens", elem_id="max-new")
             with gr.Accordion("DSpark confidence policy", open=False):
                 policy = gr.Radio(["off", "threshold", "cost"], value="off", label="Truncate drafts before verifying",
                                   info="threshold: keep slots while cumprod(confidence) ≥ t; cost: maximise expected tokens per cost")
@@ -148,6 +150,12 @@ def build(store: Store) -> None:
                     steps_b = gr.HTML(elem_id="steps-b")
 
     side.change(lambda s: (gr.update(visible=s), gr.update(visible=s)), side, [drafter_b, col_b])
+
+    def refresh_choices():  # trained or imported speculators appear without a restart
+        names = drafter_choices()
+        return gr.update(choices=names), gr.update(choices=names)
+
+    refresh.click(refresh_choices, None, [drafter_a, drafter_b], api_visibility="private")
     example.change(lambda e: _example_text(examples.get(e)) if e else gr.update(), example, prompt)
 
     def generate(verifier_spec, da, db, side_by_side, k_, t, tp, seed_, max_new_, text, chat_, pol, thr,
