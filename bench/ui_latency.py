@@ -27,7 +27,7 @@ from specui.engine import generate  # noqa: E402
 from specui.verifier import Verifier  # noqa: E402
 from tests.app_server import running_app  # noqa: E402
 
-PROMPT = "Repeat this sentence three times: the quick brown fox jumps over the lazy dog."
+PROMPT = "Write a long story about a lighthouse keeper and her cat."
 
 
 def main() -> None:
@@ -50,12 +50,13 @@ def main() -> None:
         page.locator("#max-new input[type=number]").fill(str(args.max_new_tokens))
         page.locator("#max-new input[type=number]").press("Enter")
         for rep in range(args.repeats + 1):  # the first round warms the app's model cache up
-            page.evaluate("() => { const s = document.querySelector('#steps-a'); if (s) s.innerHTML = ''; }")
             t0 = time.perf_counter()
             page.locator("#generate").click()
-            page.wait_for_selector("#steps-a .specui-step")
+            # The first update of a run carries its first step and sets the status to "decoding".
+            page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('decoding')",
+                                   polling=20)
             t1 = time.perf_counter()
-            page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('done')")
+            page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('done')", polling=20)
             t2 = time.perf_counter()
             t3 = time.perf_counter()
             generate(v, NgramDrafter(4), ids, max_new_tokens=args.max_new_tokens)

@@ -158,7 +158,7 @@ def test_browser_stop_ends_the_run_as_stopped(page, app_url):
     page.locator("#max-new input[type=number]").fill("400")
     page.locator("#max-new input[type=number]").press("Enter")
     page.locator("#generate").click()
-    page.wait_for_selector("#steps-a .specui-step")
+    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('decoding')")
     page.locator("#stop").click()
     page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('done')", timeout=120_000)
     assert "cancelled" in page.locator("#stats-a").inner_text()

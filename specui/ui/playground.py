@@ -165,15 +165,16 @@ def build(store: Store) -> None:
         chosen = examples.get(_example_key(examples, text))
         names = [da] + ([db] if side_by_side else [])
         blank = ("", "", "")
+        feed = _Feed(lambda: run_playground(store, verifier_spec, names, k_, t, tp, seed_, max_new_, chosen or text,
+                                            chat_, pol, thr, owner=session, stop=stop_event))
         try:
-            lanes = []
-            for lanes in run_playground(store, verifier_spec, names, k_, t, tp, seed_, max_new_, chosen or text,
-                                        chat_, pol, thr, owner=session, stop=stop_event):
-                yield _view(lanes, running=True)
-            yield _view(lanes, running=False)
+            for lanes, finished in feed.updates():
+                yield _view(lanes, running=not finished)
         except SpecUIError as e:
             yield (f"⚠️ {e}", *blank, *blank)
         finally:
+            stop_event.set()  # a closed browser tab ends its decoding too
+            feed.join()
             _STOP.pop(session, None)
 
     go.click(generate, [verifier, drafter_a, drafter_b, side, k, temperature, top_p, seed, max_new, prompt, chat,
@@ -181,6 +182,48 @@ def build(store: Store) -> None:
              [status, stats_a, out_a, steps_a, stats_b, out_b, steps_b], api_name="generate",
              concurrency_limit=2, concurrency_id="decode")
     stop.click(_request_stop, None, status, api_name="stop", queue=False)
+
+
+class _Feed:
+    """Runs a decoding generator in its own thread; the UI samples its latest
+    state at most every ``interval`` seconds.  Decoding never waits for the
+    browser, and a fast drafter's many small steps cost one update each interval."""
+
+    def __init__(self, make, interval: float = 0.15) -> None:
+        self.interval = interval
+        self.latest = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.changed = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(make,), daemon=True, name="specui-playground")
+        self.thread.start()
+
+    def _run(self, make) -> None:
+        try:
+            for lanes in make():
+                self.latest = lanes
+                self.changed.set()
+        except BaseException as e:  # noqa: BLE001 - handed to the UI thread
+            self.error = e
+        finally:
+            self.done.set()
+            self.changed.set()
+
+    def updates(self):
+        while True:
+            self.changed.wait()
+            self.changed.clear()
+            finished = self.done.is_set()
+            if self.error is not None:
+                raise self.error
+            if self.latest is not None:
+                yield self.latest, finished
+            if finished:
+                return
+            self.done.wait(self.interval)  # coalesce steps between two updates
+
+    def join(self) -> None:
+        self.thread.join(timeout=60)
 
 
 def _request_stop(request: gr.Request):
