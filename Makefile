@@ -1,10 +1,10 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    -- set up .venv and start the dashboard on the embedded default
-#   make test   -- set up .venv (and headless Chromium) and run the test suite
+#   make test   -- set up .venv, .venv-vllm and headless Chromium, then run the test suite
 PY := .venv/bin/python
 ARGS ?=
 
-.PHONY: setup run test lint browser
+.PHONY: setup run test lint browser vllm-setup
 setup:
 	@bash scripts/setup.sh
 
@@ -14,7 +14,11 @@ run: setup
 browser:
 	@bash scripts/install_browser.sh
 
-test: setup browser
+# vLLM in its own virtualenv (.venv-vllm): the CPU build here, upstream vLLM on GPU machines.
+vllm-setup:
+	@bash scripts/setup_vllm.sh
+
+test: setup browser vllm-setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q $(ARGS)
 

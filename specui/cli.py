@@ -12,7 +12,7 @@ import sys
 from specui.trace import SpecUIError
 
 # One module per command group; adding a command is adding a module here.
-COMMAND_MODULES = ["decode", "runs", "bench", "train", "jobs"]
+COMMAND_MODULES = ["decode", "runs", "bench", "train", "jobs", "vllm"]
 
 
 def build_parser() -> argparse.ArgumentParser:

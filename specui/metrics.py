@@ -280,8 +280,14 @@ def load_confidences(store: Store, run_ids: Iterable[int]) -> ConfidenceSamples:
     conf = np.fromiter((x for c in per_step for x in c), dtype=np.float64, count=int(lengths.sum()))
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
     slots = np.arange(conf.size, dtype=np.int64) - starts  # k within its step
-    labels = slots < np.repeat(np.asarray(accepted, dtype=np.int64), lengths)  # accepted iff k < num_accepted
-    return ConfidenceSamples(conf, labels, slots)
+    n_acc = np.repeat(np.asarray(accepted, dtype=np.int64), lengths)
+    # A slot's confidence is the head's per-slot estimate that the slot is accepted once the
+    # slots before it were (it is trained on that slot's 1 - TV, and serving multiplies them
+    # up): only slots up to the first rejected one have that outcome observed.  Slots after
+    # it are left out rather than counted as rejections they never had the chance to avoid.
+    seen = slots <= n_acc
+    labels = slots < n_acc  # accepted iff k < num_accepted
+    return ConfidenceSamples(conf[seen], labels[seen], slots[seen])
 
 
 @dataclass

@@ -75,6 +75,8 @@ def _expected(prompts: list[list[StepTrace]], walls: list[float], k_max: int, ba
     conf, lab = [], []
     for s in steps:
         for slot, c in enumerate(s.confidences or []):
+            if slot > s.num_accepted:  # after the first rejection: no outcome for this slot
+                continue
             conf.append(c)
             lab.append(1.0 if slot < s.num_accepted else 0.0)
     if conf:
@@ -218,13 +220,16 @@ def test_calibration_fits_on_one_run_and_reports_on_another(tmp_path: Path) -> N
         fit_run = store.create_run(verifier="v", prompt_set="train", algorithm="dspark")
         eval_run = store.create_run(verifier="v", prompt_set="eval", algorithm="dspark")
         record(store, fit_run.id, [[overconfident(i, 1) for i in range(1500)]], [1.0], 4)
-        record(store, eval_run.id, [[overconfident(i, 2) for i in range(1500)]], [1.0], 4)
+        eval_traces = [overconfident(i, 2) for i in range(1500)]
+        record(store, eval_run.id, [eval_traces], [1.0], 4)
         cal = calibrate(store, [fit_run.id], [eval_run.id])
         assert cal.temperature > 1.5  # the head was overconfident
         assert cal.after.ece < cal.before.ece
         assert cal.after.auroc == pytest.approx(cal.before.auroc)  # a monotone map keeps the ranking
         report = confidence_report(store, [eval_run.id])
-        assert report is not None and len(report.per_slot) == 4 and sum(b.count for b in report.reliability) == 6000
+        # Slots up to the first rejected one have an outcome; later ones are left out.
+        observed = sum(min(t.num_accepted + 1, 4) for t in eval_traces)
+        assert report is not None and len(report.per_slot) == 4 and sum(b.count for b in report.reliability) == observed < 6000
         plain = store.create_run(verifier="v", prompt_set="eval", algorithm="dflash")
         store.finish_run(plain.id, RunStatus.DONE)
         assert confidence_report(store, [plain.id]) is None

@@ -11,7 +11,7 @@ import os
 import gradio as gr
 
 from specui.store import Store
-from specui.ui import api, compare, playground, render, speculators, train
+from specui.ui import api, compare, playground, render, speculators, train, vllm_tab
 
 TITLE = "SpecUI — parallel speculative decoding workbench"
 
@@ -28,6 +28,8 @@ def build_app(store: Store) -> gr.Blocks:
                 compare.build(store)
             with gr.Tab("Speculators", id="speculators"):
                 speculators.build()
+            with gr.Tab("vLLM", id="vllm"):
+                vllm_tab.build(store)
         api.register(store)
     # Several visitors share one CPU: a bounded queue says "busy" instead of piling up.
     app.queue(max_size=int(os.environ.get("SPECUI_QUEUE_SIZE", "16")), default_concurrency_limit=2)
