@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Trains the four drafters SpecUI ships for the embedded verifier (SmolLM2-135M-Instruct)
+# on a CPU, resumably.  Kill it at any time; run it again and it continues:
+#
+#   setsid nohup nice -n 19 scripts/train_shipped.sh >> "${SPECUI_TRAIN_ROOT:-/work/train-runs}/recipe.log" 2>&1 &
+#   scripts/train_shipped.sh STAGE...       # only those stages (distill dflash dspark peagle eagle3 bench calibrate ship)
+#
+# Stages (each skips what is done; training stages continue from their last checkpoint):
+#   distill    self-distillation ONCE into ROOT/cache: greedy verifier responses to the
+#              TRAINING split of $PROMPTS (never the held-out split); every run shares it,
+#              and the hidden-state files (ROOT/cache/hidden, content-addressed) too
+#   dflash     ROOT/dflash   (first: the likeliest to pay off, and DSpark warm-starts from it)
+#   dspark     ROOT/dspark   (warm start from ROOT/dflash)
+#   peagle     ROOT/peagle
+#   eagle3     ROOT/eagle3
+#   bench      `specui bench` on the held-out split, T=0 and T=1, every finished drafter in
+#              ONE run (speedup vs plain measured alongside): ROOT/bench-T0.json, bench-T1.json
+#   calibrate  DSpark confidence head: temperature fitted on other held-out prompts,
+#              ECE/AUROC/Brier on the scored ones: ROOT/calibration-dspark.json
+#   ship       (only when named, or SHIP=1) bf16 copy + model card into data/drafters/<algo>/;
+#              REFUSES a drafter that misses the bar (tau >= 2.0 each, best speedup >= 1.5x,
+#              DSpark AUROC >= 0.75) unless FORCE=1.  The only stage that writes in the repo.
+#
+# Nothing else is written inside the repository: runs, caches, the bench database and logs
+# live under ROOT (env SPECUI_TRAIN_ROOT, default /work/train-runs).
+#
+# Sizes (measurements in bench/speedup_model.py and the notes below; 2-core CPU, shared):
+# - one torch thread: two threads on two shared cores made a verifier step 15x slower;
+# - draft vocabulary 4096: the GSM responses use a few hundred distinct tokens (342 in the
+#   first 10k), so 4096 covers them; drafting then costs 0.1-0.2 of a verifier step for the
+#   parallel drafters (full vocabulary: 0.3-1.1, DSpark's Markov head and EAGLE-3's K passes
+#   most) and the training head is 12x smaller;
+# - block / K 8 (DFlash: 7 drafted slots; DSpark, P-EAGLE: 8), EAGLE-3 trains 4 TTT steps;
+# - mask token 16 (<empty_output>), sliding_window_non_causal (SpecUI's default for the DFlash
+#   family: vLLM then serves the block bidirectionally, as trained);
+# - DFlash 3 layers (drafting 3 layers costs ~0.2 of a verifier step, ~0.03 more than 2),
+#   ~3.6 s/step at batch 4 x 64 anchors on one thread: 4000 steps (16 epochs) ~4-5 h;
+#   DSpark warm-starts from it (2000 steps); P-EAGLE (2 layers, 8 depths) ~9 s/step and
+#   EAGLE-3 (1 layer, 4 TTT steps) ~12 s/step at batch 4 (packed-sequence attention
+#   dominates): batch 2, 3000 steps each.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PY:-$REPO/.venv/bin/python}
+SPECUI=${SPECUI:-$REPO/.venv/bin/specui}
+ROOT=${SPECUI_TRAIN_ROOT:-/work/train-runs}
+case "$ROOT" in "$REPO"|"$REPO"/*) echo "SPECUI_TRAIN_ROOT must lie outside the repository" >&2; exit 2;; esac
+
+PROMPTS=${PROMPTS:-gsm-symbolic}
+NUM_PROMPTS=${NUM_PROMPTS:-1000}        # the whole training split of gsm-symbolic
+MAX_NEW=${MAX_NEW:-256}
+GEN_BS=${GEN_BS:-16}
+THREADS=${THREADS:-1}
+VOCAB=${VOCAB:-4096}
+MASK=${MASK:-16}
+BENCH_LIMIT=${BENCH_LIMIT:-20}          # held-out prompts scored (the first N of the eval split)
+CALIB_LIMIT=${CALIB_LIMIT:-20}          # the next N held-out prompts: DSpark temperature fit
+BENCH_MAX_NEW=${BENCH_MAX_NEW:-128}
+ALGOS=${ALGOS:-"dflash dspark peagle eagle3"}
+
+# Per algorithm: layers, steps, lr and the algorithm's own options.
+DFLASH_ARGS=${DFLASH_ARGS:-"--layers 3 --block-size 8 --max-anchors 64 --steps 4000 --lr 6e-4 --warmup-steps 100"}
+DSPARK_ARGS=${DSPARK_ARGS:-"--layers 3 --block-size 8 --max-anchors 64 --steps 2000 --lr 3e-4 --warmup-steps 50 --markov-rank 256 --init-from $ROOT/dflash"}
+PEAGLE_ARGS=${PEAGLE_ARGS:-"--layers 2 --depths 8 --batch-size 2 --steps 3000 --lr 6e-4 --warmup-steps 100"}
+EAGLE3_ARGS=${EAGLE3_ARGS:-"--layers 1 --ttt-steps 4 --batch-size 2 --steps 3000 --lr 6e-4 --warmup-steps 100"}
+
+mkdir -p "$ROOT"
+cd "$ROOT"  # nothing lands in the repo by accident (relative paths, stray files)
+export THREADS SPECUI_DATA_DIR=${SPECUI_DATA_DIR:-$ROOT/specui-data}
+exec 9>"$ROOT/.lock"
+flock -n 9 || { echo "another train_shipped.sh holds $ROOT/.lock" >&2; exit 1; }
+say() { echo "[$(date -u +%FT%TZ)] $*"; }
+
+finished() {  # a training run whose final drafter was saved
+  [ -f "$1/config.json" ] && [ -f "$1/model.safetensors" ] && grep -q '"status": "finished"' "$1/train_run.json" 2>/dev/null
+}
+
+stage_distill() {
+  if [ -f "$ROOT/distill.done" ]; then say "distill: done ($(cat "$ROOT/distill.done"))"; return; fi
+  say "distill: $PROMPTS train split, $NUM_PROMPTS prompts, $MAX_NEW new tokens"
+  "$PY" "$REPO/scripts/train_shipped_tools.py" distill "$PROMPTS" "$NUM_PROMPTS" "$MAX_NEW" "$GEN_BS" "$ROOT/cache" \
+    | tee "$ROOT/distill.out"
+  tail -1 "$ROOT/distill.out" | sed 's/^distill: //' > "$ROOT/distill.done"
+}
+
+stage_train() {  # ALGO
+  local algo=$1 out=$ROOT/$1 args
+  case $algo in
+    dflash) args=$DFLASH_ARGS ;; dspark) args=$DSPARK_ARGS ;;
+    peagle) args=$PEAGLE_ARGS ;; eagle3) args=$EAGLE3_ARGS ;;
+  esac
+  if finished "$out"; then say "$algo: finished"; return; fi
+  if [ "$algo" = dspark ] && ! finished "$ROOT/dflash"; then say "dspark: waits for dflash (warm start)"; return 1; fi
+  say "$algo: training into $out ($args)"
+  # shellcheck disable=SC2086 # the ARGS strings are word lists
+  "$SPECUI" train --algorithm "$algo" --verifier embedded --prompts "$PROMPTS" --num-prompts "$NUM_PROMPTS" \
+    --max-new-tokens "$MAX_NEW" --gen-batch-size "$GEN_BS" --cache-dir "$ROOT/cache" --extraction mixed \
+    --out "$out" --resume --threads "$THREADS" --batch-size 4 --draft-vocab-size "$VOCAB" --mask-token-id "$MASK" \
+    --log-every 10 --checkpoint-every 100 --keep-checkpoints 2 --no-progress $args
+  finished "$out"
+  # A quick held-out look (T=0, 8 prompts) so a finished run shows its tau at once.
+  "$SPECUI" bench --drafter "$out" --prompts "$PROMPTS" --limit 8 --max-new-tokens "$BENCH_MAX_NEW" \
+    --threads "$THREADS" --db "$ROOT/bench.db" --json > "$out/quick-eval-T0.json"
+  "$PY" "$REPO/scripts/train_shipped_tools.py" summary "$out/quick-eval-T0.json"
+}
+
+bench_drafters() {
+  local a args=()
+  for a in $ALGOS; do finished "$ROOT/$a" && args+=(--drafter "$ROOT/$a"); done
+  printf '%s\n' "${args[@]}"
+}
+
+stage_bench() {
+  local t args
+  mapfile -t args < <(bench_drafters)
+  [ ${#args[@]} -gt 0 ] || { say "bench: no finished drafter yet"; return 1; }
+  local names; names=$(printf '%s ' "${args[@]}" | sed "s#--drafter $ROOT/##g")
+  for t in 0 1; do
+    local f=$ROOT/bench-T$t.json
+    if [ -f "$f" ] && [ "$(cat "$f.drafters" 2>/dev/null)" = "$names" ]; then say "bench T=$t: done"; continue; fi
+    say "bench T=$t: $names on $BENCH_LIMIT held-out $PROMPTS prompts"
+    "$SPECUI" bench "${args[@]}" --prompts "$PROMPTS" --limit "$BENCH_LIMIT" --max-new-tokens "$BENCH_MAX_NEW" \
+      --temperature "$t" --seed 0 --threads "$THREADS" --db "$ROOT/bench.db" --json > "$f.tmp"
+    mv "$f.tmp" "$f"; echo "$names" > "$f.drafters"
+  done
+  "$PY" "$REPO/scripts/train_shipped_tools.py" summary "$ROOT/bench-T0.json" "$ROOT/bench-T1.json"
+}
+
+stage_calibrate() {
+  finished "$ROOT/dspark" || { say "calibrate: no finished dspark"; return 1; }
+  [ -f "$ROOT/bench-T0.json" ] || { say "calibrate: run bench first"; return 1; }
+  local fit=$ROOT/calib-fit-T0.json
+  if [ ! -f "$fit" ] || [ "$ROOT/dspark/model.safetensors" -nt "$fit" ]; then
+    "$PY" "$REPO/scripts/train_shipped_tools.py" heldout-file "$PROMPTS" "$BENCH_LIMIT" "$CALIB_LIMIT" "$ROOT/calib-prompts.jsonl"
+    "$SPECUI" bench --drafter "$ROOT/dspark" --prompts "$ROOT/calib-prompts.jsonl" --max-new-tokens "$BENCH_MAX_NEW" \
+      --threads "$THREADS" --db "$ROOT/bench.db" --json > "$fit.tmp"
+    mv "$fit.tmp" "$fit"
+  fi
+  "$PY" "$REPO/scripts/train_shipped_tools.py" calibrate "$ROOT/bench.db" "$fit" "$ROOT/bench-T0.json" "$ROOT/calibration-dspark.json"
+}
+
+stage_ship() {
+  local a force=()
+  [ "${FORCE:-0}" = 1 ] && force=(--force)
+  for a in $ALGOS; do
+    finished "$ROOT/$a" || { say "ship $a: not trained"; continue; }
+    "$PY" "$REPO/scripts/train_shipped_tools.py" ship "$a" "$ROOT/$a" "$REPO/data/drafters/$a" "$ROOT" "${force[@]}" || true
+  done
+}
+
+run_stage() {
+  case $1 in
+    distill) stage_distill ;;
+    dflash|dspark|peagle|eagle3) stage_train "$1" ;;
+    bench) stage_bench ;;
+    calibrate) stage_calibrate ;;
+    ship) stage_ship ;;
+    *) echo "unknown stage $1" >&2; exit 2 ;;
+  esac
+}
+
+say "train_shipped: ROOT=$ROOT threads=$THREADS vocab=$VOCAB prompts=$PROMPTS x$NUM_PROMPTS"
+if [ $# -gt 0 ]; then
+  for s in "$@"; do run_stage "$s"; done
+else
+  stage_distill
+  for a in $ALGOS; do stage_train "$a"; done
+  stage_bench
+  case " $ALGOS " in *" dspark "*) stage_calibrate ;; esac
+  if [ "${SHIP:-0}" = 1 ]; then stage_ship; else say "done; ship with: scripts/train_shipped.sh ship (FORCE=1 to override the bar)"; fi
+fi

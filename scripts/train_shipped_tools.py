@@ -1,0 +1,259 @@
+"""Helpers of scripts/train_shipped.sh (run through it, not by hand).
+
+    python scripts/train_shipped_tools.py distill PROMPTS N MAX_NEW GEN_BS CACHE_DIR
+    python scripts/train_shipped_tools.py heldout-file PROMPTS SKIP N OUT.jsonl
+    python scripts/train_shipped_tools.py summary BENCH.json [BENCH.json ...]
+    python scripts/train_shipped_tools.py calibrate DB FIT.json TEST.json OUT.json
+    python scripts/train_shipped_tools.py ship ALGO RUN_DIR DEST ROOT [--force]
+
+``distill`` is the self-distillation stage (the same cache ``specui train``
+reads, so training skips it).  ``heldout-file`` writes held-out prompts
+``SKIP .. SKIP+N`` of a set as JSONL (the DSpark temperature is fitted on them,
+disjoint from the prompts the drafters are scored on).  ``summary`` prints tau /
+speedup / per-position acceptance of ``specui bench --json`` files.
+``calibrate`` fits temperature scaling on one run's confidences and reports
+ECE / AUROC / Brier before and after on the other.  ``ship`` checks the
+acceptance bar, converts the drafter to bf16 into DEST and writes its model
+card; it refuses a drafter that misses the bar unless ``--force``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+BAR_TAU = 2.0  # every shipped drafter, held-out, T=0
+BAR_SPEEDUP = 1.5  # the best drafter, same bench run
+BAR_AUROC = 0.75  # DSpark's confidence head
+
+
+def _threads() -> None:
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("THREADS", "1")))
+
+
+def distill(a: argparse.Namespace) -> None:
+    _threads()
+    from specui.data import load_prompts
+    from specui.data.distill import self_distill
+    from specui.verifier import Verifier
+
+    v = Verifier.load("embedded")
+    prompts = load_prompts(a.prompts, split="train", limit=a.n or None)  # never the held-out split
+    t0 = time.time()
+
+    def progress(done: int, total: int) -> None:
+        print(f"distill: {done}/{total} missing responses generated, {time.time() - t0:.0f} s", flush=True)
+
+    samples = self_distill(v, prompts, a.max_new, a.gen_bs, a.cache_dir, progress=progress)
+    tokens = sum(len(s.response_ids) for s in samples)
+    print(f"distill: {len(samples)} samples, {tokens} response tokens (mean {tokens / max(1, len(samples)):.0f})", flush=True)
+
+
+def heldout_file(a: argparse.Namespace) -> None:
+    from specui.data import load_prompts
+
+    prompts = load_prompts(a.prompts, split="eval", limit=a.skip + a.n)[a.skip :]
+    if len(prompts) < a.n:
+        sys.exit(f"only {len(prompts)} held-out prompts after the first {a.skip}")
+    with open(a.out, "w") as f:
+        for p in prompts:
+            row = {"prompt": p.text} if p.text is not None else {"messages": list(p.messages)}
+            f.write(json.dumps({"id": p.id, **row}) + "\n")
+
+
+def _runs(path: str) -> list[dict]:
+    return json.loads(Path(path).read_text())["runs"]
+
+
+def summary(a: argparse.Namespace) -> None:
+    for path in a.files:
+        print(f"== {path}")
+        print(f"{'drafter':<10}{'K':>3}{'tau':>7}{'tok/s':>8}{'speedup':>9}  per-position acceptance a_1..a_K")
+        for r in _runs(path):
+            pos = [r.get(f"acceptance_pos_{k}") for k in range(1, 17)]
+            pos = [f"{p:.2f}" for p in pos if p is not None]
+            tau, tps, sp = r.get("acceptance_length"), r.get("tokens_per_s"), r.get("speedup")
+            print(f"{r.get('drafter', '?'):<10}{r.get('num_speculative_tokens') or '':>3}"
+                  f"{tau or 1.0:>7.2f}{tps or 0:>8.2f}{sp or 1.0:>8.2f}x  {' '.join(pos)}")  # fmt: skip
+
+
+def calibrate(a: argparse.Namespace) -> None:
+    from specui.metrics import (
+        ConfidenceMetrics,
+        apply_temperature,
+        confidence_report,
+        fit_temperature,
+        load_confidences,
+    )
+    from specui.store import Store
+
+    store = Store(a.db)
+
+    def dspark_run(path: str) -> int:
+        ids = [r["run_id"] for r in _runs(path) if r.get("algorithm") == "dspark"]
+        if not ids:
+            sys.exit(f"{path} has no dspark run")
+        return ids[0]
+
+    fit_id, test_id = dspark_run(a.fit), dspark_run(a.test)
+    fit = load_confidences(store, [fit_id])
+    test = load_confidences(store, [test_id])
+    from specui.trace import SpecUIError
+
+    try:
+        t = fit_temperature(fit.confidences, fit.labels)
+    except SpecUIError as e:  # e.g. an untrained head: every slot rejected
+        print(f"dspark calibration: no temperature fitted ({e}); T = 1", flush=True)
+        t = 1.0
+    before = ConfidenceMetrics.of(test.confidences, test.labels)
+    after = ConfidenceMetrics.of(apply_temperature(test.confidences, t), test.labels)
+    report = confidence_report(store, [test_id], temperature=t)
+    per_slot = [None if m is None else {"auroc": m.auroc, "ece": m.ece, "brier": m.brier, "n": m.n} for m in report.per_slot]
+    out = {"temperature": t, "fit_run": fit_id, "test_run": test_id, "fit_slots": int(fit.confidences.size),
+           "before": vars(before), "after": vars(after), "per_slot_after": per_slot}  # fmt: skip
+    Path(a.out).write_text(json.dumps(out, indent=2))
+    print(f"dspark calibration: T={t:.3f}; held-out test slots {before.n}: "
+          f"ECE {before.ece:.3f} -> {after.ece:.3f}, Brier {before.brier:.3f} -> {after.brier:.3f}, AUROC {after.auroc}")  # fmt: skip
+
+
+def ship(a: argparse.Namespace) -> None:
+    root, run = Path(a.root), Path(a.run_dir)
+    bench0, bench1 = root / "bench-T0.json", root / "bench-T1.json"
+    if not (run / "config.json").is_file():
+        sys.exit(f"ship {a.algo}: {run} holds no finished drafter")
+    if not bench0.is_file():
+        sys.exit(f"ship {a.algo}: no {bench0}; run the bench stage first")
+    rows0 = _runs(bench0)
+    mine = [r for r in rows0 if r.get("drafter") == run.name]
+    if not mine:
+        sys.exit(f"ship {a.algo}: {bench0} has no run of {run.name}")
+    r0 = mine[0]
+    tau = r0.get("acceptance_length") or 1.0
+    best = max((r.get("speedup") or 0.0) for r in rows0 if r.get("algorithm") not in (None, "none"))
+    problems = []
+    if tau < BAR_TAU:
+        problems.append(f"held-out tau {tau:.2f} < {BAR_TAU}")
+    if best < BAR_SPEEDUP:
+        problems.append(f"best speedup in the bench run {best:.2f}x < {BAR_SPEEDUP}x")
+    calib = None
+    if a.algo == "dspark":
+        cpath = root / "calibration-dspark.json"
+        if not cpath.is_file():
+            problems.append(f"no {cpath} (run the calibrate stage)")
+        else:
+            calib = json.loads(cpath.read_text())
+            auroc = calib["after"]["auroc"]
+            if auroc is None or auroc < BAR_AUROC:
+                problems.append(f"confidence AUROC {auroc} < {BAR_AUROC}")
+    if problems and not a.force:
+        sys.exit(f"ship {a.algo}: REFUSED ({'; '.join(problems)}); FORCE=1 ships anyway")
+
+    _threads()
+    from specui.drafters.checkpoint import load_model, save_drafter
+    from specui.verifier import Verifier
+
+    v = Verifier.load("embedded")
+    model = load_model(run, v)
+    dest = Path(a.dest)
+    save_drafter(model, dest, dtype="bfloat16")
+    train_run = json.loads((run / "train_run.json").read_text())
+    cfg = train_run["config"]
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    wall = sum((m.get("step_time_s") or 0) * cfg["log_every"] for m in metrics)
+    distill_info = (root / "distill.done").read_text().strip() if (root / "distill.done").is_file() else "?"
+    r1 = next((r for r in _runs(bench1) if r.get("drafter") == run.name), {}) if bench1.is_file() else {}
+    pos = [r0.get(f"acceptance_pos_{k}") for k in range(1, 17)]
+    pos = [f"{p:.3f}" for p in pos if p is not None]
+    n_params = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad)
+    lines = [
+        f"# {a.algo} drafter for SmolLM2-135M-Instruct (embedded verifier)",
+        "",
+        f"Speculators-format checkpoint (`speculators_model_type: {model.config.model_type}`), weights in bf16, "
+        "trained with SpecUI's own pipeline (`scripts/train_shipped.sh`).",
+        "" if not problems else f"\n**Shipped with FORCE: misses the acceptance bar ({'; '.join(problems)}).**\n",
+        "## Training",
+        "",
+        f"- data: self-distilled greedy responses of the verifier to the TRAINING split of `{cfg['prompts']}` "
+        f"(first {cfg['num_prompts']} prompts, up to {cfg['max_new_tokens']} new tokens): {distill_info}",
+        f"- drafter: {cfg['layers']} layers, {n_params / 1e6:.2f} M trainable parameters, draft vocabulary "
+        f"{cfg['draft_vocab_size']}, " + {
+            "dflash": f"block size {cfg['block_size']}, {cfg['max_anchors']} anchors per sequence, mask token {cfg['mask_token_id']}",
+            "dspark": f"block size {cfg['block_size']}, {cfg['max_anchors']} anchors per sequence, mask token {cfg['mask_token_id']}, "
+            f"Markov rank {cfg['markov_rank']}",
+            "peagle": f"{cfg['num_depths']} depths per pass, mask token {cfg['mask_token_id']}",
+            "eagle3": f"{cfg['ttt_steps']} training-time-test steps",
+        }[a.algo],
+        f"- optimisation: {train_run.get('step')} steps, batch {cfg['batch_size']}, lr {cfg['lr']} ({cfg['schedule']}, "
+        f"warmup {cfg['warmup_steps']}), init from {cfg['init_from'] or 'scratch'}",
+        f"- wall time: about {wall / 3600:.2f} h of training steps on {platform.machine()} "
+        f"({os.cpu_count()} cores, shared with other jobs), {cfg['threads']} torch thread, fp32 compute",
+        "",
+        "## Held-out evaluation (`specui bench`, held-out split, same run as plain decoding)",
+        "",
+        f"- T=0: tau {tau:.3f}, speedup {r0.get('speedup') or 0:.2f}x, {r0.get('tokens_per_s') or 0:.2f} tok/s, "
+        f"K {r0.get('num_speculative_tokens')}",
+        f"- per-position acceptance a_1..a_K (T=0): {' '.join(pos)}",
+        f"- T=1: tau {r1.get('acceptance_length') or float('nan'):.3f}, speedup {r1.get('speedup') or float('nan'):.2f}x",
+    ]
+    if calib is not None:
+        b, c = calib["before"], calib["after"]
+        lines += [
+            "",
+            "## Confidence head (DSpark)",
+            "",
+            f"Temperature scaling fitted on held-out prompts disjoint from the scored ones: T = {calib['temperature']:.3f}.",
+            "",
+            "| | ECE | AUROC | Brier |",
+            "|---|---|---|---|",
+            f"| raw | {b['ece']:.4f} | {b['auroc']} | {b['brier']:.4f} |",
+            f"| calibrated | {c['ece']:.4f} | {c['auroc']} | {c['brier']:.4f} |",
+        ]
+    (dest / "README.md").write_text("\n".join(lines) + "\n")
+    print(f"ship {a.algo}: wrote {dest} (bf16){' FORCED' if problems else ''}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("distill")
+    p.add_argument("prompts")
+    p.add_argument("n", type=int)
+    p.add_argument("max_new", type=int)
+    p.add_argument("gen_bs", type=int)
+    p.add_argument("cache_dir")
+    p.set_defaults(func=distill)
+    p = sub.add_parser("heldout-file")
+    p.add_argument("prompts")
+    p.add_argument("skip", type=int)
+    p.add_argument("n", type=int)
+    p.add_argument("out")
+    p.set_defaults(func=heldout_file)
+    p = sub.add_parser("summary")
+    p.add_argument("files", nargs="+")
+    p.set_defaults(func=summary)
+    p = sub.add_parser("calibrate")
+    p.add_argument("db")
+    p.add_argument("fit")
+    p.add_argument("test")
+    p.add_argument("out")
+    p.set_defaults(func=calibrate)
+    p = sub.add_parser("ship")
+    p.add_argument("algo")
+    p.add_argument("run_dir")
+    p.add_argument("dest")
+    p.add_argument("root")
+    p.add_argument("--force", action="store_true")
+    p.set_defaults(func=ship)
+    a = ap.parse_args()
+    a.func(a)
+
+
+if __name__ == "__main__":
+    main()
