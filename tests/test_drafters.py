@@ -456,3 +456,14 @@ def test_eagle3_checkpoint_without_embedding_borrows_the_verifiers(verifier: Ver
     m = load_drafter(folder, verifier).model
     assert torch.equal(m.embed_tokens.weight, verifier.embed_tokens.weight)
     assert torch.equal(m.lm_head.weight, verifier.lm_head.weight)
+
+
+def test_saved_checkpoint_files_are_readable_by_others(tmp_path, fixture_verifier):
+    import os
+    import stat
+
+    from specui.drafters import create_drafter, save_drafter
+
+    folder = save_drafter(create_drafter("dflash", fixture_verifier, num_layers=1).model, tmp_path / "d")
+    for name in ("config.json", "model.safetensors"):
+        assert os.stat(folder / name).st_mode & stat.S_IROTH, name

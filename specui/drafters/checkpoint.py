@@ -371,6 +371,7 @@ def save_drafter(drafter_model: nn.Module | Drafter, path: str | os.PathLike, dt
     try:
         try:
             save_file(tensors, str(tmp_weights), metadata={"format": "pt"})
+            os.chmod(tmp_weights, 0o644)  # safetensors writes its own file, owner-only
         except Exception as e:  # safetensors raises its own error type for I/O failures
             raise OSError(f"cannot write {folder / WEIGHTS_FILE}: {e}") from e
         with open(tmp_config, "w") as f:
