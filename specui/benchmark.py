@@ -1,6 +1,6 @@
 """Running prompt sets through the engine and storing each drafter's run.
 
-``record_run`` is the one place a local decoding run meets the store: the
+``start_run`` / ``record_run`` are the one place a local decoding run meets the store: the
 CLI's ``bench``, the dashboard's Playground and Compare tabs all call it.
 ``bench`` runs the plain baseline and each drafter on the same prompts in one
 process, so speedups compare like with like.
@@ -16,8 +16,8 @@ from specui.data import Prompt, load_prompts, prompt_sets
 from specui.drafters.base import Drafter
 from specui.engine import Decoding
 from specui.metrics import Comparison, compare
-from specui.store import DecodingSettings, RunRecorder, Store
-from specui.trace import GenerationResult, SamplingParams, SpecUIError, StepTrace
+from specui.store import DecodingSettings, Run, RunRecorder, Store
+from specui.trace import GenerationResult, SamplingParams, SpecUIError
 from specui.verifier import Verifier
 from specui.workbench import WORKBENCH
 
@@ -34,6 +34,38 @@ class RunSpec:
     drafter_options: dict | None = None
 
 
+def start_run(store: Store, verifier: Verifier, drafter: Drafter, *, prompt_set: str, spec: RunSpec,
+              owner: str | None = None) -> Run:
+    """Create the stored run for decoding with ``drafter`` under ``spec`` (status running)."""
+    policy = (spec.drafter_options or {}).get("confidence_policy")
+    settings = DecodingSettings(
+        num_speculative_tokens=drafter.num_speculative_tokens,
+        temperature=spec.sampling.temperature,
+        top_p=spec.sampling.top_p,
+        top_k=spec.sampling.top_k,
+        max_new_tokens=spec.max_new_tokens,
+        confidence_policy=_policy_label(policy),
+    )
+    return store.create_run(
+        verifier=verifier.name, prompt_set=prompt_set, algorithm=drafter.algorithm, drafter=drafter.name,
+        settings=settings, seed=spec.seed, owner=owner,
+    )
+
+
+def _policy_label(policy: dict | str | None) -> str | None:
+    if not policy:
+        return None
+    if isinstance(policy, dict):
+        return f"{policy.get('mode')}:{policy.get('threshold')}"
+    return str(policy)
+
+
+@dataclass
+class RecordedRun:
+    run_id: int
+    results: list[GenerationResult]  # one per prompt decoded (fewer after a stop)
+
+
 def record_run(
     store: Store,
     verifier: Verifier,
@@ -43,48 +75,31 @@ def record_run(
     prompt_set: str,
     spec: RunSpec,
     owner: str | None = None,
-    on_step: Callable[[int, StepTrace, GenerationResult], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> int:
-    """Decode every prompt with ``drafter`` and store the run; returns its id.
+) -> RecordedRun:
+    """Decode every prompt with ``drafter`` and store the run.
 
-    ``on_step(prompt_index, step, partial_result)`` sees each step live.  A
-    stop request ends the run as "stopped" with what was decoded so far.
+    A stop request ends the run as "stopped" with what was decoded so far.
     """
-    settings = DecodingSettings(
-        num_speculative_tokens=drafter.num_speculative_tokens,
-        temperature=spec.sampling.temperature,
-        top_p=spec.sampling.top_p,
-        top_k=spec.sampling.top_k,
-        max_new_tokens=spec.max_new_tokens,
-        confidence_policy=(spec.drafter_options or {}).get("confidence_policy"),
-    )
-    run = store.create_run(
-        verifier=verifier.name, prompt_set=prompt_set, algorithm=drafter.algorithm, drafter=drafter.name,
-        settings=settings, seed=spec.seed, owner=owner,
-    )
+    run = start_run(store, verifier, drafter, prompt_set=prompt_set, spec=spec, owner=owner)
+    results: list[GenerationResult] = []
     with RunRecorder(store, run.id) as rec:
         for i, prompt in enumerate(prompts):
             if should_stop is not None and should_stop():
                 rec.stop()
                 break
-            ids = prompt.encode(verifier)
             decoding = Decoding(
-                verifier, drafter, ids, max_new_tokens=spec.max_new_tokens, sampling=spec.sampling,
-                seed=spec.seed + i, should_stop=should_stop,
+                verifier, drafter, prompt.encode(verifier), max_new_tokens=spec.max_new_tokens,
+                sampling=spec.sampling, seed=spec.seed + i, should_stop=should_stop,
             )
             rec.begin_prompt(i, prompt.preview(10_000))
             for step in decoding:
                 rec.step(step)
-                if on_step is not None:
-                    on_step(i, step, decoding.result)
             rec.end_prompt(decoding.result)
-            if progress is not None:
-                progress(i + 1, len(prompts))
+            results.append(decoding.result)
             if decoding.result.stop_reason == "cancelled":
                 break
-    return run.id
+    return RecordedRun(run.id, results)
 
 
 def bench(
@@ -116,8 +131,9 @@ def bench(
         k = None if name == "none" else num_speculative_tokens
         spec = RunSpec(drafter=name, num_speculative_tokens=k, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed)
         with WORKBENCH.drafter(name, v, k) as d:
-            run_ids.append(record_run(store, v, d, prompt_list, prompt_set=prompts, spec=spec, owner=owner,
-                                      should_stop=should_stop))
+            recorded = record_run(store, v, d, prompt_list, prompt_set=prompts, spec=spec, owner=owner,
+                                  should_stop=should_stop)
+            run_ids.append(recorded.run_id)
         if should_stop is not None and should_stop():
             break
         if progress is not None:

@@ -118,8 +118,9 @@ class Decoding:
         self.eos_ids = verifier.eos_token_ids if stop_on_eos else set()
         self.should_stop = should_stop
         # Separate streams: the drafter's draws must not shift the verifier's.
-        self.verify_gen = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
-        self.draft_gen = torch.Generator().manual_seed((seed if seed is not None else torch.seed()) + 1)
+        base = seed if seed is not None else torch.seed()
+        self.verify_gen = torch.Generator().manual_seed(base)
+        self.draft_gen = torch.Generator().manual_seed(base + 1)
         self.result = GenerationResult(
             prompt_token_ids=self.prompt_ids,
             output_token_ids=[],

@@ -37,12 +37,10 @@ def register(store: Store) -> None:
                            max_new_tokens=int(max_new_tokens), seed=int(seed))
             p = Prompt(id="api", source="api", text=prompt) if chat else Prompt(
                 id="api", source="api", token_ids=tuple(v.encode(prompt)))
-            results = []
             with WORKBENCH.drafter(drafter, v, k) as d:
-                run_id = record_run(store, v, d, [p], prompt_set="api", spec=spec,
-                                    owner=request.session_hash if request else None,
-                                    on_step=lambda i, s, r: results.append(r) if not results else None)
-            return {"run_id": run_id, **results[0].summary()}
+                recorded = record_run(store, v, d, [p], prompt_set="api", spec=spec,
+                                      owner=request.session_hash if request else None)
+            return {"run_id": recorded.run_id, **recorded.results[0].summary()}
         except SpecUIError as e:
             raise gr.Error(str(e)) from None
 

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 
 import gradio as gr
 
+from specui.benchmark import RunSpec, start_run
 from specui.data import Prompt, load_prompts
 from specui.engine import Decoding
-from specui.store import DecodingSettings, RunRecorder, Store
+from specui.store import RunRecorder, Store
 from specui.trace import SamplingParams, SpecUIError
 from specui.ui import render
 from specui.workbench import WORKBENCH, drafter_choices
@@ -77,13 +78,10 @@ def run_playground(
                 v, d, ids, max_new_tokens=int(max_new_tokens), sampling=sampling, seed=int(seed),
                 should_stop=stop.is_set,
             )
-            settings = DecodingSettings(
-                num_speculative_tokens=d.num_speculative_tokens, temperature=sampling.temperature,
-                top_p=sampling.top_p, max_new_tokens=int(max_new_tokens),
-                confidence_policy=None if policy is None else f"{policy['mode']}:{policy['threshold']}",
-            )
-            run = store.create_run(verifier=v.name, prompt_set="playground", algorithm=d.algorithm, drafter=d.name,
-                                   settings=settings, seed=int(seed), owner=owner)
+            spec = RunSpec(drafter=name, num_speculative_tokens=k_opt, sampling=sampling,
+                           max_new_tokens=int(max_new_tokens), seed=int(seed),
+                           drafter_options={"confidence_policy": policy})
+            run = start_run(store, v, d, prompt_set="playground", spec=spec, owner=owner)
             rec = stack.enter_context(RunRecorder(store, run.id))
             rec.begin_prompt(0, text)
             lanes.append(_Lane(decoding, rec, run.id, d.name))
