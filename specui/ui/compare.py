@@ -22,19 +22,12 @@ ALL = "(all)"
 
 
 def run_choices(store: Store, algorithm: str = ALL, verifier: str = ALL, prompt_set: str = ALL, backend: str = ALL) -> list[str]:
-    runs = store.list_runs()
-    keep = []
-    for r in runs:
-        if algorithm != ALL and r.algorithm != algorithm:
-            continue
-        if verifier != ALL and r.verifier != verifier:
-            continue
-        if prompt_set != ALL and r.prompt_set != prompt_set:
-            continue
-        if backend != ALL and str(r.backend) != backend:
-            continue
-        keep.append(f"{r.id}: {r.drafter} · {r.prompt_set} · {r.status}")
-    return keep
+    def given(value: str) -> str | None:
+        return None if value in (ALL, None, "") else value
+
+    runs = store.list_runs(algorithm=given(algorithm), verifier=given(verifier), prompt_set=given(prompt_set),
+                           backend=given(backend))
+    return [f"{r.id}: {r.drafter} · {r.prompt_set} · {r.status}" for r in runs]
 
 
 def parse_ids(selected: list[str]) -> list[int]:
