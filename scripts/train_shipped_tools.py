@@ -162,7 +162,10 @@ def ship(a: argparse.Namespace) -> None:
     v = Verifier.load("embedded")
     model = load_model(run, v)
     dest = Path(a.dest)
-    save_drafter(model, dest, dtype="bfloat16")
+    # A frozen embedding is the verifier's own: leave it out (SpecUI and vLLM borrow it).
+    embed = "embed_tokens.weight"
+    frozen = embed in model.verifier_fallback and not model.get_parameter(embed).requires_grad
+    save_drafter(model, dest, dtype="bfloat16", borrow=(embed,) if frozen else ())
     train_run = json.loads((run / "train_run.json").read_text())
     cfg = train_run["config"]
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]

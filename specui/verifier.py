@@ -12,6 +12,7 @@ the last layer's output *before* the final norm (transformers'
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import inspect
 import json
@@ -309,6 +310,18 @@ def convert_gguf(gguf: Path, name: str | None = None) -> Path:
     source = {"gguf": str(gguf), "size": gguf.stat().st_size}
     if stamp.is_file() and json.loads(stamp.read_text()) == source:
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Two processes starting at once (app + worker, two trainings) would both convert and
+    # race on the rename: the second waits for the first and then finds the folder done.
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.is_file() and json.loads(stamp.read_text()) == source:
+            return out
+        _convert_gguf_unlocked(gguf, out, source)
+    return out
+
+
+def _convert_gguf_unlocked(gguf: Path, out: Path, source: dict) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.warning("converting %s to safetensors (once; about 30 s)", gguf.name)
@@ -320,7 +333,6 @@ def convert_gguf(gguf: Path, name: str | None = None) -> Path:
             delattr(model.config, attr)
     model.hf_quantizer = None
     model.is_quantized = False
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -331,4 +343,3 @@ def convert_gguf(gguf: Path, name: str | None = None) -> Path:
         tmp.rename(out)  # atomic: a half-written folder is never used
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out

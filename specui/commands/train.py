@@ -60,6 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--draft-vocab-size", type=int, default=None, help="reduced draft vocabulary (most frequent tokens)")
     m.add_argument("--mask-token-id", type=int, default=None)
     m.add_argument("--markov-rank", type=int, default=256, help="DSpark Markov head rank")
+    m.add_argument("--freeze-embeddings", action="store_true", help="P-EAGLE: keep the verifier's embedding (frozen, not stored)")
     m.add_argument("--init-from", default=None, help="warm start from a checkpoint (DSpark from DFlash)")
 
     loss = p.add_argument_group("loss")
@@ -84,7 +85,7 @@ CONFIG_KEYS = (
     "warmup_steps", "schedule", "weight_decay", "grad_clip", "seed", "threads", "device", "num_prompts",
     "max_new_tokens", "gen_batch_size", "max_seq_len", "extraction", "cache_dir", "layers", "block_size",
     "max_anchors", "num_depths", "ttt_steps", "aux_layer_ids", "draft_vocab_size", "mask_token_id",
-    "markov_rank", "init_from", "gamma", "dpace", "tv_weight", "confidence_weight", "cod_ratio",
+    "markov_rank", "init_from", "freeze_embeddings", "gamma", "dpace", "tv_weight", "confidence_weight", "cod_ratio",
     "cod_min_ratio", "log_every", "checkpoint_every", "keep_checkpoints",
 )  # fmt: skip
 

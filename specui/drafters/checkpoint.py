@@ -342,12 +342,20 @@ def _device(verifier: Verifier) -> torch.device:
 # --- saving --------------------------------------------------------------------------------
 
 
-def save_drafter(drafter_model: nn.Module | Drafter, path: str | os.PathLike, dtype: str | None = None) -> Path:
+def save_drafter(
+    drafter_model: nn.Module | Drafter,
+    path: str | os.PathLike,
+    dtype: str | None = None,
+    borrow: tuple[str, ...] = (),
+) -> Path:
     """Write ``config.json`` + ``model.safetensors`` into folder ``path`` (created if needed).
 
     Accepts a drafter model or a Drafter wrapping one (``.model``).  ``dtype``
     ("float32" | "bfloat16" | "float16") is the storage dtype, recorded in
-    config.json; default: the model config's.  Each file is written to a
+    config.json; default: the model config's.  ``borrow``: frozen verifier copies
+    (keys of ``verifier_fallback``) left out of the file, for the loader -- SpecUI's
+    and vLLM's -- to take from the verifier (an EAGLE-3 / frozen P-EAGLE embedding is
+    V*H parameters the checkpoint need not carry).  Each file is written to a
     temporary name and moved into place with ``os.replace``, so a failed save
     leaves any previous checkpoint in the folder intact.
     """
@@ -358,9 +366,15 @@ def save_drafter(drafter_model: nn.Module | Drafter, path: str | os.PathLike, dt
     if dtype not in _DTYPES:
         raise SpecUIError(f"unsupported checkpoint dtype {dtype!r} ({', '.join(_DTYPES)})")
     store = _DTYPES[dtype]
+    for key in borrow:
+        if key not in model.verifier_fallback:
+            raise SpecUIError(f"{key} is not a verifier tensor the {model.config.model_type} format may borrow")
+        if model.get_parameter(key).requires_grad:
+            raise SpecUIError(f"{key} was trained (it is not the verifier's): it must be saved")
     tensors = {
         k: (v.detach().to("cpu", store) if v.is_floating_point() else v.detach().cpu()).contiguous().clone()
         for k, v in model.state_dict().items()
+        if k not in borrow
     }
     config = model.config.to_dict()
     config["dtype"] = dtype

@@ -56,6 +56,10 @@ class TrainConfig:
     mask_token_id: int | None = None
     markov_rank: int = 256  # DSpark
     init_from: str | None = None  # warm start from a checkpoint (DSpark from DFlash)
+    # P-EAGLE: keep the embedding the verifier's (frozen).  Saves ~V*H trainable parameters
+    # and optimizer state, and the shipped checkpoint may then omit it (vLLM and SpecUI
+    # borrow the verifier's); the P-EAGLE default trains its own.
+    freeze_embeddings: bool = False
 
     # --- losses
     gamma: float = 4.0  # DFlash family: slot k weighted exp(-(k-1)/gamma)

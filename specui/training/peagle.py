@@ -34,7 +34,9 @@ class PEagleObjective(Objective):
 
     def build(self) -> PEagleModel:
         cfg = self.cfg
-        options = {"mask_token_id": cfg.mask_token_id} if cfg.mask_token_id is not None else {}
+        options: dict = {"mask_token_id": cfg.mask_token_id} if cfg.mask_token_id is not None else {}
+        if cfg.freeze_embeddings:
+            options["embed_requires_grad"] = False
         return PEagleModel.create(
             self.verifier,
             num_layers=cfg.num_layers,
