@@ -1,6 +1,7 @@
 """``specui train``: train a drafter by self-distillation, with a progress bar.
 
     specui train --algorithm dflash --verifier embedded --prompts gsm-symbolic --out runs/dflash
+    specui train ... --extractor vllm    # hidden states from a vLLM server (.venv-vllm)
 
 Runs under ``torchrun --nproc-per-node N -m specui train ...`` too (DDP).
 """
@@ -47,8 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--max-new-tokens", type=int, default=256, help="length of the self-distilled responses")
     d.add_argument("--gen-batch-size", type=int, default=8)
     d.add_argument("--max-seq-len", type=int, default=1024)
-    d.add_argument("--extraction", default="mixed", help="hidden states: offline | online | mixed")
+    d.add_argument("--extraction", default="mixed", help="hidden states: offline | online | mixed (with --extractor vllm, mixed runs as offline)")
     d.add_argument("--cache-dir", default=None, help="responses and hidden states (default OUT/cache)")
+    d.add_argument("--extractor", default="local",
+                   help="hidden states from the verifier in this process (local) or from a vLLM server the run "
+                        "launches, extracting offline and stopping it before training (vllm); both fill the same cache")
+    d.add_argument("--vllm-python", default=None, help="with --extractor vllm: vLLM's Python "
+                   "(default $SPECUI_VLLM_PYTHON or .venv-vllm/bin/python)")
+    d.add_argument("--vllm-gpu-memory-utilization", type=float, default=None,
+                   help="with --extractor vllm on a GPU: vLLM's share of its memory (the trainer holds the verifier there too)")
 
     m = p.add_argument_group("drafter")
     m.add_argument("--layers", type=int, default=None, help="draft decoder layers (default: dflash/dspark/peagle 2, eagle3 1)")
@@ -83,7 +91,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 CONFIG_KEYS = (
     "algorithm", "verifier", "prompts", "out", "resume", "steps", "batch_size", "lr", "min_lr_ratio",
     "warmup_steps", "schedule", "weight_decay", "grad_clip", "seed", "threads", "device", "num_prompts",
-    "max_new_tokens", "gen_batch_size", "max_seq_len", "extraction", "cache_dir", "layers", "block_size",
+    "max_new_tokens", "gen_batch_size", "max_seq_len", "extraction", "cache_dir", "extractor", "vllm_python",
+    "vllm_gpu_memory_utilization", "layers", "block_size",
     "max_anchors", "num_depths", "ttt_steps", "aux_layer_ids", "draft_vocab_size", "mask_token_id",
     "markov_rank", "init_from", "freeze_embeddings", "gamma", "dpace", "tv_weight", "confidence_weight", "cod_ratio",
     "cod_min_ratio", "log_every", "checkpoint_every", "keep_checkpoints",

@@ -11,6 +11,7 @@ from specui.trace import SpecUIError
 ALGORITHMS = ("dflash", "dspark", "peagle", "eagle3")
 SCHEDULES = ("cosine", "linear", "constant")
 EXTRACTION_MODES = ("offline", "online", "mixed")
+EXTRACTORS = ("local", "vllm")  # who computes the verifier's hidden states (see specui.training.loop)
 
 # Draft depth that trains in minutes on two CPU cores; the papers use 1 (EAGLE-3), 2-4
 # (P-EAGLE) and 5 (DFlash) layers on GPUs.
@@ -44,6 +45,13 @@ class TrainConfig:
     max_seq_len: int = 1024  # longer samples are cut (the loss needs the start of the response)
     extraction: str = "mixed"  # offline | online | mixed (see specui.data.hidden)
     cache_dir: str | None = None  # responses + hidden states (default: OUT/cache)
+    # Hidden states from the verifier in this process ("local") or from a vLLM server the
+    # run launches and stops ("vllm"; it extracts offline, see specui.training.loop).
+    extractor: str = "local"
+    vllm_python: str | None = None  # vLLM's interpreter (default: $SPECUI_VLLM_PYTHON, .venv-vllm)
+    # GPU builds: the share of GPU memory vLLM may take.  The trainer holds the verifier on
+    # the same GPU meanwhile, so vLLM's default (0.9) may not fit.
+    vllm_gpu_memory_utilization: float | None = None
 
     # --- drafter shape
     layers: int | None = None  # draft decoder layers (default per algorithm)
@@ -119,6 +127,24 @@ class TrainConfig:
             raise SpecUIError(f"unknown loss {self.extra['loss']!r}; use ce or kl")
         if self.device not in ("auto", "cpu", "cuda"):
             raise SpecUIError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        self._check_extractor()
+
+    def _check_extractor(self) -> None:
+        self.extractor = str(self.extractor).lower()
+        if self.extractor not in EXTRACTORS:
+            raise SpecUIError(f"unknown extractor {self.extractor!r}; use one of {', '.join(EXTRACTORS)}")
+        if self.extractor != "vllm":
+            if self.vllm_python is not None or self.vllm_gpu_memory_utilization is not None:
+                raise SpecUIError("vllm-python and vllm-gpu-memory-utilization apply only with extractor vllm")
+            return
+        u = self.vllm_gpu_memory_utilization
+        if u is not None and not 0 < u <= 1:
+            raise SpecUIError(f"vllm-gpu-memory-utilization must be in (0, 1], got {u}")
+        # Found now, not after the self-distillation (which can take hours): the same
+        # look-up the vLLM server launch does.  Imported here: the local path needs none of it.
+        from specui.vllm.server import vllm_python
+
+        vllm_python(self.vllm_python)
 
     @property
     def num_layers(self) -> int:

