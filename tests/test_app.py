@@ -209,3 +209,135 @@ def test_browser_speculators_tab(page):
     _tab(page, "Speculators")
     page.screenshot(path=str(SHOTS / "speculators.png"), full_page=True)
     assert page.get_by_role("button", name="vLLM serve command").is_visible()
+
+
+# --- /bench and replaying stored runs -------------------------------------------------------
+
+
+def test_bench_endpoint_matches_store_and_library_decoding(app_url, embedded_verifier):
+    from gradio_client import Client
+
+    from specui.data import load_prompts
+    from specui.metrics import compare
+    from specui.store import Store
+
+    url, data = app_url
+    client = Client(url, verbose=False)
+    out = client.predict("ngram", "demo", 1, 16, "embedded", 4, 0.0, 0, api_name="/bench")
+    base_id, ngram_id = out["run_ids"]
+    rows = {r["run_id"]: r for r in out["runs"]}
+    store = Store(data / "specui.db")
+    for row in compare(store, out["run_ids"]).rows:  # what the store holds, read back
+        got = rows[row["run_id"]]
+        for key in ("acceptance_length", "num_accepted_tokens", "num_drafts", "num_output_tokens", "speedup"):
+            assert got[key] == pytest.approx(row[key]), key
+    # ... and what the library decodes on the same prompt
+    ids = load_prompts("demo", split="eval", limit=1)[0].encode(embedded_verifier)
+    expected = generate(embedded_verifier, NgramDrafter(4), ids, max_new_tokens=16)
+    assert rows[ngram_id]["acceptance_length"] == pytest.approx(expected.acceptance_length)
+    assert rows[ngram_id]["num_accepted_tokens"] == sum(s.num_accepted for s in expected.steps)
+    assert [s.num_accepted for s in store.get_steps(ngram_id)] == [s.num_accepted for s in expected.steps]
+    assert rows[base_id]["algorithm"] == "none" and rows[base_id]["acceptance_length"] == 1.0
+    assert rows[ngram_id]["baseline_run_id"] == base_id and rows[ngram_id]["speedup"] > 0
+    assert store.get_run(ngram_id).owner == client.session_hash  # the calling session owns its runs
+
+
+def test_bench_endpoint_rejects_bad_input_with_the_library_message(app_url):
+    from gradio_client import Client
+
+    client = Client(app_url[0], verbose=False)
+    with pytest.raises(Exception, match="unknown prompt set '/etc/passwd'"):
+        client.predict("ngram", "/etc/passwd", 1, 16, "embedded", 4, 0.0, 0, api_name="/bench")
+    with pytest.raises(Exception, match=r"limit must be in 1\.\.8"):
+        client.predict("ngram", "demo", 100, 16, "embedded", 4, 0.0, 0, api_name="/bench")
+
+
+def _embedded_texts():
+    from specui.verifier import cache_dir
+    from specui.vllm.bench import TokenTexts
+
+    return TokenTexts(str(cache_dir() / "models" / "smollm2-135m-instruct"))
+
+
+def test_replay_endpoint_renders_local_and_vllm_runs(app_url, embedded_verifier):
+    from gradio_client import Client
+
+    from specui.store import Store
+    from tests.replay_helpers import per_step_request, store_vllm_style_run
+
+    url, data = app_url
+    client = Client(url, verbose=False)
+    decoded = client.predict(PROMPT, "ngram", "embedded", 4, 16, 0.0, 0, True, api_name="/decode")
+    status, stats, out, steps, *_ = client.predict(decoded["run_id"], 0, 100, api_name="/replay")
+    assert status.startswith("done: replayed") and "SpecUI engine trace" in status
+    assert _text_of(out) == embedded_verifier.tokenizer.decode(decoded["output_token_ids"], skip_special_tokens=False)
+    assert f"**{decoded['acceptance_length']:.2f}**" in stats and 'class="tok accepted"' in steps
+
+    output = embedded_verifier.encode("The quick brown fox jumps over the lazy dog again and again.", chat=False)[:12]
+    texts = _embedded_texts()
+    run_id, _ = store_vllm_style_run(Store(data / "specui.db"), [
+        ("vllm prompt", per_step_request(0, [1, 2], output, [2, 0, 3], 3))], k=3, texts=texts)
+    status, stats, out, steps, *_ = client.predict(f"#{run_id}", "0", 100, api_name="/replay")
+    assert "vLLM per-step counts" in status and "not the rejected draft tokens" in status
+    accepted = [html.unescape(t) for t in re.findall(r'class="tok accepted"[^>]*>([^<]*)<', steps)]
+    # Newest step first: step 3 accepted output[5:8], step 1 output[1:3].
+    assert accepted == [texts(t).replace(" ", "␣") for t in output[5:8] + output[1:3]]
+    assert steps.count('class="tok rejected unknown"') == 2 and "3 drafted, 2 accepted" in steps
+    assert f"**{1 + 5 / 3:.2f}**" in stats and "request 0" in stats
+    status, *_ = client.predict(run_id, 7, 100, api_name="/replay")
+    assert "has no request 7" in status
+
+
+def _open_replay(page) -> None:
+    """Open the Playground's replay accordion (an earlier test may have opened it)."""
+    refresh = page.locator("#replay-refresh")
+    if not refresh.is_visible():
+        page.locator("#replay").get_by_text("Replay a stored run").click()
+    refresh.wait_for(state="visible", timeout=15_000)
+
+
+def test_browser_replay_a_stored_vllm_histogram_run(page, app_url):
+    from specui.store import Store
+    from tests.replay_helpers import histogram_request, store_vllm_style_run
+
+    output = list(range(1000, 1012))  # token texts are not needed here: ids show as <id>
+    run_id, _ = store_vllm_style_run(Store(app_url[1] / "specui.db"), [
+        ("hist prompt", histogram_request(0, [1, 2], output, [1, 1, 0, 2]))], k=3, texts=_embedded_texts())
+    _tab(page, "Playground")
+    _open_replay(page)
+    page.locator("#replay-refresh").click()
+    page.wait_for_function(f"() => document.querySelector('#replay-run input')?.value.startsWith('#{run_id} ')")
+    page.wait_for_function("() => document.querySelector('#replay-request input')?.value.startsWith('0:')")
+    page.locator("#replay-rate input[type=number]").fill("50")
+    page.locator("#replay-rate input[type=number]").press("Enter")
+    page.locator("#replay-go").click()
+    page.wait_for_function(f"() => document.querySelector('#status')?.innerText.includes('steps of run {run_id}')")
+    assert "NOT the real per-step order" in page.locator("#status").inner_text()
+    assert page.locator("#steps-a .tok.accepted").count() == 1 + 3 * 2  # histogram: one step accepted 1, two accepted 3
+    assert page.locator("#steps-a .tok.rejected.unknown").count() == 2  # the steps that accepted 0 and 1 of 3
+    page.screenshot(path=str(SHOTS / "replay.png"), full_page=True)
+
+
+def test_browser_stop_ends_a_replay(page, app_url):
+    from specui.store import Store
+    from specui.vllm.bench import RequestResult
+    from tests.replay_helpers import store_vllm_style_run
+
+    # No acceptance data ("tokens"): 300 one-token steps at 1 step/s, so Stop comes mid-replay (even at
+    # the slider's previous 50 steps/s the replay would last 6 s).
+    res = RequestResult(0, [1, 2], output_token_ids=list(range(2000, 2300)), finish_reason="length")
+    run_id, _ = store_vllm_style_run(Store(app_url[1] / "specui.db"), [("tokens prompt", res)], k=3,
+                                     texts=_embedded_texts())
+    _tab(page, "Playground")
+    _open_replay(page)
+    page.locator("#replay-refresh").click()
+    page.wait_for_function(f"() => document.querySelector('#replay-run input')?.value.startsWith('#{run_id} ')")
+    page.locator("#replay-rate input[type=number]").fill("1")
+    page.locator("#replay-rate input[type=number]").press("Enter")
+    page.locator("#replay-go").click()
+    page.wait_for_function(f"() => document.querySelector('#status')?.innerText.includes('replaying run {run_id},')")
+    assert "each output token is shown as its own step" in page.locator("#status").inner_text()
+    page.locator("#stop").click()
+    page.wait_for_function(f"() => document.querySelector('#status')?.innerText.includes('steps of run {run_id}')")
+    stopped = re.search(r"replay stopped at step (\d+) of 300", page.locator("#stats-a").inner_text())
+    assert stopped is not None and 0 < int(stopped.group(1)) < 300

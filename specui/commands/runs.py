@@ -1,8 +1,10 @@
-"""``specui runs``: list, show, export (CSV) and delete stored benchmark runs."""
+"""``specui runs``: list, show, replay, export (CSV) and delete stored benchmark runs."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 import time
 from typing import Any
@@ -23,11 +25,11 @@ def add_db_option(parser: argparse.ArgumentParser, *, on_subcommand: bool = Fals
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("runs", help="list, show, export and delete stored runs")
+    p = sub.add_parser("runs", help="list, show, replay, export and delete stored runs")
     add_db_option(p)
     common = argparse.ArgumentParser(add_help=False)
     add_db_option(common, on_subcommand=True)
-    rs = p.add_subparsers(dest="runs_command", required=True, metavar="{list,show,export,delete}")
+    rs = p.add_subparsers(dest="runs_command", required=True, metavar="{list,show,replay,export,delete}")
 
     ls = rs.add_parser("list", parents=[common], help="stored runs, newest first")
     ls.add_argument("--status", choices=[s.value for s in RunStatus])
@@ -40,6 +42,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     show = rs.add_parser("show", parents=[common], help="one run: settings, versions and metrics")
     show.add_argument("run_id", type=int)
     show.set_defaults(func=cmd_show)
+
+    rp = rs.add_parser("replay", parents=[common], help="one request's stored steps, step by step (as the Playground replays them)")
+    rp.add_argument("run_id", type=int)
+    rp.add_argument("--request", type=int, default=None, metavar="N", help="prompt index within the run (default: the first with steps)")
+    rp.add_argument("--rate", type=float, default=0.0, metavar="STEPS_PER_S", help="pace of the output (default 0: all at once)")
+    rp.add_argument("--json", action="store_true", help="one JSON object per step (unknown values as null), then a summary object")
+    rp.set_defaults(func=cmd_replay)
 
     ex = rs.add_parser("export", parents=[common], help="write a comparison (or per-step) CSV")
     ex.add_argument("--csv", required=True, metavar="FILE", help="output file ('-' for stdout)")
@@ -115,6 +124,59 @@ def cmd_show(args: argparse.Namespace) -> int:
     for c in cmp.columns:
         if c.key not in skip and row.get(c.key) is not None:
             print(f"  {c.label:<24} {_fmt(row[c.key])} {c.unit}".rstrip())
+    return 0
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN (a probability vLLM does not report) as null: strict JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
+
+
+def _step_line(step: Any) -> str:
+    def tok(t: int, text: str) -> str:
+        return "?" if t < 0 else repr(text)
+
+    drafts = " ".join(tok(t, x) for t, x in zip(step.draft_token_ids, step.draft_texts, strict=True))
+    line = f"#{step.step:<4} drafted {step.num_drafted:<2} accepted {step.num_accepted:<2} +{len(step.emitted_token_ids)}"
+    if step.num_drafted:
+        line += f"  draft [{drafts}]"
+    if len(step.emitted_token_ids) > step.num_accepted:
+        line += f"  {step.final_token_kind} {tok(step.final_token_id, step.final_token_text)}"
+    return line
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from specui.replay import load_replay, play
+
+    with Store(args.db) as store:
+        rp = load_replay(store, args.run_id, args.request)
+    run, src = rp.run, rp.source
+    if not args.json:
+        print(f"run {run.id}: {run.display_name} · {run.backend} · {run.prompt_set} · request {rp.prompt_index}")
+        print(f"steps from: {src.label}. {src.note}")
+        print("'?' = a draft token the backend did not report")
+    for step in play(rp.steps, args.rate):
+        if args.json:
+            print(json.dumps(_json_safe(step.to_dict()), ensure_ascii=False), flush=True)
+        else:
+            print(_step_line(step), flush=True)
+    res = rp.result()
+    summary = {"summary": True, "run_id": run.id, "request": rp.prompt_index, "backend": str(run.backend),
+               "step_source": src.key, "real_order": src.real_order, "drafts_known": src.drafts_known, "note": src.note,
+               "num_steps": res.num_steps, "num_output_tokens": len(res.output_token_ids),
+               "acceptance_length": res.acceptance_length, "per_position_acceptance": res.per_position_acceptance,
+               "stop_reason": rp.stop_reason}
+    if args.json:
+        print(json.dumps(_json_safe(summary), ensure_ascii=False))
+    else:
+        a = ", ".join(f"{x:.2f}" for x in res.per_position_acceptance) or "-"
+        print(f"{res.num_steps} steps, {len(res.output_token_ids)} tokens, tau {res.acceptance_length:.2f}, a_k: {a}")
     return 0
 
 

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import gradio as gr
 
-from specui.benchmark import RunSpec, record_run
-from specui.data import Prompt
+from specui.benchmark import RunSpec, bench, record_run
+from specui.data import Prompt, prompt_sets
+from specui.data.prompts import check_prompt_text, encode_text
 from specui.metrics import compare, comparison_csv_text
+from specui.paths import ui_drafter, ui_verifier
 from specui.store import Store
-from specui.trace import SamplingParams, SpecUIError
+from specui.trace import SamplingParams, SpecUIError, as_int
 from specui.workbench import WORKBENCH
+
+# One API call decodes at most this much (the CLI's `specui bench` has no cap):
+# a shared CPU should not be held for minutes by one request.
+MAX_BENCH_PROMPTS = 8
+MAX_BENCH_NEW_TOKENS = 256
 
 
 def _ids(run_ids: str) -> list[int]:
@@ -29,18 +36,47 @@ def register(store: Store) -> None:
                request: gr.Request = None) -> dict:
         """Decode one prompt, store it as a run; returns the summary and the run id."""
         try:
-            if not prompt or not prompt.strip():
-                raise SpecUIError("the prompt is empty")
+            check_prompt_text(prompt)
+            verifier, drafter = ui_verifier(verifier), ui_drafter(drafter)  # paths: the app's folders only
             v = WORKBENCH.verifier(verifier)
-            k = int(num_speculative_tokens) or None
-            spec = RunSpec(drafter=drafter, num_speculative_tokens=k, sampling=SamplingParams(temperature=float(temperature)),
-                           max_new_tokens=int(max_new_tokens), seed=int(seed))
+            k = as_int(num_speculative_tokens, "number of speculative tokens (K)") or None
+            spec = RunSpec(drafter=drafter, num_speculative_tokens=k, sampling=SamplingParams(temperature=temperature),
+                           max_new_tokens=as_int(max_new_tokens, "max_new_tokens"), seed=as_int(seed, "seed"))
             p = Prompt(id="api", source="api", text=prompt) if chat else Prompt(
-                id="api", source="api", token_ids=tuple(v.encode(prompt)))
+                id="api", source="api", token_ids=tuple(encode_text(v, prompt, chat=False)))
             with WORKBENCH.drafter(drafter, v, k) as d:
                 recorded = record_run(store, v, d, [p], prompt_set="api", spec=spec,
                                       owner=request.session_hash if request else None)
             return {"run_id": recorded.run_id, **recorded.results[0].summary()}
+        except SpecUIError as e:
+            raise gr.Error(str(e)) from None
+
+    def bench_runs(drafter: str = "ngram", prompts: str = "demo", limit: int = 2, max_new_tokens: int = 64,
+                   verifier: str = "embedded", num_speculative_tokens: int = 0, temperature: float = 0.0,
+                   seed: int = 0, request: gr.Request = None) -> dict:
+        """Plain decoding, then ``drafter``, on the first ``limit`` held-out prompts of a
+        registered prompt set; both runs are stored.  Returns ``run_ids`` and ``runs``
+        (one comparison row per run: tau, speedup against the plain run, a_k, ...)."""
+        try:
+            # Registered sets only: a path would let a visitor make the server read its files.
+            if prompts not in prompt_sets():
+                raise SpecUIError(f"unknown prompt set {prompts!r}; one of: {', '.join(sorted(prompt_sets()))}")
+            n, new = as_int(limit, "limit"), as_int(max_new_tokens, "max_new_tokens")
+            if not 1 <= n <= MAX_BENCH_PROMPTS:
+                raise SpecUIError(f"limit must be in 1..{MAX_BENCH_PROMPTS} prompts, got {n}")
+            if not 1 <= new <= MAX_BENCH_NEW_TOKENS:
+                raise SpecUIError(f"max_new_tokens must be in 1..{MAX_BENCH_NEW_TOKENS}, got {new}")
+            if not drafter or not str(drafter).strip():
+                raise SpecUIError("name a drafter (none, ngram, a shipped name or a folder)")
+            verifier, drafter = ui_verifier(verifier), ui_drafter(drafter)  # paths: the app's folders only
+            run_ids, comparison = bench(
+                store, verifier=verifier, drafters=[drafter], prompts=prompts, limit=n, max_new_tokens=new,
+                sampling=SamplingParams(temperature=temperature),
+                num_speculative_tokens=as_int(num_speculative_tokens, "number of speculative tokens (K)") or None,
+                seed=as_int(seed, "seed"),
+                owner=request.session_hash if request else None,
+            )
+            return {"run_ids": run_ids, "runs": comparison.rows}
         except SpecUIError as e:
             raise gr.Error(str(e)) from None
 
@@ -59,5 +95,7 @@ def register(store: Store) -> None:
             raise gr.Error(str(e)) from None
 
     gr.api(decode, api_name="decode", concurrency_id="decode", concurrency_limit=2)
+    # Shares decoding's slots: both hold the CPU for the whole call.
+    gr.api(bench_runs, api_name="bench", concurrency_id="decode", concurrency_limit=2)
     gr.api(compare_runs, api_name="compare")
     gr.api(export_csv, api_name="export")

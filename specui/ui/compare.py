@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from specui.data import prompt_sets
 from specui.metrics import Comparison, compare, confidence_report
-from specui.paths import data_dir
+from specui.paths import data_dir, ui_drafter, ui_prompts
 from specui.store import Store
 from specui.trace import SpecUIError
 from specui.workbench import drafter_choices
@@ -143,10 +143,14 @@ def build(store: Store) -> None:
     def start_bench(drafters, prompts, limit, max_new, temp, request: gr.Request):
         if not drafters:
             return "choose at least one drafter"
+        try:  # the job runs in a worker: check what the visitor named here, in the app
+            drafters, prompts = [ui_drafter(d) for d in drafters], ui_prompts(prompts)
+        except SpecUIError as e:
+            return f"❌ {e}"
         job = jobs.enqueue(store, "bench", {
             "drafters": drafters, "prompts": prompts, "limit": int(limit or 4), "max_new_tokens": int(max_new or 64),
             "temperature": float(temp or 0), "owner": request.session_hash if request else None,
         }, owner=request.session_hash if request else None)
         return f"benchmark queued as job {job.id}; its runs appear here when done (Refresh)"
 
-    b_go.click(start_bench, [b_drafters, b_prompts, b_limit, b_max, b_temp], b_status, api_name="bench")
+    b_go.click(start_bench, [b_drafters, b_prompts, b_limit, b_max, b_temp], b_status, api_name="bench_job")

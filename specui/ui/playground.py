@@ -10,14 +10,17 @@ import gradio as gr
 
 from specui.benchmark import RunSpec, start_run
 from specui.data import Prompt, load_prompts
+from specui.data.prompts import MAX_PROMPT_CHARS, check_prompt_text, encode_text
 from specui.engine import Decoding
+from specui.paths import ui_drafter, ui_verifier
+from specui.replay import Replay, load_replay, play, replay_runs, request_label, run_label
 from specui.store import RunRecorder, Store
 from specui.trace import SamplingParams, SpecUIError
 from specui.ui import render
 from specui.workbench import WORKBENCH, drafter_choices
 
-MAX_PROMPT_CHARS = 20_000
 _STOP: dict[str, threading.Event] = {}  # session -> stop request of its running generation
+_REPLAY_STOP: dict[str, threading.Event] = {}  # session -> stop request of its running replay
 
 
 def example_prompts() -> dict[str, Prompt]:
@@ -58,16 +61,15 @@ def run_playground(
 ):
     """Generator of (lanes, finished) as decoding advances: the library side of the tab."""
     if isinstance(prompt, str):
-        if not prompt.strip():
-            raise SpecUIError("the prompt is empty")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise SpecUIError(f"the prompt is longer than {MAX_PROMPT_CHARS} characters")
+        check_prompt_text(prompt)
     sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p))
+    # Visitors may name folders: only inside the app's folders (paths.confine).
+    verifier_spec, drafters = ui_verifier(verifier_spec), [ui_drafter(d) for d in drafters]
     v = WORKBENCH.verifier(verifier_spec)
     if isinstance(prompt, Prompt):
         ids, text = prompt.encode(v), prompt.preview(10_000)
     else:
-        ids, text = v.encode(prompt, chat=chat), prompt
+        ids, text = encode_text(v, prompt, chat), prompt
     k_opt = int(k) if k else None
     policy = _policy(policy_mode, threshold)
     with ExitStack() as stack:
@@ -135,6 +137,19 @@ def build(store: Store) -> None:
             with gr.Row():
                 go = gr.Button("Generate", variant="primary", elem_id="generate")
                 stop = gr.Button("Stop", variant="stop", elem_id="stop")
+            with gr.Accordion("Replay a stored run", open=False, elem_id="replay") as replay_box:
+                gr.Markdown("Play back the steps a stored run recorded (local or vLLM) on the view below; "
+                            "**Stop** ends the replay.")
+                with gr.Row():
+                    replay_run = gr.Dropdown([], value=None, label="Run (id · backend · drafter · prompt set)",
+                                             allow_custom_value=True, elem_id="replay-run", scale=4)
+                    replay_refresh = gr.Button("↻", scale=0, min_width=40, elem_id="replay-refresh")
+                with gr.Row():
+                    replay_req = gr.Dropdown([], value=None, label="Request / prompt", allow_custom_value=True,
+                                             elem_id="replay-request", scale=3)
+                    replay_rate = gr.Slider(1, 100, value=8, step=1, label="Steps per second", scale=2,
+                                            elem_id="replay-rate")
+                replay_go = gr.Button("Replay", elem_id="replay-go")
             gr.HTML(render.LEGEND)
             status = gr.Markdown(elem_id="status")
             with gr.Row():
@@ -167,7 +182,7 @@ def build(store: Store) -> None:
                                             chat_, pol, thr, owner=session, stop=stop_event))
         try:
             for lanes, finished in feed.updates():
-                yield _view(lanes, running=not finished)
+                yield _view(lanes, running=not finished, stopping=stop_event.is_set())
         except SpecUIError as e:
             yield (f"⚠️ {e}", *blank, *blank)
         finally:
@@ -180,6 +195,45 @@ def build(store: Store) -> None:
              [status, stats_a, out_a, steps_a, stats_b, out_b, steps_b], api_name="generate",
              concurrency_limit=2, concurrency_id="decode")
     stop.click(_request_stop, None, status, api_name="stop", queue=False)
+
+    def refresh_runs():
+        choices = [(run_label(r), r.id) for r in replay_runs(store)]
+        return gr.update(choices=choices, value=choices[0][1] if choices else None)
+
+    def pick_run(run_value):
+        if run_value in (None, ""):
+            return gr.update(choices=[], value=None)
+        try:
+            results = store.get_results(_parse_run_id(run_value))
+        except SpecUIError:
+            return gr.update(choices=[], value=None)
+        choices = [(request_label(r), r.prompt_index) for r in results]
+        return gr.update(choices=choices, value=choices[0][1] if choices else None)
+
+    replay_refresh.click(refresh_runs, None, replay_run, api_visibility="private")
+    replay_box.expand(refresh_runs, None, replay_run, api_visibility="private")
+    replay_run.change(pick_run, replay_run, replay_req, api_visibility="private")
+
+    def replay(run_value, request_value, rate, request: gr.Request):
+        session = request.session_hash if request is not None else "cli"
+        stop_event = _REPLAY_STOP[session] = threading.Event()
+        try:
+            rp = load_replay(store, _parse_run_id(run_value),
+                             None if request_value in (None, "") else _parse_index(request_value))
+            shown = 0
+            for _ in play(rp.steps, float(rate or 0), stop_event):
+                shown += 1
+                yield _replay_view(rp, shown, running=True)
+            yield _replay_view(rp, shown, running=False, stopped=shown < len(rp.steps))
+        except SpecUIError as e:
+            yield (f"⚠️ {e}", "", "", "", "", "", "")
+        finally:
+            _REPLAY_STOP.pop(session, None)
+
+    # Replaying costs no model time: its own concurrency group, not decoding's.
+    replay_go.click(replay, [replay_run, replay_req, replay_rate],
+                    [status, stats_a, out_a, steps_a, stats_b, out_b, steps_b], api_name="replay",
+                    concurrency_limit=4, concurrency_id="replay")
 
 
 class _Feed:
@@ -225,11 +279,54 @@ class _Feed:
 
 
 def _request_stop(request: gr.Request):
-    event = _STOP.get(request.session_hash if request is not None else "cli")
-    if event is None:
+    session = request.session_hash if request is not None else "cli"
+    events = [e for e in (_STOP.get(session), _REPLAY_STOP.get(session)) if e is not None]
+    if not events:
         return "nothing is running"
-    event.set()
-    return "stopping…"
+    for event in events:
+        event.set()
+    # The running stream owns the status from here: a "stopping…" written by this
+    # handler could land after that stream's final "done" and hide it.
+    return gr.update()
+
+
+def _parse_run_id(value) -> int:
+    """A run id from the dropdown: its value, or a typed id / label ("#12 · vllm · ...")."""
+    text = str(value).strip().lstrip("#").split("·", 1)[0].split(":", 1)[0].strip()
+    try:
+        return int(float(text)) if isinstance(value, float) else int(text)
+    except ValueError:
+        raise SpecUIError(f"pick a run (or type its id), got {value!r}") from None
+
+
+def _parse_index(value) -> int:
+    text = str(value).strip().split(":", 1)[0].strip()
+    try:
+        return int(float(text)) if isinstance(value, float) else int(text)
+    except ValueError:
+        raise SpecUIError(f"pick a request of the run (or type its index), got {value!r}") from None
+
+
+def _replay_view(rp: Replay, shown: int, running: bool, stopped: bool = False):
+    """The Playground's outputs for the first ``shown`` steps of a replay (lane A)."""
+    steps = rp.steps[:shown]
+    result = rp.result(shown)
+    run = rp.run
+    head = (f"**replay of run {run.id}**: {run.display_name} · {run.backend} · {run.prompt_set} · "
+            f"request {rp.prompt_index}  \n")
+    if running:
+        state = f"replaying step {shown} of {len(rp.steps)}"
+    elif stopped:
+        state = f"replay stopped at step {shown} of {len(rp.steps)}"
+    else:
+        state = f"replayed ({result.stop_reason})"
+    stats = head + render.stats_markdown(result, running, state=state)
+    where = f"Steps from: **{rp.source.label}**. {rp.source.note}"
+    if running:
+        status = f"replaying run {run.id}, request {rp.prompt_index}…  \n{where}"
+    else:
+        status = f"done: replayed {shown} of {len(rp.steps)} steps of run {run.id}  \n{where}"
+    return (status, stats, render.output_html(steps), render.steps_html(steps), "", "", "")
 
 
 def _example_text(p: Prompt | None) -> str:
@@ -250,7 +347,7 @@ def _example_key(examples: dict[str, Prompt], text: str) -> str | None:
     return None
 
 
-def _view(lanes, running: bool):
+def _view(lanes, running: bool, stopping: bool = False):
     if not lanes:
         return ("", "", "", "", "", "", "")
     parts = []
@@ -261,5 +358,5 @@ def _view(lanes, running: bool):
                   render.output_html(res.steps), render.steps_html(res.steps)]
     if len(lanes) == 1:
         parts += ["", "", ""]
-    status = "decoding…" if running else "done: runs stored (see Compare)"
+    status = ("stopping…" if stopping else "decoding…") if running else "done: runs stored (see Compare)"
     return (status, *parts)

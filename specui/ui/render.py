@@ -5,6 +5,7 @@ the drafted tokens, and probabilities on hover."""
 from __future__ import annotations
 
 import html
+import math
 
 from specui.trace import FinalTokenKind, GenerationResult, StepTrace
 
@@ -22,6 +23,8 @@ CSS = """
 .tok.corrected { background: #ffe2b3; color: #7a4300; font-weight: 600; }
 .tok.bonus     { background: #cfe3ff; color: #003c8f; font-weight: 600; }
 .tok.prompt    { color: #777; }
+.tok.unknown   { font-style: italic; text-decoration: none; outline: 1px dashed currentColor; outline-offset: -2px; }
+.specui-step .counts { color: #888; font-size: 11px; margin-left: 4px; }
 .tok sup.conf  { font-size: 9px; color: #555; margin-left: 1px; }
 .specui-output { font-size: 14px; max-height: 460px; overflow-y: auto; }
 .specui-output .tok { margin: 0; padding: 0; }
@@ -50,10 +53,15 @@ def _chip(text: str, cls: str, title: str = "", conf: float | None = None) -> st
     return f'<span class="tok {cls}"{t}>{html.escape(visible(text))}{sup}</span>'
 
 
+def _prob(name: str, value: float) -> str:
+    return "" if math.isnan(value) else f" · {name}={value:.3f}"
+
+
 def step_html(step: StepTrace) -> str:
     chips = []
     # A stop condition (EOS, budget, stop string) may cut the step's tokens short.
     kept = len(step.emitted_token_ids)
+    unknown = 0
     for i, (tid, text) in enumerate(zip(step.draft_token_ids, step.draft_texts, strict=True)):
         if i < step.num_accepted and i >= kept:
             cls = "discarded"
@@ -63,8 +71,14 @@ def step_html(step: StepTrace) -> str:
             cls = "rejected"
         else:
             cls = "discarded"
+        if tid < 0:
+            # A slot whose token the backend did not report (vLLM's rejected drafts):
+            # a placeholder, never a made-up token.
+            unknown += 1
+            chips.append(_chip("?", f"{cls} unknown", f"slot {i + 1}: {cls} draft token, not reported by the backend"))
+            continue
         conf = step.confidences[i] if step.confidences and i < len(step.confidences) else None
-        title = f"id {tid} · draft q={step.draft_probs[i]:.3f} · verifier p={step.target_probs[i]:.3f}"
+        title = f"id {tid}" + _prob("draft q", step.draft_probs[i]) + _prob("verifier p", step.target_probs[i])
         if conf is not None:
             title += f" · confidence {conf:.3f}"
         chips.append(_chip(text, cls, title, conf))
@@ -73,7 +87,10 @@ def step_html(step: StepTrace) -> str:
         chips.append(_chip(step.final_token_text, kind, f"id {step.final_token_id} · {kind} token from the verifier"))
     label = f"#{step.step} +{len(step.emitted_token_ids)}"
     timing = f"draft {step.draft_time_s * 1e3:.0f} ms · verify {step.verify_time_s * 1e3:.0f} ms"
-    return f'<div class="specui-step"><span class="idx" title="{timing}">{label}</span>{"".join(chips)}</div>'
+    counts = (f'<span class="counts">{step.num_drafted} drafted, {step.num_accepted} accepted</span>'
+              if unknown else "")
+    return (f'<div class="specui-step"><span class="idx" title="{timing}">{label}</span>'
+            f'{"".join(chips)}{counts}</div>')
 
 
 def steps_html(steps: list[StepTrace], limit: int = 400) -> str:
@@ -100,19 +117,26 @@ def _raw_chip(text: str, cls: str, title: str) -> str:
     return f'<span class="tok {cls}" title="{html.escape(title)}">{html.escape(text)}</span>'
 
 
-def stats_markdown(result: GenerationResult, running: bool) -> str:
+def stats_markdown(result: GenerationResult, running: bool, state: str | None = None) -> str:
+    """Live tau, a_k, tokens/s and draft vs verify time; ``state`` replaces the
+    running / done label (a replay says "replaying")."""
     s = result.summary() if result.steps else None
     if s is None:
         return "waiting for the first step…"
     n_tokens = sum(len(st.emitted_token_ids) for st in result.steps)
     wall = sum(st.draft_time_s + st.verify_time_s for st in result.steps)
-    tps = n_tokens / wall if wall > 0 else 0.0
     a = ", ".join(f"{x:.2f}" for x in result.per_position_acceptance) or "–"
-    state = "running" if running else f"done ({result.stop_reason})"
+    state = state or ("running" if running else f"done ({result.stop_reason})")
+    if wall > 0:
+        timing = f"**{n_tokens / wall:.1f} tok/s** · draft {s['draft_time_s']:.2f} s vs verify {s['verify_time_s']:.2f} s"
+    else:  # vLLM does not report per-step times; a finished request has its wall time
+        timing = "per-step times not recorded"
+        if not running and result.wall_time_s > 0:
+            timing += f" · request: **{n_tokens / result.wall_time_s:.1f} tok/s** over {result.wall_time_s:.2f} s"
     return (
         f"**{state}** · steps {len(result.steps)} · tokens {n_tokens}  \n"
         f"**tau** (1 + accepted/drafts) **{result.acceptance_length:.2f}** · "
         f"draft acceptance rate {result.draft_acceptance_rate:.2f}  \n"
         f"per-position acceptance a_k: {a}  \n"
-        f"**{tps:.1f} tok/s** · draft {s['draft_time_s']:.2f} s vs verify {s['verify_time_s']:.2f} s"
+        f"{timing}"
     )

@@ -1,0 +1,126 @@
+"""The shipped speculators (data/drafters) served by a real vLLM (issue 8).
+
+For each shipped DFlash, EAGLE-3 and P-EAGLE drafter: vLLM serves the folder
+as it is (no conversion), its greedy output equals the plain server's, and its
+acceptance -- tau and the per-position rates from vLLM's Prometheus counters --
+matches SpecUI's local engine with the same drafter, prompts and K.  Greedy
+decoding makes both deterministic, so a gap means the two run different
+drafters (another attention mask, another mask token, sequential instead of
+parallel drafting), not noise; the 10% tolerance covers the few drafts that CPU
+kernel numerics (vLLM's fused fp32 kernels vs. torch eager) flip.
+
+P-EAGLE is served with ``parallel_drafting``; without it vLLM silently drafts
+sequentially as EAGLE-3, feeding the drafter its own hidden states where it was
+trained on ``mask_hidden``.  Matching the local (parallel) engine's acceptance
+at every position beyond the first is what shows the served run drafts in
+parallel; the launch line is checked too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specui.drafters.resolve import shipped_drafters
+from tests.test_vllm import needs_vllm
+
+PROMPTS = 4
+MAX_NEW = 48
+TOLERANCE = 0.10
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm-shipped")
+
+
+@pytest.fixture(scope="module")
+def store(work):
+    from specui.store import Store
+
+    s = Store(work / "specui.db")
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    from specui.data import load_prompts
+
+    # Held-out prompts of the set the shipped drafters were trained on (never their training split).
+    return load_prompts("gsm-symbolic", split="eval", limit=PROMPTS)
+
+
+def _launch(request, work: Path, name: str, **kw):
+    from specui.vllm.server import ServerConfig, VLLMServer
+
+    server = VLLMServer.launch(ServerConfig(log_path=str(work / f"{name}.log"), startup_timeout_s=420, **kw))
+    request.addfinalizer(server.stop)
+    return server
+
+
+def _serve(request, work, store, prompts, name: str, **kw):
+    from specui.vllm.bench import BenchSettings, run_benchmark
+
+    server = _launch(request, work, name, **kw)
+    try:
+        return run_benchmark(store, server, prompts, prompt_set="gsm-symbolic", verifier="embedded",
+                             settings=BenchSettings(max_new_tokens=MAX_NEW))
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(request, work, store, prompts) -> dict[int, list[int]]:
+    run = _serve(request, work, store, prompts, "plain")
+    return {r.index: r.output_token_ids for r in run.results}
+
+
+def _local(store, verifier, folder: Path, prompts):
+    """SpecUI's engine with the same drafter and prompts, through the same store and metrics."""
+    from specui.benchmark import RunSpec, record_run
+    from specui.drafters.resolve import resolve_drafter
+    from specui.metrics import compare
+
+    drafter = resolve_drafter(str(folder), verifier)
+    recorded = record_run(store, verifier, drafter, prompts, prompt_set="gsm-symbolic",
+                          spec=RunSpec(drafter=str(folder), max_new_tokens=MAX_NEW))
+    return drafter, compare(store, [recorded.run_id]).rows[0]
+
+
+SHIPPED = shipped_drafters()
+
+
+def _algo(name: str):
+    # Skipped at collection, so no server starts for a drafter that is not shipped.
+    missing = pytest.mark.skip(reason=f"no {name} drafter is shipped in data/drafters yet (scripts/train_shipped.sh ship)")
+    return pytest.param(name, marks=() if name in SHIPPED else missing)
+
+
+@needs_vllm
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", [_algo("dflash"), _algo("eagle3"), _algo("peagle")])
+def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance(
+    algo, request, work, store, prompts, plain_outputs, embedded_verifier
+) -> None:
+    from specui.metrics import compare
+
+    folder = SHIPPED[algo]
+    drafter, local = _local(store, embedded_verifier, folder, prompts)
+    run = _serve(request, work, store, prompts, algo, speculator=str(folder))
+    assert {r.index: r.output_token_ids for r in run.results} == plain_outputs  # greedy: lossless
+    served = compare(store, [run.run_id]).rows[0]
+    assert served["algorithm"] == algo and served["num_speculative_tokens"] == drafter.num_speculative_tokens
+    assert local["acceptance_length"] > 1.2, f"the shipped {algo} drafter barely drafts: no test of agreement"
+    assert served["acceptance_length"] == pytest.approx(local["acceptance_length"], rel=TOLERANCE), (
+        f"{algo}: vLLM tau {served['acceptance_length']:.3f} vs local {local['acceptance_length']:.3f}"
+    )
+    if algo == "peagle":
+        command = store.get_run(run.run_id).settings["vllm"]["command_line"]
+        assert '"parallel_drafting": true' in command, command
+        # Sequential drafting would leave position 1 alone and change every later one.
+        for k in range(2, drafter.num_speculative_tokens + 1):
+            a_local, a_served = local[f"acceptance_pos_{k}"], served[f"acceptance_pos_{k}"]
+            assert a_served == pytest.approx(a_local, abs=0.1), f"position {k}: vLLM {a_served:.3f} vs local {a_local:.3f}"
