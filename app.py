@@ -1,8 +1,9 @@
 """SpecUI dashboard: ``python app.py [--host H] [--port P] [--share] [--data-dir D] [--db F]``.
 
 Every flag has an environment variable (SPECUI_HOST, SPECUI_PORT, SPECUI_SHARE,
-SPECUI_DATA_DIR, SPECUI_DB) so a hosted Space can set them.  Binds to loopback
-unless told otherwise.
+SPECUI_DATA_DIR, SPECUI_DB, SPECUI_QUEUE_SIZE, SPECUI_MAX_UPLOAD_MB, SPECUI_ADMIN) so a
+hosted Space can set them.
+Binds to loopback unless told otherwise.
 """
 
 from __future__ import annotations
@@ -22,14 +23,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=env("SPECUI_DATA_DIR"), help="where runs, trained drafters and caches go")
     p.add_argument("--db", default=env("SPECUI_DB"), help="the SQLite store (default: DATA_DIR/specui.db)")
     p.add_argument("--max-jobs", type=int, default=None, help="background jobs at once (default 1)")
+    p.add_argument("--max-upload-mb", type=float, default=float(env("SPECUI_MAX_UPLOAD_MB", "512")),
+                   help="largest file a visitor may upload (Gradio refuses bigger ones)")
+    p.add_argument("--admin", action="store_true", default=env("SPECUI_ADMIN") == "1",
+                   help="single-user install: any visitor may cancel or resume any session's jobs")
     p.add_argument("--threads", type=int, default=int(env("SPECUI_THREADS", "1")), help="torch threads per decode")
+    p.add_argument("--queue-size", type=int, default=int(env("SPECUI_QUEUE_SIZE", "16")),
+                   help="requests waiting at once; more are refused with 'queue is full'")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.queue_size < 1:
+        print(f"specui: error: --queue-size must be at least 1, got {args.queue_size}", file=sys.stderr)
+        return 2
     if args.data_dir:
         os.environ["SPECUI_DATA_DIR"] = os.path.abspath(args.data_dir)
+    # The UI reads these from the environment (specui.store.admin_mode, speculators.max_upload_bytes).
+    os.environ["SPECUI_MAX_UPLOAD_MB"] = str(args.max_upload_mb)
+    if args.admin:
+        os.environ["SPECUI_ADMIN"] = "1"
     if os.environ.get("SPACE_ID") and "SPECUI_ALLOW_HUB" not in os.environ:
         os.environ["SPECUI_ALLOW_HUB"] = "1"  # on a Space the verifier may come from the hub
     import torch
@@ -48,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     # Background jobs (training, benchmarks) run in worker processes this thread starts.
     runner = Runner(store.path, max_jobs=args.max_jobs)
     runner.start()
-    app = build_app(store)
+    app = build_app(store, queue_size=args.queue_size)
     print(f"SpecUI: store {store.path}", flush=True)
     try:
         app.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
-                   max_file_size="512mb", show_error=True)
+                   max_file_size=int(args.max_upload_mb * 2**20), show_error=True)
     finally:
         runner.stop(wait=False)
     return 0

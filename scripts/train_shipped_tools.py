@@ -5,6 +5,7 @@
     python scripts/train_shipped_tools.py summary BENCH.json [BENCH.json ...]
     python scripts/train_shipped_tools.py calibrate DB FIT.json TEST.json OUT.json
     python scripts/train_shipped_tools.py ship ALGO RUN_DIR DEST ROOT [--force]
+    python scripts/train_shipped_tools.py report BENCH-T0.json BENCH-T1.json OUT.svg
 
 ``distill`` is the self-distillation stage (the same cache ``specui train``
 reads, so training skips it).  ``heldout-file`` writes held-out prompts
@@ -222,6 +223,65 @@ def ship(a: argparse.Namespace) -> None:
     print(f"ship {a.algo}: wrote {dest} (bf16){' FORCED' if problems else ''}")
 
 
+# --- the README's results table and per-position acceptance plot -----------------------------
+
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def _acceptance(row: dict) -> list[float]:
+    return [row[f"acceptance_pos_{k}"] for k in range(1, 33) if row.get(f"acceptance_pos_{k}") is not None]
+
+
+def _svg_panel(rows: list[dict], title: str, x0: float, w: float, h: float) -> list[str]:
+    """One chart: a line per drafter, acceptance (0..1) over draft position 1..K."""
+    drafted = [(r["drafter"], _acceptance(r)) for r in rows if _acceptance(r)]
+    kmax = max((len(a) for _, a in drafted), default=1)
+    left, top, pw, ph = x0 + 48, 34, w - 64, h - 80
+
+    def xy(k: int, v: float) -> str:
+        x = left + (k - 1) / max(kmax - 1, 1) * pw
+        return f"{x:.1f},{top + (1 - v) * ph:.1f}"
+
+    out = [f'<text x="{x0 + w / 2:.0f}" y="20" text-anchor="middle" font-size="14">{title}</text>']
+    for i in range(6):  # y grid 0, 0.2, .. 1
+        v = i / 5
+        y = top + (1 - v) * ph
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11">{v:.1f}</text>')
+    for k in range(1, kmax + 1):
+        x = float(xy(k, 0).split(",")[0])
+        out.append(f'<text x="{x:.1f}" y="{top + ph + 16}" text-anchor="middle" font-size="11">{k}</text>')
+    out.append(f'<text x="{left + pw / 2}" y="{top + ph + 34}" text-anchor="middle" font-size="12">draft position k</text>')
+    for i, (name, acc) in enumerate(drafted):
+        c = COLOURS[i % len(COLOURS)]
+        pts = " ".join(xy(k, v) for k, v in enumerate(acc, start=1))
+        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{pts}"/>')
+        out += [f'<circle cx="{p.split(",")[0]}" cy="{p.split(",")[1]}" r="3" fill="{c}"/>' for p in pts.split()]
+        ly = top + 14 + 16 * i
+        out.append(f'<text x="{left + pw - 4}" y="{ly}" text-anchor="end" font-size="12" fill="{c}">{name}</text>')
+    return out
+
+
+def report(a: argparse.Namespace) -> None:
+    """Print the README table (markdown) and write the acceptance plot (SVG, no plotting deps)."""
+    runs = {t: _runs(path) for t, path in (("0", a.t0), ("1", a.t1))}
+    print("| T | drafter | K | tau | per-position acceptance a_1..a_K | tokens/s | speedup |")
+    print("|---|---|---|---|---|---|---|")
+    for t, rows in runs.items():
+        for r in rows:
+            acc = " ".join(f"{v:.2f}" for v in _acceptance(r)) or "-"
+            print(f"| {t} | {r.get('drafter')} | {r.get('num_speculative_tokens') or '-'} | {r.get('acceptance_length') or 1.0:.2f} "
+                  f"| {acc} | {r.get('tokens_per_s') or 0:.2f} | {r.get('speedup') or 1.0:.2f}x |")  # fmt: skip
+    w, h = 420, 300
+    body = [f'<rect width="{2 * w}" height="{h}" fill="white"/>']
+    body += _svg_panel(runs["0"], "held-out acceptance per position, T=0", 0, w, h)
+    body += _svg_panel(runs["1"], "held-out acceptance per position, T=1", w, w, h)
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * w}" height="{h}" font-family="sans-serif">\n'
+           + "\n".join(body) + "\n</svg>\n")  # fmt: skip
+    Path(a.out).write_text(svg)
+    print(f"wrote {a.out}", file=sys.stderr)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -254,6 +314,11 @@ def main() -> None:
     p.add_argument("root")
     p.add_argument("--force", action="store_true")
     p.set_defaults(func=ship)
+    p = sub.add_parser("report")
+    p.add_argument("t0")
+    p.add_argument("t1")
+    p.add_argument("out")
+    p.set_defaults(func=report)
     a = ap.parse_args()
     a.func(a)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from specui.data import Prompt, load_prompts, prompt_sets
@@ -17,7 +18,7 @@ from specui.drafters.base import Drafter
 from specui.engine import Decoding
 from specui.metrics import Comparison, compare
 from specui.store import DecodingSettings, Run, RunRecorder, Store
-from specui.trace import GenerationResult, SamplingParams, SpecUIError
+from specui.trace import GenerationResult, SamplingParams, SpecUIError, check_decode_settings
 from specui.verifier import Verifier
 from specui.workbench import WORKBENCH
 
@@ -32,6 +33,11 @@ class RunSpec:
     max_new_tokens: int = 128
     seed: int = 0
     drafter_options: dict | None = None
+
+    def __post_init__(self) -> None:
+        # Checked here, before any run row exists: a bad setting stores nothing.
+        check_decode_settings(max_new_tokens=self.max_new_tokens, seed=self.seed,
+                              num_speculative_tokens=self.num_speculative_tokens)
 
 
 def start_run(store: Store, verifier: Verifier, drafter: Drafter, *, prompt_set: str, spec: RunSpec,
@@ -80,18 +86,22 @@ def record_run(
     """Decode every prompt with ``drafter`` and store the run.
 
     A stop request ends the run as "stopped" with what was decoded so far.
+    Every prompt is encoded and checked against the verifier first, so a prompt
+    that cannot run (too long, bad token ids) stores no run at all.
     """
+    check_decode_settings(max_new_tokens=spec.max_new_tokens, max_context=verifier.max_context)
+    decodings = [
+        Decoding(verifier, drafter, prompt.encode(verifier), max_new_tokens=spec.max_new_tokens,
+                 sampling=spec.sampling, seed=spec.seed + i, should_stop=should_stop)
+        for i, prompt in enumerate(prompts)
+    ]
     run = start_run(store, verifier, drafter, prompt_set=prompt_set, spec=spec, owner=owner)
     results: list[GenerationResult] = []
     with RunRecorder(store, run.id) as rec:
-        for i, prompt in enumerate(prompts):
+        for i, (prompt, decoding) in enumerate(zip(prompts, decodings, strict=True)):
             if should_stop is not None and should_stop():
                 rec.stop()
                 break
-            decoding = Decoding(
-                verifier, drafter, prompt.encode(verifier), max_new_tokens=spec.max_new_tokens,
-                sampling=spec.sampling, seed=spec.seed + i, should_stop=should_stop,
-            )
             rec.begin_prompt(i, prompt.preview(10_000))
             for step in decoding:
                 rec.step(step)
@@ -118,6 +128,8 @@ def bench(
     should_stop: Callable[[], bool] | None = None,
 ) -> tuple[list[int], Comparison]:
     """Baseline + each drafter over the same prompts; returns run ids and their comparison."""
+    # Settings first: a bad one must fail before prompts and models load, and store nothing.
+    check_decode_settings(max_new_tokens=max_new_tokens, seed=seed, num_speculative_tokens=num_speculative_tokens)
     # A registered set contributes its held-out split; a user's file is used whole.
     split = "eval" if prompts in prompt_sets() else "all"
     prompt_list = load_prompts(prompts, split=split, limit=limit)
@@ -126,17 +138,22 @@ def bench(
     v = WORKBENCH.verifier(verifier)
     names = ["none", *[d for d in drafters if d not in ("none", "plain")]]
     run_ids = []
-    for name in names:
-        t0 = time.perf_counter()
-        k = None if name == "none" else num_speculative_tokens
-        spec = RunSpec(drafter=name, num_speculative_tokens=k, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed)
-        with WORKBENCH.drafter(name, v, k) as d:
+    with ExitStack() as loaded:
+        # Every drafter loads before any run starts: a broken folder fails the bench at once,
+        # not after the baseline has decoded every prompt.
+        drafters_by_name = {}
+        for name in names:
+            k = None if name == "none" else num_speculative_tokens
+            drafters_by_name[name] = (k, loaded.enter_context(WORKBENCH.drafter(name, v, k)))
+        for name, (k, d) in drafters_by_name.items():
+            t0 = time.perf_counter()
+            spec = RunSpec(drafter=name, num_speculative_tokens=k, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed)
             recorded = record_run(store, v, d, prompt_list, prompt_set=prompts, spec=spec, owner=owner,
                                   should_stop=should_stop)
             run_ids.append(recorded.run_id)
-        if should_stop is not None and should_stop():
-            break
-        if progress is not None:
-            progress(f"{name}: {len(prompt_list)} prompts in {time.perf_counter() - t0:.1f} s")
+            if should_stop is not None and should_stop():
+                break
+            if progress is not None:
+                progress(f"{name}: {len(prompt_list)} prompts in {time.perf_counter() - t0:.1f} s")
     return run_ids, compare(store, run_ids)
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+import typing
 
 from specui.trace import SpecUIError
 
@@ -15,8 +17,18 @@ from specui.trace import SpecUIError
 COMMAND_MODULES = ["decode", "runs", "bench", "train", "jobs", "vllm"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with SpecUI's error convention: one line, ``specui: error: ...``, exit 2.
+
+    argparse's own prints the usage block first; subparsers inherit this class."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        sys.stderr.write(f"specui: error: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specui", description="Speculative decoding workbench")
+    parser = _Parser(prog="specui", description="Speculative decoding workbench")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
@@ -41,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specui: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `specui ... --json | head`: the reader left; say nothing more (stdout is gone).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

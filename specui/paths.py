@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from specui.trace import SpecUIError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The operator's override: more folders (os.pathsep-separated) visitors may name.
+EXTRA_ROOTS_ENV = "SPECUI_EXTRA_ROOTS"
 
 
 def shipped_data_dir() -> Path:
@@ -24,20 +28,81 @@ def data_dir() -> Path:
     return Path(os.environ.get("SPECUI_DATA_DIR", Path.home() / ".local" / "share" / "specui"))
 
 
+def app_roots() -> list[Path]:
+    """The folders visitors may name: the data dir, the shipped ``data/``, and the operator's extras."""
+    extra = os.environ.get(EXTRA_ROOTS_ENV, "")
+    return [data_dir(), shipped_data_dir(), *(Path(p) for p in extra.split(os.pathsep) if p)]
+
+
 def confine(user_path: str | os.PathLike, roots: list[Path] | None = None) -> Path:
     """Resolve a path a user typed and refuse it unless it lies inside one of
     ``roots`` (default: the app's data folders, plus ``SPECUI_EXTRA_ROOTS``,
     a ``os.pathsep``-separated list the operator may set).  Symlinks are
     resolved first, so a link pointing outside is refused too."""
     if roots is None:
-        roots = [data_dir(), shipped_data_dir()]
-        extra = os.environ.get("SPECUI_EXTRA_ROOTS", "")
-        roots += [Path(p) for p in extra.split(os.pathsep) if p]
+        roots = app_roots()
     raw = Path(user_path).expanduser()
-    candidates = [raw] if raw.is_absolute() else [root / raw for root in roots]
-    for cand in candidates:
-        resolved = cand.resolve()
-        for root in roots:
-            if resolved.is_relative_to(root.resolve()):
-                return resolved
-    raise SpecUIError(f"path {str(user_path)!r} lies outside the folders this app may use")
+    if raw.is_absolute():
+        cand = raw
+    else:
+        # A relative path names the first root where it exists (a link counts, even one
+        # pointing out: it is then refused, not replaced by a harmless namesake elsewhere).
+        cands = [root / raw for root in roots]
+        cand = next((c for c in cands if c.exists() or c.is_symlink()), cands[0] if cands else raw)
+    resolved = cand.resolve()
+    if any(resolved.is_relative_to(root.resolve()) for root in roots):
+        return resolved
+    # The roots are not named: a visitor need not learn the server's folders.
+    raise SpecUIError(f"path {str(user_path)!r} lies outside the folders this app may use "
+                      f"(its data folder; the operator may add folders with {EXTRA_ROOTS_ENV})")
+
+
+# A hub id ("org/name"): what Verifier.load sends to the hub when no such local path exists.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def confine_choice(value: str, names: Iterable[str] = (), *, hub_ids: bool = False) -> str:
+    """What a dashboard visitor picked or typed where a name or a path is accepted
+    (verifier, speculator, prompt set): a known name (``names``) and, with
+    ``hub_ids``, a hub id that is no local path pass unchanged; anything else is a
+    path, confined to the app's folders (see ``confine``) and returned resolved.
+
+    The CLI does not call this: the operator may use any path."""
+    v = (value or "").strip()
+    if v in set(names):
+        return v
+    if not v:
+        raise SpecUIError("give a name or a path")
+    if hub_ids and _HUB_ID.fullmatch(v) and ".." not in v.split("/"):
+        local = [Path(v), *(root / v for root in app_roots())]
+        if not any(p.exists() or p.is_symlink() for p in local):
+            return v
+    path = confine(v)
+    if not path.exists():
+        # Name what the visitor typed, not the server's folders it resolved to.
+        known = ", ".join(sorted(n for n in set(names) if n)) or "none"
+        raise SpecUIError(f"{v!r} is neither a known name ({known}) nor an existing folder or file in the app's folders")
+    return str(path)
+
+
+# The dashboard's three kinds of "name or path" inputs.  Imports inside: paths.py is
+# imported by the modules that define the names.
+
+
+def ui_verifier(spec: str) -> str:
+    """A verifier a visitor chose: ``embedded``, a hub id, or a folder / .gguf in the app's folders."""
+    return confine_choice(spec, ("embedded",), hub_ids=True)
+
+
+def ui_drafter(spec: str) -> str:
+    """A speculator a visitor chose: ``none``, ``ngram``, a shipped name, or a folder in the app's folders."""
+    from specui.drafters.resolve import BUILTIN, shipped_drafters
+
+    return confine_choice(spec, ("", "plain", *BUILTIN, *shipped_drafters()))
+
+
+def ui_prompts(name: str) -> str:
+    """A prompt set a visitor chose: a registered set, or a JSONL file in the app's folders."""
+    from specui.data import prompt_sets
+
+    return confine_choice(name, prompt_sets())

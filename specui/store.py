@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import String, TypeDecorator, create_engine, event, func
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Field, Session, SQLModel, col, select
 
 if TYPE_CHECKING:
@@ -513,6 +514,15 @@ def _to_json(value: Any, what: str) -> str:
         raise user_error(f"{what} must be JSON-serialisable: {e}") from None
 
 
+# The operator's switch for a single-user install: dashboard visitors may change
+# every session's rows (what ``--force`` is on the CLI).  app.py ``--admin`` sets it.
+ADMIN_ENV = "SPECUI_ADMIN"
+
+
+def admin_mode() -> bool:
+    return os.environ.get(ADMIN_ENV) == "1"
+
+
 def check_owner(kind: str, ident: Any, owner: str | None, requester: str | None, force: bool) -> None:
     """Multi-user safety: a row owned by one browser session may be changed only by
     that session, unless the operator forces it (CLI ``--force``, UI admin mode)."""
@@ -620,10 +630,20 @@ class Store:
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Session]:
-        """A write transaction (BEGIN IMMEDIATE), committed on success."""
-        with Session(self._write_engine, expire_on_commit=False) as s:
-            yield s
-            s.commit()
+        """A write transaction (BEGIN IMMEDIATE), committed on success.  A full disk
+        is a SpecUIError naming the file (SQLite's own text names neither); the
+        transaction is rolled back and what was stored before stays intact."""
+        try:
+            with Session(self._write_engine, expire_on_commit=False) as s:
+                yield s
+                s.commit()
+        except OperationalError as e:
+            if "disk is full" not in str(e.orig):
+                raise
+            raise user_error(
+                f"cannot write the store {self.path}: no space left on the device (SQLite: {e.orig}); "
+                "free some space there and try again (what was stored before is intact)"
+            ) from e
 
     def close(self) -> None:
         self.engine.dispose()

@@ -7,6 +7,7 @@ dashboard consume them.  Metric definitions follow REFERENCE.md section 3.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,57 @@ if TYPE_CHECKING:  # torch costs seconds to import; the store and CLI need none 
     import torch
 
 __all__ = ["SpecUIError"]
+
+# Limits on decoding settings a user types (CLI, API, dashboard).  The engine refuses
+# the same K range; a seed must fit a torch generator (and SQLite) even after the
+# per-prompt offsets benchmarks add to it.
+MAX_SPECULATIVE_TOKENS = 256
+MAX_SEED = 2**32 - 1
+
+
+def as_int(value: Any, name: str) -> int:
+    """``value`` as an int, or one SpecUIError naming ``name`` (API callers send any JSON)."""
+    if isinstance(value, bool):
+        raise SpecUIError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # number widgets send 3.0
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise SpecUIError(f"{name} must be an integer, got {value!r}")
+
+
+def as_float(value: Any, name: str) -> float:
+    if isinstance(value, bool):
+        raise SpecUIError(f"{name} must be a number, got {value!r}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise SpecUIError(f"{name} must be a number, got {value!r}") from None
+
+
+def check_decode_settings(*, max_new_tokens: Any = 1, seed: Any = 0, num_speculative_tokens: Any = None,
+                          max_context: int | None = None) -> None:
+    """One SpecUIError for the first bad setting; ``num_speculative_tokens`` None = the drafter's own K.
+
+    ``max_context`` (the verifier's window) caps max_new_tokens: no generation can be longer.
+    """
+    n = as_int(max_new_tokens, "max_new_tokens")
+    if n < 1:
+        raise SpecUIError(f"max_new_tokens must be >= 1, got {n}")
+    if max_context is not None and n > max_context:
+        raise SpecUIError(f"max_new_tokens {n} is more than the verifier's context window ({max_context} tokens)")
+    s = as_int(seed, "seed")
+    if not 0 <= s <= MAX_SEED:
+        raise SpecUIError(f"seed must be in 0..{MAX_SEED}, got {s}")
+    if num_speculative_tokens is not None:
+        k = as_int(num_speculative_tokens, "number of speculative tokens (K)")
+        if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise SpecUIError(f"number of speculative tokens (K) must be in 1..{MAX_SPECULATIVE_TOKENS}, got {k}")
 
 
 @dataclass(frozen=True)
@@ -29,7 +81,11 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
+        # Through object.__setattr__: the dataclass is frozen.  API callers may send strings.
+        object.__setattr__(self, "temperature", as_float(self.temperature, "temperature"))
+        object.__setattr__(self, "top_p", as_float(self.top_p, "top_p"))
+        object.__setattr__(self, "top_k", as_int(self.top_k, "top_k"))
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise SpecUIError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise SpecUIError(f"top_k must be >= 0, got {self.top_k}")

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from specui.trace import SamplingParams, SpecUIError
+from specui.trace import SamplingParams, SpecUIError, check_decode_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,6 +46,11 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise SpecUIError(f"--limit must be >= 1, got {args.limit}")
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    # Before the store opens: a bad setting must not even create the database file.
+    check_decode_settings(max_new_tokens=args.max_new_tokens, seed=args.seed,
+                          num_speculative_tokens=args.num_speculative_tokens)
+    if args.threads < 1:
+        raise SpecUIError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     store = Store(args.db)
     log = (lambda m: None) if args.json else (lambda m: print(f"bench: {m}", file=sys.stderr, flush=True))

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from specui.trace import SamplingParams, SpecUIError
+from specui.trace import SamplingParams, SpecUIError, check_decode_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,12 +32,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.prompt is not None and not args.prompt.strip():
-        raise SpecUIError("the prompt is empty")
+    from specui.data.prompts import check_prompt_text, encode_text
+
+    # Every setting is checked before the verifier loads (seconds) and before any output.
+    if args.prompt is not None:
+        check_prompt_text(args.prompt)
     prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
-    if args.num_speculative_tokens is not None and not 0 <= args.num_speculative_tokens <= 256:
-        raise SpecUIError(f"number of speculative tokens (-k) must be in 0..256, got {args.num_speculative_tokens}")
+    check_decode_settings(max_new_tokens=args.max_new_tokens, seed=args.seed,
+                          num_speculative_tokens=args.num_speculative_tokens)
+    if args.threads is not None and args.threads < 1:
+        raise SpecUIError(f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     from specui.drafters.resolve import resolve_drafter
@@ -45,9 +50,10 @@ def run(args: argparse.Namespace) -> int:
     from specui.verifier import Verifier
 
     verifier = Verifier.load(args.verifier)
+    check_decode_settings(max_new_tokens=args.max_new_tokens, max_context=verifier.max_context)
     drafter = resolve_drafter(args.drafter, verifier, args.num_speculative_tokens)
     if prompt_ids is None:
-        prompt_ids = verifier.encode(args.prompt, chat=args.chat)
+        prompt_ids = encode_text(verifier, args.prompt, chat=args.chat)
     run = Decoding(
         verifier, drafter, prompt_ids,
         max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, stop_strings=args.stop,
@@ -69,9 +75,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# Token-id prompts get the same cap as text ones (about as many tokens as characters allowed).
+MAX_PROMPT_IDS = 200_000
+
+
 def _parse_ids(text: str) -> list[int]:
     try:
         ids = [int(t) for t in text.replace(",", " ").split()]
+        if len(ids) > MAX_PROMPT_IDS:
+            raise SpecUIError(f"--prompt-ids has {len(ids):,} ids; the limit is {MAX_PROMPT_IDS:,}")
     except ValueError:
         raise SpecUIError(f"--prompt-ids takes integers separated by spaces or commas, got {text!r}") from None
     if not ids:

@@ -27,13 +27,57 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specui.trace import SpecUIError
+
+if TYPE_CHECKING:  # torch and transformers load with it; prompt files need neither
+    from specui.verifier import Verifier
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "eval", "all")
 DEFAULT_EVAL_FRACTION = 0.2
+# The longest prompt text accepted anywhere (CLI, API, dashboard, prompt files), in
+# characters: ~50k tokens, more than the context window of any verifier SpecUI drives,
+# so the cap only stops megabytes from reaching the tokenizer and the store.  The
+# verifier's own window is checked in tokens when the prompt is encoded.
+MAX_PROMPT_CHARS = 200_000
+
+
+def check_prompt_text(text: object, what: str = "the prompt") -> str:
+    """``text`` if it is usable prompt text, else one SpecUIError saying why."""
+    if not isinstance(text, str):
+        raise SpecUIError(f"{what} must be text, got {type(text).__name__}")
+    if not text.strip():
+        raise SpecUIError(f"{what} is empty")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise SpecUIError(f"{what} has {len(text):,} characters; the limit is {MAX_PROMPT_CHARS:,}")
+    if "\x00" in text:
+        raise SpecUIError(f"{what} contains NUL bytes (binary data?)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: undecodable bytes from argv or a "\ud800" JSON escape
+        raise SpecUIError(f"{what} is not valid UTF-8 text") from None
+    return text
+
+
+def encode_text(verifier: Verifier, text: str, chat: bool) -> list[int]:
+    """Token ids of prompt ``text`` (checked as above), refusing text that is only special tokens.
+
+    "<|im_end|>" typed as a prompt becomes control tokens, not text: wrapped in the
+    chat template it forges a turn, bare it asks the model to continue markup.  Token
+    ids (``prompt_ids``) remain the way to feed special tokens on purpose.
+    """
+    check_prompt_text(text)
+    tok = verifier.tokenizer
+    if tok is not None:
+        raw = tok.encode(text, add_special_tokens=False)
+        special = set(getattr(tok, "all_special_ids", ()) or ())
+        if raw and all(t in special for t in raw):
+            raise SpecUIError(f"the prompt is only special tokens ({text.strip()[:80]!r}); give some text, "
+                              "or token ids to feed special tokens on purpose")
+    return verifier.encode(text, chat=chat)
 
 
 @dataclass(frozen=True)
@@ -72,7 +116,7 @@ class Prompt:
             raise SpecUIError(f"verifier {verifier.name} has no tokenizer: prompt {self.id} needs 'prompt_ids' (token ids)")
         if self.messages is not None:
             return verifier.encode_messages(list(self.messages))
-        return verifier.encode(self.text, chat=True)
+        return encode_text(verifier, self.text, chat=True)
 
     def preview(self, width: int = 80) -> str:
         if self.text is not None:
@@ -189,10 +233,16 @@ def read_prompt_file(path: str | Path, problems: list[FileProblem] | None = None
     prompts: list[Prompt] = []
     seen: set[str] = set()
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecUIError(f"cannot read prompt file {path}: {e}") from None
-    for lineno, line in enumerate(lines, start=1):
+        raw_lines = path.read_bytes().splitlines()
+    except OSError as e:
+        raise SpecUIError(f"cannot read prompt file {path}: {e.strerror or e}") from None
+    for lineno, raw in enumerate(raw_lines, start=1):
+        # Decoded line by line: one line of stray bytes costs that line, not the file.
+        try:
+            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            found.append(FileProblem(lineno, f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"))
+            continue
         if not line.strip():
             continue
         try:
@@ -235,6 +285,7 @@ def _parse_row(line: str, lineno: int, source: str) -> Prompt:
     if kind == "prompt":
         if not isinstance(row["prompt"], str) or not row["prompt"].strip():
             raise ValueError("'prompt' must be a non-empty string")
+        _check_row_text(row["prompt"], "'prompt'")
         return Prompt(pid, source, text=row["prompt"], response_ids=response)
     if kind == "messages":
         msgs = row["messages"]
@@ -243,11 +294,19 @@ def _parse_row(line: str, lineno: int, source: str) -> Prompt:
         for m in msgs:
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                 raise ValueError("each message needs string 'role' and 'content'")
+        _check_row_text("".join(m["content"] for m in msgs), "'messages'")
         return Prompt(pid, source, messages=tuple({"role": m["role"], "content": m["content"]} for m in msgs), response_ids=response)
     ids = _token_list(row["prompt_ids"], "prompt_ids")
     if not ids:
         raise ValueError("'prompt_ids' is empty")
     return Prompt(pid, source, token_ids=tuple(ids), response_ids=response)
+
+
+def _check_row_text(text: str, what: str) -> None:
+    try:
+        check_prompt_text(text, what)
+    except SpecUIError as e:
+        raise ValueError(str(e)) from None
 
 
 def _token_list(value: object, name: str) -> list[int]:

@@ -30,7 +30,7 @@ from torch import nn
 
 from specui.drafters.base import lookup
 from specui.drafters.layers import LayerConfig
-from specui.trace import SpecUIError
+from specui.trace import MAX_SPECULATIVE_TOKENS, SpecUIError
 
 if TYPE_CHECKING:
     from specui.drafters.base import Drafter
@@ -183,8 +183,8 @@ class DraftConfig:
                 f"aux hidden-state layer ids {bad} out of range for a verifier with "
                 f"{verifier.num_layers} layers (0..{verifier.num_layers})"
             )
-        if self.num_speculative_tokens < 1:
-            out.append(f"speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            out.append(f"speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
         return out
 
     def check_mask_token(self, mask_token_id: int | None) -> list[str]:
@@ -230,6 +230,8 @@ def draft_vocab_rows(weight: torch.Tensor, d2t: torch.Tensor | None) -> torch.Te
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
+    if folder.is_file():
+        raise SpecUIError(f"a drafter checkpoint is a folder (config.json + {WEIGHTS_FILE}); {folder} is a file")
     if not folder.is_dir():
         raise SpecUIError(f"drafter checkpoint folder not found: {folder}")
     path = folder / CONFIG_FILE
@@ -388,11 +390,14 @@ def save_drafter(
             os.chmod(tmp_weights, 0o644)  # safetensors writes its own file, owner-only
         except Exception as e:  # safetensors raises its own error type for I/O failures
             raise OSError(f"cannot write {folder / WEIGHTS_FILE}: {e}") from e
-        with open(tmp_config, "w") as f:
-            json.dump(config, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp_config, "w") as f:
+                json.dump(config, f, indent=2)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:  # a full disk's ENOSPC names no file by itself
+            raise OSError(e.errno, f"cannot write {folder / CONFIG_FILE}: {e.strerror or e}") from e
         os.replace(tmp_weights, folder / WEIGHTS_FILE)
         os.replace(tmp_config, folder / CONFIG_FILE)
     finally:

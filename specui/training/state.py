@@ -77,7 +77,9 @@ def save_checkpoint(
     final = root / f"step-{step:08d}"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:08d}-", dir=root))
+        _remove_dead_temps(root)
+        # The pid in the name tells a later save whose temporary folder this is.
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:08d}-{os.getpid()}-", dir=root))
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide the checkpoint from other users (a serving process)
     except OSError as e:
         raise SpecUIError(f"cannot create a checkpoint in {root}: {e.strerror or e}") from None
@@ -86,7 +88,11 @@ def save_checkpoint(
         payload = {"optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()}
         if torch.cuda.is_available():
             payload["cuda_rng"] = torch.cuda.get_rng_state_all()
-        torch.save(payload, tmp / OPTIMIZER_FILE)
+        # Into a file we opened: torch.save to a path reports a full disk as an
+        # "enforce fail ... unexpected pos" RuntimeError; a file object's write raises
+        # the OSError (ENOSPC, "No space left on device") the message below names.
+        with open(tmp / OPTIMIZER_FILE, "wb") as f:
+            torch.save(payload, f)
         _write_json(tmp / STATE_FILE, {**state, "step": step})
         _fsync_dir(tmp)
         if final.exists():  # a re-run of the same step (resumed from an older one)
@@ -102,6 +108,22 @@ def save_checkpoint(
     for old in list_checkpoints(out)[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
     return final
+
+
+_TMP_DIR = re.compile(r"^\.tmp-step-\d{8}-(\d+)-")
+
+
+def _remove_dead_temps(root: Path) -> None:
+    """Delete the temporary folders of saves whose process died mid-write (kill -9,
+    OOM): each is a half-written checkpoint as large as a whole one, and nothing
+    else would ever remove it.  A live process's folder (another rank, or a save
+    in flight) is left alone."""
+    from specui.store import _pid_alive  # light: no torch, no SQLite file opened
+
+    for p in root.iterdir():
+        m = _TMP_DIR.match(p.name)
+        if m and p.is_dir() and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def load_checkpoint(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -16,7 +16,12 @@ from specui.ui import api, compare, playground, render, speculators, train, vllm
 TITLE = "SpecUI — parallel speculative decoding workbench"
 
 
-def build_app(store: Store) -> gr.Blocks:
+def build_app(store: Store, queue_size: int | None = None) -> gr.Blocks:
+    """The dashboard over ``store``; at most ``queue_size`` requests wait (default SPECUI_QUEUE_SIZE or 16)."""
+    if queue_size is None:
+        queue_size = int(os.environ.get("SPECUI_QUEUE_SIZE", "16"))
+    if queue_size < 1:
+        raise ValueError(f"the queue size must be at least 1, got {queue_size}")
     with gr.Blocks(title=TITLE) as app:
         gr.Markdown(f"# {TITLE}\nP-EAGLE · DFlash · DSpark, with EAGLE-3 and plain / n-gram decoding as baselines.")
         with gr.Tabs():
@@ -32,7 +37,7 @@ def build_app(store: Store) -> gr.Blocks:
                 vllm_tab.build(store)
         api.register(store)
     # Several visitors share one CPU: a bounded queue says "busy" instead of piling up.
-    app.queue(max_size=int(os.environ.get("SPECUI_QUEUE_SIZE", "16")), default_concurrency_limit=2)
+    app.queue(max_size=queue_size, default_concurrency_limit=2)
     return app
 
 

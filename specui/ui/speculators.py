@@ -4,6 +4,7 @@ verifier, and the exact ``vllm serve`` line to serve one."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -13,12 +14,18 @@ import gradio as gr
 from specui.drafters import validate_checkpoint
 from specui.drafters.resolve import shipped_drafters
 from specui.export import vllm_serve_command
-from specui.paths import confine
+from specui.paths import confine, ui_verifier
 from specui.trace import SpecUIError
 from specui.workbench import WORKBENCH, trained_drafters_dir
 
-MAX_UPLOAD_BYTES = 512 * 1024 * 1024
 ALLOWED_UPLOADS = {"config.json", "model.safetensors", "README.md"}
+# Weights that unpickle (run code) when loaded: refused by name, never opened.
+PICKLE_WEIGHTS = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def max_upload_bytes() -> int:
+    """The upload cap (``SPECUI_MAX_UPLOAD_MB``, default 512); app.py gives Gradio the same."""
+    return int(float(os.environ.get("SPECUI_MAX_UPLOAD_MB", "512")) * 2**20)
 
 
 def speculator_folders() -> dict[str, Path]:
@@ -45,7 +52,7 @@ def describe(folder: Path) -> str:
 
 
 def validate(folder: Path, verifier_spec: str) -> str:
-    problems = validate_checkpoint(folder, WORKBENCH.verifier(verifier_spec))
+    problems = validate_checkpoint(folder, WORKBENCH.verifier(ui_verifier(verifier_spec)))
     if not problems:
         return f"✅ `{folder.name}` fits verifier `{verifier_spec}`"
     return "❌ does not fit:\n" + "\n".join(f"- {p}" for p in problems)
@@ -65,12 +72,16 @@ def import_folder(source: str | None, uploads: list[str] | None, name: str) -> P
         if not src.is_dir():
             raise SpecUIError(f"{source} is not a folder")
         files = {f.name: f for f in src.iterdir() if f.name in ALLOWED_UPLOADS}
+        pickled = sorted(f.name for f in src.iterdir() if f.suffix in PICKLE_WEIGHTS)
+        if pickled and "model.safetensors" not in files:
+            raise SpecUIError(f"{source} holds pickle weights ({', '.join(pickled)}), which SpecUI never loads "
+                              "(unpickling runs code): convert them to model.safetensors")
     for up in uploads or []:
         p = Path(up)
         if p.name not in ALLOWED_UPLOADS:
             raise SpecUIError(f"unexpected file {p.name}: upload config.json, model.safetensors (and README.md)")
-        if p.stat().st_size > MAX_UPLOAD_BYTES:
-            raise SpecUIError(f"{p.name} is larger than {MAX_UPLOAD_BYTES // 2**20} MiB")
+        if p.stat().st_size > max_upload_bytes():
+            raise SpecUIError(f"{p.name} is larger than {max_upload_bytes() // 2**20} MiB")
         files[p.name] = p
     if not {"config.json", "model.safetensors"} <= files.keys():
         raise SpecUIError("a speculator needs config.json and model.safetensors")

@@ -130,10 +130,20 @@ def resolve_model(verifier: str) -> str:
     if path.exists():
         if not (path / "config.json").is_file():
             raise SpecUIError(f"verifier folder {path} has no config.json (vLLM serves Hugging Face folders)")
+        check_safetensors(path, "verifier")
         return str(path.resolve())
     if verifier.startswith((".", "/", "~")):
         raise SpecUIError(f"verifier path does not exist: {verifier}")
     return verifier
+
+
+def check_safetensors(folder: Path, what: str) -> None:
+    """vLLM falls back to ``*.bin`` / ``*.pt`` weights (pickle: loading them can run
+    code) when a folder has no safetensors; SpecUI hands it safetensors folders only."""
+    if not any(folder.glob("*.safetensors")):
+        pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt"))
+        found = f" (only pickle weights: {', '.join(pickled)})" if pickled else ""
+        raise SpecUIError(f"{what} folder {folder} has no .safetensors weights{found}; SpecUI never loads pickle files")
 
 
 def speculator_method(speculative_config: dict[str, Any] | None) -> str | None:
@@ -164,6 +174,7 @@ def build_speculative_config(speculator: str | None, num_speculative_tokens: int
     folder = Path(speculator).expanduser()
     if not (folder / "config.json").is_file():
         raise SpecUIError(f"speculator {speculator!r} is neither none, ngram nor a folder with config.json")
+    check_safetensors(folder, "speculator")
     from specui.export import speculative_config
 
     return speculative_config(folder, num_speculative_tokens)
@@ -282,6 +293,21 @@ def _secret_name(name: str) -> bool:
     return any(word in name.upper() for word in ("KEY", "TOKEN", "SECRET", "PASSWORD"))
 
 
+def _split_api_key(args: list[str]) -> tuple[list[str], str | None]:
+    """``args`` without ``--api-key KEY`` / ``--api-key=KEY``, and the key."""
+    out: list[str] = []
+    key = None
+    it = iter(args)
+    for arg in it:
+        if arg == "--api-key":
+            key = next(it, None)
+        elif arg.startswith("--api-key="):
+            key = arg.split("=", 1)[1]
+        else:
+            out.append(arg)
+    return out, key
+
+
 def plan_launch(cfg: ServerConfig) -> LaunchPlan:
     """Turn a ServerConfig into the command line, refusing what cannot work."""
     if not _is_loopback(cfg.host) and not cfg.allow_remote_bind:
@@ -328,8 +354,13 @@ def plan_launch(cfg: ServerConfig) -> LaunchPlan:
         argv += ["--kv-transfer-config", json.dumps(cfg.kv_transfer_config, separators=(",", ":"))]
     if not cfg.access_log:
         argv.append("--disable-uvicorn-access-log")
-    argv += list(cfg.extra_args)
+    extra, api_key = _split_api_key(cfg.extra_args)
+    argv += extra
     env: dict[str, str] = {"VLLM_NO_USAGE_STATS": "1"}  # no phoning home from a test or a laptop
+    if api_key:
+        # vLLM reads VLLM_API_KEY too: an environment is private to the user, a command
+        # line is not (ps shows it to everyone on the machine).
+        env["VLLM_API_KEY"] = api_key
     if cpu:
         # An explicit binding (see _cpu_bind) instead of vLLM's auto binding,
         # which picks one logical CPU per physical core by topology.

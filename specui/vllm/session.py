@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from specui.data import load_prompts
+from specui.paths import ui_drafter, ui_prompts, ui_verifier
 from specui.store import Store
 from specui.trace import SpecUIError
 from specui.vllm.bench import BenchSettings, VLLMRun, bench, run_benchmark
@@ -36,6 +37,13 @@ def check_attach_url(url: str) -> None:
     except ValueError:
         pass
     raise SpecUIError(f"the dashboard attaches only to servers on this machine (127.0.0.1); the operator can allow others with {ATTACH_ANY_ENV}=1")
+
+
+def _confine_config(cfg: ServerConfig) -> None:
+    """The slot serves the dashboard's visitors: what they name stays in the app's folders."""
+    cfg.verifier = ui_verifier(cfg.verifier)
+    if cfg.speculator is not None:
+        cfg.speculator = ui_drafter(cfg.speculator)
 
 
 @dataclass
@@ -69,6 +77,7 @@ class VLLMSlot:
 
     def launch(self, cfg: ServerConfig) -> VLLMServer:
         """Start a server in the background; ``status()`` shows it coming up."""
+        _confine_config(cfg)
         with self._lock:
             self._check_free()
             server = VLLMServer.launch(cfg, wait=False)
@@ -127,6 +136,7 @@ class VLLMSlot:
     def bench_current(self, store: Store, *, prompts: str, limit: int | None, settings: BenchSettings, verifier: str | None,
                       speculator: str | None = None, owner: str | None = None, label: str | None = None) -> BenchJob:
         """Benchmark the current server in the background (one run)."""
+        prompts = ui_prompts(prompts)
         with self._lock:
             server = self.server
             if server is None:
@@ -160,6 +170,8 @@ class VLLMSlot:
     def bench_compare(self, store: Store, *, speculator: str, prompts: str, limit: int | None, settings: BenchSettings,
                       cfg: ServerConfig, owner: str | None = None) -> BenchJob:
         """Launch a plain server, then one with ``speculator``, benchmark both (background)."""
+        _confine_config(cfg)
+        speculator, prompts = ui_drafter(speculator), ui_prompts(prompts)
         with self._lock:
             self._check_free()
             job = self.job = BenchJob(f"plain vs {speculator} on {prompts}")
