@@ -32,8 +32,11 @@ def _start_writer(db: Path, *args: object) -> tuple[subprocess.Popen[str], int]:
 def test_writer_process_and_readers_here_never_see_database_locked(tmp_path: Path) -> None:
     db = tmp_path / "specui.db"
     store = Store(db)
-    # 4 prompts x 1000 steps in batches of 25 (160 commits), pausing 2 ms every 50 steps.
-    proc, run_id = _start_writer(db, 4, 1000, 25, 50, 0.002)
+    # 4 prompts x 1000 steps in batches of 25 (160 commits), pausing 2 ms every 50 steps
+    # and, through the gate file, until this reader has read again: on a busy machine the
+    # writer could otherwise finish between two reads and the test would prove nothing.
+    gate = tmp_path / "reads"
+    proc, run_id = _start_writer(db, 4, 1000, 25, 50, 0.002, gate)
     seen: set[int] = set()
     reads = writes = 0
     while proc.poll() is None:
@@ -47,6 +50,9 @@ def test_writer_process_and_readers_here_never_see_database_locked(tmp_path: Pat
         other = store.create_run(verifier="v", prompt_set="other")
         store.finish_run(other.id, RunStatus.DONE)
         writes += 1
+        tmp = gate.with_suffix(".tmp")
+        tmp.write_text(str(reads))
+        os.replace(tmp, gate)  # the writer never sees a half-written count
         time.sleep(0.01)
     _, err = proc.communicate()
     assert proc.returncode == 0, err
