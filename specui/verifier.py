@@ -307,7 +307,8 @@ def convert_gguf(gguf: Path, name: str | None = None) -> Path:
     """Dequantize a GGUF file once into ``cache_dir()/models/NAME`` (safetensors)."""
     out = cache_dir() / "models" / (name or gguf.stem)
     stamp = out / "specui-source.json"
-    source = {"gguf": str(gguf), "size": gguf.stat().st_size}
+    # Name and size, not the path: every virtualenv holding the same wheel shares one conversion.
+    source = {"gguf": gguf.name, "size": gguf.stat().st_size}
     if stamp.is_file() and json.loads(stamp.read_text()) == source:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

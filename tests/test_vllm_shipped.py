@@ -9,15 +9,23 @@ drafters (another attention mask, another mask token, sequential instead of
 parallel drafting), not noise; the 10% tolerance covers the few drafts that CPU
 kernel numerics (vLLM's fused fp32 kernels vs. torch eager) flip.
 
+Beyond tau, the two must draft the same thing: at every output position where a
+step starts on both backends (the same context, greedy), the number of accepted
+drafts must agree (>= 95% of such positions; CPU numerics flip the odd one).
+
 P-EAGLE is served with ``parallel_drafting``; without it vLLM silently drafts
 sequentially as EAGLE-3, feeding the drafter its own hidden states where it was
-trained on ``mask_hidden``.  Matching the local (parallel) engine's acceptance
-at every position beyond the first is what shows the served run drafts in
+trained on ``mask_hidden``.  Measured with a P-EAGLE checkpoint (step 700, 4
+prompts x 48 tokens): served in parallel, 98% of the steps agreed with the local
+engine; served sequentially, 83% (tau 1.84 vs 1.73, within 10%, so tau alone
+would not tell) -- the agreement is what shows the served run drafts in
 parallel; the launch line is checked too.
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -28,6 +36,7 @@ from tests.test_vllm import needs_vllm
 PROMPTS = 4
 MAX_NEW = 48
 TOLERANCE = 0.10
+MIN_STEP_AGREEMENT = 0.95
 
 
 @pytest.fixture(scope="module")
@@ -117,10 +126,31 @@ def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance
     assert served["acceptance_length"] == pytest.approx(local["acceptance_length"], rel=TOLERANCE), (
         f"{algo}: vLLM tau {served['acceptance_length']:.3f} vs local {local['acceptance_length']:.3f}"
     )
+    agreement, common = step_agreement(store, local["run_id"], run.run_id, len(prompts))
+    assert common >= 50, f"only {common} steps started at the same position on both backends"
+    assert agreement >= MIN_STEP_AGREEMENT, f"{algo}: vLLM and the local engine agree on {agreement:.1%} of {common} steps"
     if algo == "peagle":
-        command = store.get_run(run.run_id).settings["vllm"]["command_line"]
-        assert '"parallel_drafting": true' in command, command
-        # Sequential drafting would leave position 1 alone and change every later one.
-        for k in range(2, drafter.num_speculative_tokens + 1):
-            a_local, a_served = local[f"acceptance_pos_{k}"], served[f"acceptance_pos_{k}"]
-            assert a_served == pytest.approx(a_local, abs=0.1), f"position {k}: vLLM {a_served:.3f} vs local {a_local:.3f}"
+        argv = shlex.split(store.get_run(run.run_id).settings["vllm"]["command_line"])
+        spec = json.loads(argv[argv.index("--speculative-config") + 1])
+        assert spec["method"] == "eagle3" and spec["parallel_drafting"] is True, spec
+
+
+def _accepted_by_position(store, run_id: int, prompt_index: int) -> dict[int, int]:
+    """Accepted drafts of each step, keyed by the output position the step starts at."""
+    out, pos = {}, 0
+    for step in store.get_steps(run_id, prompt_index):
+        out[pos] = step.num_accepted
+        pos += len(step.to_trace().emitted_token_ids)
+    return out
+
+
+def step_agreement(store, run_a: int, run_b: int, num_prompts: int) -> tuple[float, int]:
+    """Share of the steps starting at the same output position in both runs (after
+    the first: vLLM's is the prefill) whose accepted counts are equal, and their number."""
+    same = common = 0
+    for p in range(num_prompts):
+        a, b = _accepted_by_position(store, run_a, p), _accepted_by_position(store, run_b, p)
+        shared = (a.keys() & b.keys()) - {0}
+        common += len(shared)
+        same += sum(a[k] == b[k] for k in shared)
+    return (same / common if common else 0.0), common
