@@ -24,6 +24,7 @@ import pytest
 
 from specui.trace import SpecUIError
 from tests.conftest import REPO
+from tests.test_vllm import needs_vllm
 
 # --- 1. no pickle on any load path --------------------------------------------------------
 
@@ -415,17 +416,6 @@ def test_app_binds_loopback_unless_told_otherwise(monkeypatch) -> None:
     assert args.admin and args.max_upload_mb == 8
 
 
-def _vllm_missing() -> bool:
-    from specui.vllm.server import vllm_python
-
-    try:
-        vllm_python()
-    except SpecUIError:
-        return True
-    return False
-
-
-needs_vllm = pytest.mark.skipif(_vllm_missing() and not os.environ.get("CI"), reason=".venv-vllm is missing and CI is unset")
 
 
 @needs_vllm

@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from specui.drafters.resolve import shipped_drafters
-from tests.test_vllm import needs_vllm
+from tests.test_vllm import _launch, needs_vllm
 
 PROMPTS = 4
 MAX_NEW = 48
@@ -59,14 +59,6 @@ def prompts():
 
     # Held-out prompts of the set the shipped drafters were trained on (never their training split).
     return load_prompts("gsm-symbolic", split="eval", limit=PROMPTS)
-
-
-def _launch(request, work: Path, name: str, **kw):
-    from specui.vllm.server import ServerConfig, VLLMServer
-
-    server = VLLMServer.launch(ServerConfig(log_path=str(work / f"{name}.log"), startup_timeout_s=420, **kw))
-    request.addfinalizer(server.stop)
-    return server
 
 
 def _serve(request, work, store, prompts, name: str, **kw):
