@@ -479,8 +479,10 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
             "confidence_brier": None,
         }
         h = hist[rid]
+        # Positions past this run's own K were never drafted: blank, not an acceptance of 0.
+        own_k = max(st.get("max_drafted") or 0, _settings_k(run) or 0)
         for k in range(1, k_max + 1):
-            row[f"acceptance_pos_{k}"] = sum(c for n, c in h.items() if n >= k) / drafts if drafts else None
+            row[f"acceptance_pos_{k}"] = sum(c for n, c in h.items() if n >= k) / drafts if drafts and k <= own_k else None
         for base in find_baseline(store, run, prefer=ids):
             base_prompts = prompts.get(base.id) if base.id in prompts else _finished_prompts(store, [base.id])[base.id]  # type: ignore[list-item]
             common = set(fin) & set(base_prompts)

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 EMBEDDED = "embedded"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # what the embedded verifier is called in runs and the UI
 
 
 def cache_dir() -> Path:
@@ -84,7 +85,7 @@ class Verifier:
         if spec == EMBEDDED:
             folder = embedded_folder()
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-            return cls(model, _load_tokenizer(folder), name="SmolLM2-135M-Instruct")
+            return cls(model, _load_tokenizer(folder), name=EMBEDDED_NAME)
         path = Path(spec).expanduser()
         if path.suffix == ".gguf":
             if not path.is_file():

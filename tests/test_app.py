@@ -134,12 +134,27 @@ def _tab(page, name: str) -> None:
     page.get_by_role("tab", name=name).click()
 
 
-def test_browser_playground_shows_accepted_and_rejected_tokens(page):
+def test_browser_playground_shows_accepted_and_rejected_tokens(page, app_url):
+    """A fresh clone's Playground runs a SHIPPED drafter (DSpark, preselected) with no
+    training and no network: accepted / rejected tokens in distinct colours, and DSpark's
+    confidence score beside each drafted token."""
+    from specui.data import load_prompts
+    from specui.drafters.resolve import shipped_drafters
+    from specui.store import Store
+
+    assert "dspark" in shipped_drafters(), "the shipped drafters are missing from data/drafters"
     _tab(page, "Playground")
-    page.locator("#prompt textarea").fill(PROMPT)
+    chosen = page.locator("#drafter-a input").first.input_value()
+    assert chosen == "dspark", f"the Playground preselects {chosen!r}, not the shipped DSpark"
+    # A held-out prompt of the set the shipped drafters were trained on (their domain).
+    page.locator("#prompt textarea").fill(load_prompts("gsm-symbolic", split="eval", limit=1)[0].text)
     page.locator("#generate").click()
     page.wait_for_selector("#steps-a .tok.accepted")
     page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('done')", timeout=120_000)
+    confidences = [float(t) for t in page.locator("#steps-a .tok sup.conf").all_inner_texts()]
+    assert confidences and all(0.0 <= c <= 1.0 for c in confidences), confidences
+    run = Store(app_url[1] / "specui.db").list_runs(limit=1)[0]
+    assert (run.algorithm, str(run.status)) == ("dspark", "done"), (run.algorithm, run.status, run.drafter)
     colours = {}
     for cls in ("accepted", "rejected", "corrected", "bonus"):
         loc = page.locator(f"#steps-a .tok.{cls}")

@@ -70,8 +70,11 @@ def _expected(prompts: list[list[StepTrace]], walls: list[float], k_max: int, ba
         "tokens_per_s": tokens / wall,
         "speedup": None if base_tpot is None else base_tpot / (wall / tokens),
     }
+    own_k = max([len(s.draft_token_ids) for s in steps] + [0])  # slots past a run's own K: never drafted
     for k in range(1, k_max + 1):
-        exp[f"acceptance_pos_{k}"] = sum(1 for s in drafts if s.num_accepted >= k) / len(drafts) if drafts else None
+        exp[f"acceptance_pos_{k}"] = (
+            sum(1 for s in drafts if s.num_accepted >= k) / len(drafts) if drafts and k <= own_k else None
+        )
     conf, lab = [], []
     for s in steps:
         for slot, c in enumerate(s.confidences or []):
@@ -124,7 +127,7 @@ def test_comparison_csv_matches_independent_computation(three_runs, tmp_path: Pa
                 assert float(row[key]) == pytest.approx(value, rel=1e-12), (name, key)
     assert rows[0]["speedup"] == "1.0"
     assert rows[1]["label"] == "'=DSpark (cal)"  # a spreadsheet must not run it as a formula
-    assert rows[1]["acceptance_pos_4"] == "0.0"  # K=3 run: slot 4 never drafted, column shared
+    assert rows[1]["acceptance_pos_4"] == ""  # K=3 run: slot 4 never drafted (blank, not 0), column shared
 
 
 def test_steps_csv_has_one_row_per_step_with_the_stored_values(three_runs, tmp_path: Path) -> None:

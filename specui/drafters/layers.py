@@ -588,8 +588,12 @@ class LearnedDrafter:
 
 def verifier_identity(verifier: Any) -> dict[str, Any]:
     """The verifier fields a new checkpoint records (speculators_config.verifier)."""
+    from specui.verifier import EMBEDDED_HUB_ID, EMBEDDED_NAME
+
     cfg = verifier.config
     path = getattr(cfg, "_name_or_path", None) or getattr(cfg, "name_or_path", None) or verifier.name
+    if verifier.name == EMBEDDED_NAME:  # its folder is a cache path on this machine: record the hub id
+        path = EMBEDDED_HUB_ID
     return {"verifier_name_or_path": str(path), "verifier_architectures": list(getattr(cfg, "architectures", None) or [])}
 
 
