@@ -66,3 +66,10 @@ def test_shipped_drafter_by_name_is_lossless_and_drafts_well(algo, embedded_veri
     # 1.47 (DSpark), 1.57 (P-EAGLE), >= 1.6 (EAGLE-3); over 12 prompts x 128 tokens the README's
     # table has 1.9-2.5.  A randomly initialised or mismatched drafter stays at 1.0-1.05.
     assert result.acceptance_length >= 1.25, f"{algo}: tau {result.acceptance_length:.2f}"
+
+
+def test_new_checkpoints_of_the_embedded_verifier_record_its_hub_id(embedded_verifier):
+    """Not the cache folder it was converted into (a path on one machine only)."""
+    from specui.drafters.layers import verifier_identity
+
+    assert verifier_identity(embedded_verifier)["verifier_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
