@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -177,7 +178,10 @@ def _bar_problems(algo: str, r0: dict, rows0: list[dict], calib: dict | None) ->
     if algo == "dspark":
         auroc = None if calib is None else calib["after"]["auroc"]
         if auroc is None or auroc < BAR_AUROC:
-            problems.append(f"confidence AUROC {auroc:.3f} < {BAR_AUROC}" if calib else "no calibration (run the calibrate stage)")
+            if calib is None:
+                problems.append("no calibration (run the calibrate stage)")
+            else:  # AUROC is None when every scored slot had the same outcome
+                problems.append(f"confidence AUROC {'undefined' if auroc is None else f'{auroc:.3f}'} < {BAR_AUROC}")
     return problems
 
 
@@ -209,7 +213,7 @@ def card(a: argparse.Namespace) -> None:
     from safetensors import safe_open
 
     with safe_open(str(dest / "model.safetensors"), "pt") as f:
-        n_params = sum(_numel(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118 (safe_open is not iterable)
+        n_params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118 (safe_open is not iterable)
     model_type = json.loads((dest / "config.json").read_text()).get("speculators_model_type", a.algo)
     size = (dest / "model.safetensors").stat().st_size
     lines = [
@@ -266,13 +270,6 @@ def card(a: argparse.Namespace) -> None:
     print(f"card {a.algo}: wrote {dest / 'README.md'}" + (f"; MISSES THE BAR: {'; '.join(problems)}" if problems else ""))
     if problems and not a.force:
         sys.exit(1)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 # --- the README's results table and per-position acceptance plot -----------------------------

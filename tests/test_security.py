@@ -416,8 +416,6 @@ def test_app_binds_loopback_unless_told_otherwise(monkeypatch) -> None:
     assert args.admin and args.max_upload_mb == 8
 
 
-
-
 @needs_vllm
 def test_vllm_command_binds_loopback_and_keeps_the_api_key_off_it() -> None:
     from specui.vllm.server import ServerConfig, plan_launch
