@@ -103,6 +103,33 @@ def test_dspark_warm_start_copies_the_dflash_backbone(data, fixture_dir, fixture
     assert "markov_head.markov_w1.weight" in said[0]  # reported as new
 
 
+def test_warm_start_keeps_the_source_draft_vocabulary(data, fixture_verifier, tmp_path):
+    """A warm start on other data must keep the source's draft vocabulary: its draft-head
+    rows and d2t are copied, so a recounted vocabulary would map them to other tokens."""
+    other = tmp_path / "other.jsonl"
+    rng = random.Random(1)
+    with open(other, "w") as f:
+        for i in range(16):
+            f.write(json.dumps({"id": f"q{i}", "prompt_ids": [rng.randrange(250, 500) for _ in range(12)]}) + "\n")
+
+    def run(out: Path, prompts: Path, init_from: Path | None = None):
+        return train(TrainConfig(
+            algorithm="eagle3", verifier=str(data["verifier"]), prompts=str(prompts), out=str(out),
+            cache_dir=str(data["cache"]), max_new_tokens=40, aux_layer_ids=[1, 3, 4], steps=2, log_every=1,
+            lr=3e-3, warmup_steps=0, draft_vocab_size=64, init_from=str(init_from) if init_from else None,
+        ))  # fmt: skip
+
+    source = run(tmp_path / "src", data["prompts"])
+    fresh = run(tmp_path / "fresh", other)
+    warm = run(tmp_path / "warm", other, init_from=tmp_path / "src")
+    src_d2t = load_file(str(tmp_path / "src" / "model.safetensors"))["d2t"]
+    # The other prompts' most frequent tokens differ, so only the inherited vocabulary matches.
+    assert not torch.equal(load_file(str(tmp_path / "fresh" / "model.safetensors"))["d2t"], src_d2t)
+    assert torch.equal(load_file(str(tmp_path / "warm" / "model.safetensors"))["d2t"], src_d2t)
+    assert torch.equal(warm.model.lm_head.weight, source.model.lm_head.weight)  # frozen head rows, same tokens
+    assert fresh.model is not None
+
+
 # --- bad input --------------------------------------------------------------------------------
 
 

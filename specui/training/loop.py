@@ -34,6 +34,7 @@ from torch import nn
 from specui.data.distill import TokenSample, self_distill
 from specui.data.hidden import HiddenStateExtractor, HiddenStateStore, LocalExtractor, SampleTensors
 from specui.data.prompts import load_prompts
+from specui.drafters.layers import draft_target_ids
 from specui.trace import SpecUIError
 from specui.training import distributed
 from specui.training.config import TrainConfig
@@ -193,7 +194,11 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
     samples = prepare_samples(cfg, verifier, cache_dir, d, hooks)
     kept = None
     if cfg.draft_vocab_size is not None and cfg.draft_vocab_size < verifier.vocab_size:
-        kept = most_frequent_tokens(samples, verifier.vocab_size, cfg.draft_vocab_size)
+        kept = inherited_draft_vocab(Path(cfg.init_from), cfg.draft_vocab_size) if cfg.init_from else None
+        if kept is not None:
+            hooks.say(f"draft vocabulary of {cfg.draft_vocab_size} tokens kept from {cfg.init_from}")
+        else:
+            kept = most_frequent_tokens(samples, verifier.vocab_size, cfg.draft_vocab_size)
     objective = objective_for(cfg, verifier, TargetHead(verifier, kept, d.device))
     objective.draft_vocab = kept
     usable = [s for s in samples if objective.usable(s)]
@@ -209,6 +214,10 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
     model = objective.build().to(d.device)
     if cfg.init_from:
         warm_start(model, Path(cfg.init_from), verifier, hooks)
+    d2t = getattr(model, "d2t", None)
+    if kept is not None and d2t is not None and not torch.equal(draft_target_ids(d2t).cpu(), kept):
+        # The loss would score the head's rows against other tokens than they draft.
+        raise SpecUIError(f"the draft vocabulary of {cfg.init_from} does not match this run's")
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(trainable, cfg)
@@ -412,6 +421,27 @@ def _to(s: SampleTensors, device: torch.device) -> SampleTensors:
     if device.type == "cpu":
         return s
     return SampleTensors(*(t.to(device, non_blocking=True) for t in (s.input_ids, s.hidden_states, s.last_hidden, s.loss_mask)))
+
+
+def inherited_draft_vocab(path: Path, size: int) -> torch.Tensor | None:
+    """The target ids of a warm-start checkpoint's draft vocabulary, if it has one of ``size``.
+
+    Its ``d2t`` and draft head rows are copied by ``warm_start``; a vocabulary
+    recounted from other training data would put other tokens behind those rows.
+    """
+    from safetensors import safe_open
+
+    from specui.drafters.checkpoint import WEIGHTS_FILE
+
+    file = path / WEIGHTS_FILE
+    try:
+        with safe_open(str(file), "pt") as f:
+            if "d2t" not in set(f.keys()):
+                return None
+            d2t = f.get_tensor("d2t").long()
+    except (OSError, SafetensorError) as e:
+        raise SpecUIError(f"cannot read the warm-start checkpoint {file}: {e}") from None
+    return draft_target_ids(d2t) if d2t.numel() == size else None
 
 
 def warm_start(model: nn.Module, path: Path, verifier, hooks: TrainHooks) -> None:
