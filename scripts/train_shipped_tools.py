@@ -185,6 +185,34 @@ def _bar_problems(algo: str, r0: dict, rows0: list[dict], calib: dict | None) ->
     return problems
 
 
+def _wall_s(run: Path, cfg: dict) -> float:
+    """Seconds of training steps (metrics.jsonl logs every log_every steps; a resumed run may
+    repeat a step: count each once)."""
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    step_time = {m["step"]: m.get("step_time_s") or 0.0 for m in metrics}
+    return sum(step_time.values()) * cfg["log_every"]
+
+
+def _lineage(run: Path) -> list[tuple[Path, dict]]:
+    """(run folder, its train_run.json) for ``run`` and each run it was warm-started from."""
+    out: list[tuple[Path, dict]] = []
+    while run is not None and (run / "train_run.json").is_file() and len(out) < 8:
+        train_run = json.loads((run / "train_run.json").read_text())
+        out.append((run, train_run))
+        init = train_run["config"].get("init_from")
+        run = Path(init) if init else None
+    return out
+
+
+def _run_summary(train_run: dict, own: bool) -> str:
+    cfg = train_run["config"]
+    text = (f"{train_run.get('step')} steps, batch {cfg['batch_size']}, lr {cfg['lr']} ({cfg['schedule']}, "
+            f"warmup {cfg['warmup_steps']})")  # fmt: skip
+    if not own:  # an earlier round: its own data and algorithm
+        text = f"a {cfg['algorithm']} run on the first {cfg['num_prompts']} prompts, {text}"
+    return text + ("" if cfg.get("init_from") else ", from scratch")
+
+
 def card(a: argparse.Namespace) -> None:
     """Check the bar on the SHIPPED copy's bench rows and write DEST/README.md (the model card).
     Exits 1 when the drafter misses the bar (the card says so); ``--force`` exits 0 anyway."""
@@ -199,12 +227,9 @@ def card(a: argparse.Namespace) -> None:
     cpath = root / "calibration-dspark.json"
     calib = json.loads(cpath.read_text()) if a.algo == "dspark" and cpath.is_file() else None
     problems = _bar_problems(a.algo, r0, rows0, calib)
-    train_run = json.loads((run / "train_run.json").read_text())
-    cfg = train_run["config"]
-    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    # metrics.jsonl logs every log_every steps (a resumed run may repeat a step: count each once)
-    step_time = {m["step"]: m.get("step_time_s") or 0.0 for m in metrics}
-    wall = sum(step_time.values()) * cfg["log_every"]
+    lineage = _lineage(run)  # this run, then the runs it was warm-started from
+    cfg = lineage[0][1]["config"]
+    wall = sum(_wall_s(r, t["config"]) for r, t in lineage)
     distill_info = (root / "distill.done").read_text().strip() if (root / "distill.done").is_file() else "?"
     r1 = next((r for r in _runs(bench1) if r.get("drafter") == dest.name), {}) if bench1.is_file() else {}
     pos0 = " ".join(f"{v:.3f}" for v in _acceptance(r0))
@@ -235,9 +260,8 @@ def card(a: argparse.Namespace) -> None:
             "peagle": f"{cfg['num_depths']} depths per pass, mask token {cfg['mask_token_id']}, verifier embedding frozen",
             "eagle3": f"{cfg['ttt_steps']} training-time-test steps",
         }[a.algo],
-        f"- optimisation: {train_run.get('step')} steps, batch {cfg['batch_size']}, lr {cfg['lr']} ({cfg['schedule']}, "
-        f"warmup {cfg['warmup_steps']}), init from {Path(cfg['init_from']).name + ' (the DFlash run)' if cfg['init_from'] else 'scratch'}",
-        f"- wall time: about {wall / 3600:.1f} h of training steps on {platform.machine()} "
+        *[f"- {'optimisation' if i == 0 else 'warm-started from'}: {_run_summary(t, i == 0)}" for i, (_, t) in enumerate(lineage)],
+        f"- wall time: about {wall / 3600:.1f} h of training steps{' in all' if len(lineage) > 1 else ''} on {platform.machine()} "
         f"({os.cpu_count()} cores, shared with another training), {cfg['threads']} torch thread, fp32 compute",
         f"- why these sizes: {WHY[a.algo]} {WHY['all']}",
         "",
