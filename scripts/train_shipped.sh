@@ -55,15 +55,22 @@ SPECUI=${SPECUI:-$REPO/.venv/bin/specui}
 ROOT=${SPECUI_TRAIN_ROOT:-/work/train-runs}
 case "$ROOT" in "$REPO"|"$REPO"/*) echo "SPECUI_TRAIN_ROOT must lie outside the repository" >&2; exit 2;; esac
 
-# ROUND=2 fine-tunes each finished round-1 run (ROOT/<algo>) on three times the distilled data
-# (3000 prompts of the same training split; the first 1000 are round 1's, cached) into
-# RUNS=ROOT/round2, with its own bench, calibration and cards.  Why: the round-1 drafters reach
-# tau 4-6 on training prompts but 1.9-2.5 held out (150k tokens are too few to generalise).
-# The warm start keeps each drafter's draft vocabulary (specui.training.loop.inherited_draft_vocab).
+# ROUND=2 fine-tunes each finished round-1 run (ROOT/<algo>) on varied data into RUNS=ROOT/round2,
+# with its own bench, calibration and cards: 3000 prompts alternating gsm-symbolic's training
+# split (its first 1500; the first 1000 are round 1's, cached) and rg-math (other reasoning-gym
+# math and word problems).  Why: the round-1 drafters reach tau 3.5-4.0 on NEW problems of the
+# training templates but 2.1-2.6 on the held-out templates, so more problems of the same
+# templates would not help; other problems might.  The warm start keeps each drafter's draft
+# vocabulary (specui.training.loop.inherited_draft_vocab).
 ROUND=${ROUND:-1}
-if [ "$ROUND" = 2 ]; then RUNS=${RUNS:-$ROOT/round2}; DEFAULT_PROMPTS=3000; else RUNS=${RUNS:-$ROOT}; DEFAULT_PROMPTS=1000; fi
-PROMPTS=${PROMPTS:-gsm-symbolic}
+if [ "$ROUND" = 2 ]; then
+  RUNS=${RUNS:-$ROOT/round2}; DEFAULT_PROMPTS=3000; DEFAULT_SETS=gsm-symbolic,rg-math
+else
+  RUNS=${RUNS:-$ROOT}; DEFAULT_PROMPTS=1000; DEFAULT_SETS=gsm-symbolic
+fi
+PROMPTS=${PROMPTS:-$DEFAULT_SETS}              # training data: the TRAINING split of these sets
 NUM_PROMPTS=${NUM_PROMPTS:-$DEFAULT_PROMPTS}   # round 1: the first 1000 of gsm-symbolic's training split
+EVAL_PROMPTS=${EVAL_PROMPTS:-gsm-symbolic}     # the bar is measured on this set's held-out split
 MAX_NEW=${MAX_NEW:-256}
 GEN_BS=${GEN_BS:-16}
 THREADS=${THREADS:-1}
@@ -126,7 +133,7 @@ stage_train() {  # ALGO
     --log-every 10 --checkpoint-every 100 --keep-checkpoints 2 --no-progress $args
   finished "$out"
   # A quick held-out look (T=0, 8 prompts) so a finished run shows its tau at once.
-  "$SPECUI" bench --drafter "$out" --prompts "$PROMPTS" --limit 8 --max-new-tokens "$BENCH_MAX_NEW" \
+  "$SPECUI" bench --drafter "$out" --prompts "$EVAL_PROMPTS" --limit 8 --max-new-tokens "$BENCH_MAX_NEW" \
     --threads "$THREADS" --db "$RUNS/bench.db" --json > "$out/quick-eval-T0.json"
   "$PY" "$REPO/scripts/train_shipped_tools.py" summary "$out/quick-eval-T0.json"
 }
@@ -155,8 +162,8 @@ stage_bench() {
   for t in $BENCH_TEMPS; do
     local f=$RUNS/bench-T$t.json
     if [ -f "$f" ] && [ "$(cat "$f.drafters" 2>/dev/null)" = "$names" ]; then say "bench T=$t: done"; continue; fi
-    say "bench T=$t: specui bench --shipped ($names) on $BENCH_LIMIT held-out $PROMPTS prompts"
-    "$SPECUI" bench --shipped --prompts "$PROMPTS" --limit "$BENCH_LIMIT" --max-new-tokens "$BENCH_MAX_NEW" \
+    say "bench T=$t: specui bench --shipped ($names) on $BENCH_LIMIT held-out $EVAL_PROMPTS prompts"
+    "$SPECUI" bench --shipped --prompts "$EVAL_PROMPTS" --limit "$BENCH_LIMIT" --max-new-tokens "$BENCH_MAX_NEW" \
       --temperature "$t" --seed 0 --threads "$THREADS" --db "$RUNS/bench.db" --json > "$f.tmp"
     mv "$f.tmp" "$f"; echo "$names" > "$f.drafters"
   done
@@ -168,7 +175,7 @@ stage_calibrate() {
   [ -f "$RUNS/bench-T0.json" ] || { say "calibrate: run bench first"; return 1; }
   local fit=$RUNS/calib-fit-T0.json
   if [ ! -f "$fit" ] || [ "$REPO/data/drafters/dspark/model.safetensors" -nt "$fit" ]; then
-    "$PY" "$REPO/scripts/train_shipped_tools.py" heldout-file "$PROMPTS" "$BENCH_LIMIT" "$CALIB_LIMIT" "$RUNS/calib-prompts.jsonl"
+    "$PY" "$REPO/scripts/train_shipped_tools.py" heldout-file "$EVAL_PROMPTS" "$BENCH_LIMIT" "$CALIB_LIMIT" "$RUNS/calib-prompts.jsonl"
     "$SPECUI" bench --drafter dspark --prompts "$RUNS/calib-prompts.jsonl" --max-new-tokens "$BENCH_MAX_NEW" \
       --threads "$THREADS" --db "$RUNS/bench.db" --json > "$fit.tmp"
     mv "$fit.tmp" "$fit"

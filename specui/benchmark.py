@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from specui.data import Prompt, load_prompts, prompt_sets
+from specui.data import Prompt, bench_split, load_prompts
 from specui.drafters.base import Drafter
 from specui.engine import Decoding
 from specui.metrics import Comparison, compare
@@ -130,9 +130,7 @@ def bench(
     """Baseline + each drafter over the same prompts; returns run ids and their comparison."""
     # Settings first: a bad one must fail before prompts and models load, and store nothing.
     check_decode_settings(max_new_tokens=max_new_tokens, seed=seed, num_speculative_tokens=num_speculative_tokens)
-    # A registered set contributes its held-out split; a user's file is used whole.
-    split = "eval" if prompts in prompt_sets() else "all"
-    prompt_list = load_prompts(prompts, split=split, limit=limit)
+    prompt_list = load_prompts(prompts, split=bench_split(prompts), limit=limit)
     if not prompt_list:
         raise SpecUIError(f"prompt set {prompts!r} has no prompts")
     v = WORKBENCH.verifier(verifier)

@@ -19,10 +19,10 @@ from specui.trace import SpecUIError
 
 
 def test_builtin_sets_are_registered():
-    assert {"humaneval", "gsm-symbolic", "demo"} <= set(prompt_sets())
+    assert {"humaneval", "gsm-symbolic", "rg-math", "demo"} <= set(prompt_sets())
 
 
-@pytest.mark.parametrize(("name", "limit"), [("humaneval", None), ("gsm-symbolic", 300), ("demo", None)])
+@pytest.mark.parametrize(("name", "limit"), [("humaneval", None), ("gsm-symbolic", 300), ("rg-math", 300), ("demo", None)])
 def test_train_and_eval_splits_never_share_content(name, limit):
     train = load_prompts(name, split="train", limit=limit)
     held_out = load_prompts(name, split="eval", limit=limit)
@@ -45,8 +45,38 @@ def test_gsm_symbolic_eval_templates_are_unseen_in_train():
     assert not {p.meta["template"] for p in train} & {p.meta["template"] for p in held_out}
 
 
-def test_limit_takes_a_prefix():
-    assert load_prompts("gsm-symbolic", "train", limit=5) == load_prompts("gsm-symbolic", "train", limit=20)[:5]
+@pytest.mark.parametrize("name", ["gsm-symbolic", "rg-math", "gsm-symbolic,rg-math"])
+def test_limit_takes_a_prefix(name):
+    assert load_prompts(name, "train", limit=5) == load_prompts(name, "train", limit=40)[:5]
+
+
+def test_rg_math_mixes_its_tasks_and_leaves_gsm_symbolic_out():
+    from specui.data.sets import RG_MATH_TASKS
+
+    prompts = load_prompts("rg-math", "train", limit=200)
+    assert len(prompts) == 200 and all(p.text for p in prompts)
+    assert {p.meta["task"] for p in prompts} == set(RG_MATH_TASKS)  # every task within a short prefix
+    assert "gsm_symbolic" not in RG_MATH_TASKS
+
+
+def test_a_mix_alternates_its_sets_within_one_split():
+    mixed = load_prompts("gsm-symbolic,rg-math", "train", limit=100)
+    assert [p.source for p in mixed[:4]] == ["gsm-symbolic", "rg-math", "gsm-symbolic", "rg-math"]
+    assert [p for p in mixed if p.source == "gsm-symbolic"] == load_prompts("gsm-symbolic", "train", limit=50)
+    held_out = {p.content_hash for p in load_prompts("gsm-symbolic,rg-math", "eval", limit=100)}
+    assert not held_out & {p.content_hash for p in mixed}
+
+
+def test_bench_scores_a_sets_held_out_split_and_a_file_whole(tmp_path):
+    from specui.data import bench_split
+
+    path = write_prompt_file(tmp_path / "p.jsonl", [Prompt("q", "t", text="a question")])
+    assert bench_split("gsm-symbolic") == bench_split("gsm-symbolic,rg-math") == "eval"
+    assert bench_split(str(path)) == "all"
+    with pytest.raises(SpecUIError, match="mixes prompt sets and files"):
+        bench_split(f"gsm-symbolic,{path}")
+    with pytest.raises(SpecUIError, match="empty prompt set name"):
+        load_prompts("gsm-symbolic,", "train", limit=3)
 
 
 def test_user_jsonl_split_is_disjoint_and_covers_the_file(tmp_path):

@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     # Not argparse choices: the config reports an unknown algorithm with the list, as the job API does.
     p.add_argument("--algorithm", required=True, help="dflash | dspark | peagle | eagle3")
     p.add_argument("--verifier", default="embedded", help="embedded | HF folder | .gguf file | hub id")
-    p.add_argument("--prompts", default="gsm-symbolic", help="a prompt set (humaneval, gsm-symbolic, demo) or a JSONL file")
+    p.add_argument("--prompts", default="gsm-symbolic", help="a prompt set (humaneval, gsm-symbolic, rg-math, demo), a JSONL file, or a mix a,b (alternating)")
     p.add_argument("--out", required=True, help="output folder (final drafter, checkpoints/, metrics.jsonl)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
 

@@ -3,6 +3,7 @@
 from specui.data.prompts import (
     Prompt,
     PromptSet,
+    bench_split,
     load_prompts,
     prompt_sets,
     read_prompt_file,
@@ -10,4 +11,6 @@ from specui.data.prompts import (
     split_of,
 )
 
-__all__ = ["Prompt", "PromptSet", "load_prompts", "prompt_sets", "read_prompt_file", "register_prompt_set", "split_of"]
+__all__ = [
+    "Prompt", "PromptSet", "bench_split", "load_prompts", "prompt_sets", "read_prompt_file", "register_prompt_set", "split_of",
+]

@@ -22,6 +22,7 @@ skips such rows).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 from collections.abc import Callable, Iterable
@@ -183,12 +184,23 @@ def prompt_sets() -> dict[str, PromptSet]:
 
 
 def load_prompts(name_or_path: str | Path, split: str = "eval", limit: int | None = None) -> list[Prompt]:
-    """Prompts of a registered set or a JSONL file, one split, at most ``limit``."""
+    """Prompts of a registered set or a JSONL file, one split, at most ``limit``.
+
+    ``a,b`` mixes sets (or files): their prompts alternate, so every prefix holds
+    each source about equally (a training run's ``--num-prompts`` takes a prefix).
+    """
     check_split(split)
     if limit is not None and limit < 0:
         raise SpecUIError(f"limit must be >= 0, got {limit}")
-    sets = prompt_sets()
     name = str(name_or_path)
+    if "," in name and not Path(name).expanduser().is_file():
+        sources = [part.strip() for part in name.split(",")]
+        if not all(sources):
+            raise SpecUIError(f"empty prompt set name in {name!r}")
+        loaded = [load_prompts(source, split, limit) for source in sources]
+        mixed = [p for round_ in itertools.zip_longest(*loaded) for p in round_ if p is not None]
+        return mixed[:limit] if limit is not None else mixed
+    sets = prompt_sets()
     if name in sets:
         prompts = sets[name].loader(split, limit)
     else:
@@ -200,6 +212,21 @@ def load_prompts(name_or_path: str | Path, split: str = "eval", limit: int | Non
             )
         prompts = split_prompts(read_prompt_file(path), split)
     return prompts[:limit] if limit is not None else prompts
+
+
+def bench_split(name: str) -> str:
+    """The split a benchmark scores: a registered set's held-out split, a user's file whole.
+
+    A mix (``a,b``) must be all sets or all files: one split applies to every source,
+    and a file's held-out part, or a set's training part, would be scored unnoticed.
+    """
+    sources = [part.strip() for part in str(name).split(",")] if "," in str(name) and not Path(name).expanduser().is_file() else [str(name)]
+    registered = [source in prompt_sets() for source in sources]
+    if all(registered):
+        return "eval"
+    if not any(registered):
+        return "all"
+    raise SpecUIError(f"{name!r} mixes prompt sets and files; benchmark them separately")
 
 
 def split_prompts(prompts: Iterable[Prompt], split: str, eval_fraction: float = DEFAULT_EVAL_FRACTION) -> list[Prompt]:
