@@ -21,7 +21,7 @@ bfloat16 143 / 157 ms (1.09x), 3 of 256 flips (per prompt 0 2 1 0).
 So bfloat16 would make speculation pay from tau ~1.5 instead of ~3, but it is not
 lossless here: the bf16 kernels round a row differently when it is computed with
 other rows, and greedy DFlash decoding in bfloat16 diverged from plain bfloat16
-decoding on 3 of the first 5 held-out prompts (once at the second token).
+decoding on 3 held-out prompts of the first 8 (one at the second token).
 float32 gives identical output (the tests check it), so SpecUI verifies in
 float32 and reports its speedups at that cost.
 """
