@@ -225,6 +225,9 @@ def test_names_and_paths_inside_the_data_dir_still_work(data_dir, outside, monke
     from specui.ui.speculators import import_folder
 
     assert ui_verifier("embedded") == "embedded" and ui_drafter("ngram") == "ngram" and ui_prompts("demo") == "demo"
+    assert ui_prompts("gsm-symbolic, rg-math") == "gsm-symbolic,rg-math"  # a mix of registered sets
+    with pytest.raises(SpecUIError):  # a mix takes registered sets only: no path rides along
+        ui_prompts(f"demo,{outside / 'prompts.jsonl'}")
     assert ui_verifier("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     inside = data_dir / "incoming" / "spec"
     inside.mkdir(parents=True)
