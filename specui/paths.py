@@ -105,8 +105,9 @@ def ui_prompts(name: str) -> str:
     """A prompt set a visitor chose: a registered set, a mix of them (``a,b``), or a JSONL
     file in the app's folders."""
     from specui.data import prompt_sets
+    from specui.data.prompts import mix_sources
 
-    parts = [part.strip() for part in (name or "").split(",")]
+    parts = mix_sources(name or "")
     if len(parts) > 1 and all(part in prompt_sets() for part in parts):
         return ",".join(parts)
     return confine_choice(name, prompt_sets())

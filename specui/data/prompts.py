@@ -193,10 +193,8 @@ def load_prompts(name_or_path: str | Path, split: str = "eval", limit: int | Non
     if limit is not None and limit < 0:
         raise SpecUIError(f"limit must be >= 0, got {limit}")
     name = str(name_or_path)
-    if "," in name and not Path(name).expanduser().is_file():
-        sources = [part.strip() for part in name.split(",")]
-        if not all(sources):
-            raise SpecUIError(f"empty prompt set name in {name!r}")
+    sources = mix_sources(name)
+    if len(sources) > 1:
         loaded = [load_prompts(source, split, limit) for source in sources]
         mixed = [p for round_ in itertools.zip_longest(*loaded) for p in round_ if p is not None]
         return mixed[:limit] if limit is not None else mixed
@@ -214,14 +212,23 @@ def load_prompts(name_or_path: str | Path, split: str = "eval", limit: int | Non
     return prompts[:limit] if limit is not None else prompts
 
 
+def mix_sources(name: str) -> list[str]:
+    """The sets (or files) a name mixes: ``a,b`` -> [a, b]; anything else -> [name]."""
+    if "," not in name or Path(name).expanduser().is_file():  # a file may have a comma in its name
+        return [name]
+    sources = [part.strip() for part in name.split(",")]
+    if not all(sources):
+        raise SpecUIError(f"empty prompt set name in {name!r}")
+    return sources
+
+
 def bench_split(name: str) -> str:
     """The split a benchmark scores: a registered set's held-out split, a user's file whole.
 
     A mix (``a,b``) must be all sets or all files: one split applies to every source,
     and a file's held-out part, or a set's training part, would be scored unnoticed.
     """
-    sources = [part.strip() for part in str(name).split(",")] if "," in str(name) and not Path(name).expanduser().is_file() else [str(name)]
-    registered = [source in prompt_sets() for source in sources]
+    registered = [source in prompt_sets() for source in mix_sources(str(name))]
     if all(registered):
         return "eval"
     if not any(registered):

@@ -92,19 +92,18 @@ def rg_math(split: str, limit: int | None) -> list[Prompt]:
     want = 200 * len(RG_MATH_TASKS) if limit is None else limit
     out: list[Prompt] = []
     seen: set[str] = set()
-    # Round robin over the tasks, so every prefix mixes them; each task is a seeded stream.
-    chunk, start = 64, 0
+    chunk, start = 64, 0  # each task is a seeded stream, read a chunk at a time
     while len(out) < want:
+        per_task = []
         for task in RG_MATH_TASKS:
             ds = reasoning_gym.create_dataset(task, size=chunk, seed=RG_MATH_SEED + start)
-            for i in range(chunk):
-                p = Prompt(f"rg-math/{task}/{start + i}", "rg-math", text=ds[i]["question"], meta={"task": task, "answer": ds[i]["answer"]})
-                if p.content_hash not in seen and (split == "all" or split_of(f"rg-math:{p.content_hash}") == split):
-                    seen.add(p.content_hash)
-                    out.append(p)
+            per_task.append([Prompt(f"rg-math/{task}/{start + i}", "rg-math", text=ds[i]["question"],
+                                    meta={"task": task, "answer": ds[i]["answer"]}) for i in range(chunk)])  # fmt: skip
+        for p in (p for round_ in zip(*per_task, strict=True) for p in round_):  # round robin: every prefix mixes the tasks
+            if p.content_hash not in seen and (split == "all" or split_of(f"rg-math:{p.content_hash}") == split):
+                seen.add(p.content_hash)
+                out.append(p)
         start += chunk
-    # Interleave the tasks within the collected chunk rounds (stable by position).
-    out.sort(key=lambda q: (int(q.id.rsplit("/", 1)[1]) // chunk, int(q.id.rsplit("/", 1)[1]) % chunk, RG_MATH_TASKS.index(q.meta["task"])))
     return out[:want]
 
 
