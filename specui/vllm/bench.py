@@ -430,20 +430,18 @@ def _dist_ms(values: list[float]) -> dict[str, float | None]:
     return {"mean": statistics.fmean(ms), "p50": ms[len(ms) // 2], "p90": ms[min(len(ms) - 1, int(0.9 * len(ms)))]}
 
 
-EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # what a local run of the embedded verifier stores
-
-
 def verifier_label(verifier: str | None, model: str | None) -> str:
     """The verifier name a vLLM run stores: the same as a local run's for the
     embedded model and for folders, so the two line up in the store.  Without
     ``verifier`` (an attached server) it comes from the served model."""
+    # torch is imported only when a run is stored
+    from specui.verifier import EMBEDDED, EMBEDDED_NAME, cache_dir
+
     spec = verifier or model or "unknown"
-    if spec == "embedded":
+    if spec == EMBEDDED:
         return EMBEDDED_NAME
     path = Path(spec).expanduser()
     if path.is_dir():
-        from specui.verifier import cache_dir
-
         if path.resolve() == (cache_dir() / "models" / "smollm2-135m-instruct").resolve():
             return EMBEDDED_NAME
         return path.resolve().name
