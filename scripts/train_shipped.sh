@@ -88,10 +88,11 @@ DSPARK_ARGS=${DSPARK_ARGS:-"--layers 3 --block-size 8 --max-anchors 64 --steps 4
 PEAGLE_ARGS=${PEAGLE_ARGS:-"--layers 2 --depths 8 --batch-size 2 --steps 3000 --lr 6e-4 --warmup-steps 100 --freeze-embeddings"}
 EAGLE3_ARGS=${EAGLE3_ARGS:-"--layers 1 --ttt-steps 4 --batch-size 2 --steps 2600 --lr 6e-4 --warmup-steps 100"}
 if [ "$ROUND" = 2 ]; then  # half the learning rate, short warm-up; one epoch of the 3000 prompts
+  # (P-EAGLE: two thirds of one, 1000 steps at ~3 s: what the session time allowed)
   FT="--lr 3e-4 --warmup-steps 30"
   DFLASH_ARGS="--layers 3 --block-size 8 --max-anchors 64 --steps 750 $FT --init-from $ROOT/dflash"
   DSPARK_ARGS="--layers 3 --block-size 8 --max-anchors 64 --steps 750 $FT --markov-rank 256 --init-from $ROOT/dspark"
-  PEAGLE_ARGS="--layers 2 --depths 8 --batch-size 2 --steps 1500 $FT --freeze-embeddings --init-from $ROOT/peagle"
+  PEAGLE_ARGS="--layers 2 --depths 8 --batch-size 2 --steps 1000 $FT --freeze-embeddings --init-from $ROOT/peagle"
   EAGLE3_ARGS="--layers 1 --ttt-steps 4 --batch-size 2 --steps 1500 $FT --init-from $ROOT/eagle3"
 fi
 

@@ -95,6 +95,7 @@ def calibrate(a: argparse.Namespace) -> None:
         confidence_report,
         fit_temperature,
         load_confidences,
+        slot_rate_auroc,
     )
     from specui.store import Store
 
@@ -120,8 +121,16 @@ def calibrate(a: argparse.Namespace) -> None:
     after = ConfidenceMetrics.of(apply_temperature(test.confidences, t), test.labels)
     report = confidence_report(store, [test_id], temperature=t)
     per_slot = [None if m is None else {"auroc": m.auroc, "ece": m.ece, "brier": m.brier, "n": m.n} for m in report.per_slot]
+    # Context for the AUROC: what the slot index alone achieves, and the view serving truncates
+    # with (the running product over every drafted slot; calibrated slot by slot first).
+    survive = load_confidences(store, [test_id], prefix=True)
+    survive_calibrated = load_confidences(store, [test_id], prefix=True, temperature=t)
     out = {"temperature": t, "fit_run": fit_id, "test_run": test_id, "fit_slots": int(fit.confidences.size),
-           "before": vars(before), "after": vars(after), "per_slot_after": per_slot}  # fmt: skip
+           "before": vars(before), "after": vars(after), "per_slot_after": per_slot,
+           "slot_index_auroc": slot_rate_auroc(test),
+           "prefix": {"raw": vars(ConfidenceMetrics.of(survive.confidences, survive.labels)),
+                      "calibrated": vars(ConfidenceMetrics.of(survive_calibrated.confidences, survive.labels)),
+                      "slot_index_auroc": slot_rate_auroc(survive)}}  # fmt: skip
     Path(a.out).write_text(json.dumps(out, indent=2))
     print(f"dspark calibration: T={t:.3f}; held-out test slots {before.n}: "
           f"ECE {before.ece:.3f} -> {after.ece:.3f}, Brier {before.brier:.3f} -> {after.brier:.3f}, AUROC {after.auroc}")  # fmt: skip
@@ -290,6 +299,24 @@ def card(a: argparse.Namespace) -> None:
             f"| raw | {b['ece']:.4f} | {b['auroc']:.4f} | {b['brier']:.4f} |",
             f"| calibrated | {c['ece']:.4f} | {c['auroc']:.4f} | {c['brier']:.4f} |",
         ]
+        if "prefix" in calib:  # calibrations written before the prefix view lack it
+            pr, pc = calib["prefix"]["raw"], calib["prefix"]["calibrated"]
+            lines += [
+                "",
+                "Scored as above, each slot's score is the head's own estimand: the slot is accepted given "
+                "the slots before it were (slots after a step's first rejection have no outcome and are left "
+                f"out). The slot index alone (each slot scored by its slot's acceptance rate) gives AUROC "
+                f"{calib['slot_index_auroc']:.4f} on the same slots.",
+                "",
+                f"What serving truncates with, the running product prod_(j<=k) c_j (the chance the draft "
+                f"survives to slot k), against whether slot k was accepted, over all {pr['n']} drafted slots:",
+                "",
+                "| prefix survival | ECE | AUROC | Brier |",
+                "|---|---|---|---|",
+                f"| raw | {pr['ece']:.4f} | {pr['auroc']:.4f} | {pr['brier']:.4f} |",
+                f"| calibrated | {pc['ece']:.4f} | {pc['auroc']:.4f} | {pc['brier']:.4f} |",
+                f"| slot index alone | - | {calib['prefix']['slot_index_auroc']:.4f} | - |",
+            ]
     (dest / "README.md").write_text("\n".join(lines) + "\n")
     print(f"card {a.algo}: wrote {dest / 'README.md'}" + (f"; MISSES THE BAR: {'; '.join(problems)}" if problems else ""))
     if problems and not a.force:

@@ -256,8 +256,16 @@ def confidence_labels(num_accepted: int, n_slots: int) -> list[bool]:
     return [k < num_accepted for k in range(n_slots)]
 
 
-def load_confidences(store: Store, run_ids: Iterable[int]) -> ConfidenceSamples:
-    """Every stored confidence of the runs with its accepted-or-not label."""
+def load_confidences(
+    store: Store, run_ids: Iterable[int], *, prefix: bool = False, temperature: float = 1.0
+) -> ConfidenceSamples:
+    """Every stored confidence of the runs with its accepted-or-not label.
+
+    ``prefix=False`` (the head's own estimand): slot k's score against "slot k accepted, given
+    the slots before it were", over the slots up to each step's first rejection.
+    ``prefix=True`` (what serving truncates with): ``prod_{j<=k} c_j``, the estimate that the
+    draft survives up to slot k, against "slot k accepted", over every drafted slot.
+    ``temperature`` != 1 calibrates each slot's score first (``apply_temperature``)."""
     ids = list(run_ids)
     for rid in ids:
         store.get_run(rid)
@@ -278,9 +286,17 @@ def load_confidences(store: Store, run_ids: Iterable[int]) -> ConfidenceSamples:
     per_step = json.loads("[" + ",".join(texts) + "]")  # one parse, not one per step
     lengths = np.fromiter((len(c) for c in per_step), dtype=np.int64, count=len(per_step))
     conf = np.fromiter((x for c in per_step for x in c), dtype=np.float64, count=int(lengths.sum()))
+    if temperature != 1.0:
+        conf = apply_temperature(conf, temperature)
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
     slots = np.arange(conf.size, dtype=np.int64) - starts  # k within its step
     n_acc = np.repeat(np.asarray(accepted, dtype=np.int64), lengths)
+    if prefix:
+        # Per-step cumulative product, vectorised: a running sum of logs restarted at each step.
+        logs = np.cumsum(np.log(np.clip(conf, _EPS, 1.0)))
+        first = np.cumsum(lengths) - lengths
+        before = np.repeat(np.concatenate([[0.0], logs])[first], lengths)
+        return ConfidenceSamples(np.exp(logs - before), slots < n_acc, slots)
     # A slot's confidence is the head's per-slot estimate that the slot is accepted once the
     # slots before it were (it is trained on that slot's 1 - TV, and serving multiplies them
     # up): only slots up to the first rejected one have that outcome observed.  Slots after
@@ -288,6 +304,19 @@ def load_confidences(store: Store, run_ids: Iterable[int]) -> ConfidenceSamples:
     seen = slots <= n_acc
     labels = slots < n_acc  # accepted iff k < num_accepted
     return ConfidenceSamples(conf[seen], labels[seen], slots[seen])
+
+
+def slot_rate_auroc(samples: ConfidenceSamples) -> float | None:
+    """AUROC of the slot index alone: each slot scored by its slot's acceptance rate.
+
+    Acceptance falls with k, so pooled over slots even a head that knows nothing
+    but k ranks well; its own AUROC means something only above this baseline.
+    (In-sample rates: if anything the baseline is flattered.)"""
+    if samples.slots.size == 0:
+        return None
+    counts = np.bincount(samples.slots)
+    rate = np.bincount(samples.slots, weights=samples.labels.astype(np.float64)) / np.maximum(counts, 1)
+    return auroc(rate[samples.slots], samples.labels)
 
 
 @dataclass

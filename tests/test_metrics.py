@@ -13,6 +13,7 @@ import pytest
 
 from specui.metrics import (
     BASE_COLUMNS,
+    ConfidenceSamples,
     apply_temperature,
     auroc,
     brier_score,
@@ -21,6 +22,8 @@ from specui.metrics import (
     confidence_report,
     expected_calibration_error,
     fit_temperature,
+    load_confidences,
+    slot_rate_auroc,
     write_steps_csv,
 )
 from specui.store import Backend, DecodingSettings, RunStatus, Store
@@ -236,3 +239,36 @@ def test_calibration_fits_on_one_run_and_reports_on_another(tmp_path: Path) -> N
         plain = store.create_run(verifier="v", prompt_set="eval", algorithm="dflash")
         store.finish_run(plain.id, RunStatus.DONE)
         assert confidence_report(store, [plain.id]) is None
+
+
+def test_prefix_confidences_are_running_products_against_every_drafted_slot(tmp_path: Path) -> None:
+    steps = [([0.9, 0.5, 0.2], 1), ([0.8, 0.75], 2), ([0.6, 0.1, 0.5, 0.5], 0)]
+    traces = []
+    for i, (conf, n_acc) in enumerate(steps):
+        t = make_trace(i, len(conf), seed=i)
+        t.confidences, t.num_accepted = conf, n_acc
+        traces.append(t)
+    with Store(tmp_path / "s.db") as store:
+        run = store.create_run(verifier="v", prompt_set="eval", algorithm="dspark")
+        record(store, run.id, [traces], [1.0], 4)
+        own = load_confidences(store, [run.id])
+        survive = load_confidences(store, [run.id], prefix=True)
+    # The head's own view: slots up to the first rejection, scored as stored.
+    assert own.confidences.tolist() == pytest.approx([0.9, 0.5, 0.8, 0.75, 0.6])
+    assert own.labels.tolist() == [True, False, True, True, False]
+    # Serving's view: every slot, scored by the product so far (each step restarts it).
+    assert survive.confidences.tolist() == pytest.approx([0.9, 0.45, 0.09, 0.8, 0.6, 0.6, 0.06, 0.03, 0.015])
+    assert survive.labels.tolist() == [True, False, False, True, True, False, False, False, False]
+    assert survive.slots.tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3]
+
+
+def test_slot_rate_baseline_scores_the_slot_index_alone() -> None:
+    # Slot 0 accepted 3 of 4 times, slot 1 once in 4: the baseline ranks every slot-0 sample
+    # above every slot-1 sample, whatever the head said.
+    slots = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    labels = np.array([1, 1, 1, 0, 1, 0, 0, 0], dtype=bool)
+    head = np.array([0.1, 0.2, 0.3, 0.4, 0.9, 0.8, 0.7, 0.6])  # anti-informative
+    samples = ConfidenceSamples(head, labels, slots)
+    expected = auroc(np.where(slots == 0, 0.75, 0.25), labels)
+    assert slot_rate_auroc(samples) == pytest.approx(expected) and expected > 0.5 > auroc(head, labels)
+    assert slot_rate_auroc(ConfidenceSamples(np.zeros(0), np.zeros(0, dtype=bool), np.zeros(0, dtype=np.int64))) is None

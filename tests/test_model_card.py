@@ -39,7 +39,10 @@ def _results(root: Path, tau: float, speedup: float, auroc: float) -> None:
     for t in (0, 1):
         (root / f"bench-T{t}.json").write_text(json.dumps({"runs": [plain, drafted]}))
     metrics = {"n": 100, "ece": 0.1, "auroc": auroc, "brier": 0.2}
-    (root / "calibration-dspark.json").write_text(json.dumps({"temperature": 2.0, "fit_slots": 90, "before": metrics, "after": metrics}))
+    prefix = {"raw": {"n": 400, "ece": 0.05, "auroc": 0.9, "brier": 0.08}, "calibrated": {"n": 400, "ece": 0.03, "auroc": 0.88, "brier": 0.07},
+              "slot_index_auroc": 0.85}  # fmt: skip
+    (root / "calibration-dspark.json").write_text(json.dumps({"temperature": 2.0, "fit_slots": 90, "before": metrics, "after": metrics,
+                                                              "slot_index_auroc": 0.6, "prefix": prefix}))  # fmt: skip
     (root / "distill.done").write_text("3000 samples, 450000 response tokens")
 
 
@@ -71,6 +74,10 @@ def test_card_of_a_drafter_that_meets_the_bar_reports_its_whole_training(tmp_pat
     # 240 logged steps x 10 x 4.0 s + 150 x 10 x 4.5 s = 16350 s
     assert "about 4.5 h of training steps in all" in card
     assert "| calibrated | 0.1000 | 0.8000 | 0.2000 |" in card
+    # The AUROC's context: the slot index alone, and the prefix-survival view serving uses.
+    assert "The slot index alone (each slot scored by its slot's acceptance rate) gives AUROC 0.6000" in card
+    assert "over all 400 drafted slots" in card and "| calibrated | 0.0300 | 0.8800 | 0.0700 |" in card
+    assert "| slot index alone | - | 0.8500 | - |" in card
 
 
 @pytest.mark.parametrize(("tau", "speedup", "auroc", "missed"), [

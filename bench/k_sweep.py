@@ -1,0 +1,79 @@
+"""Speedup over plain decoding against K, the number of drafted tokens (run by hand).
+
+    .venv/bin/python bench/k_sweep.py [--drafter dflash --drafter dspark] [--ks 2,3,4,5,8]
+        [--prompts 12] [--tokens 128] [--repeats 1] [--threads 1]
+
+On this CPU a float32 verify of K+1 tokens costs more than one plain step, and
+more the larger K (bench/speedup_model.py: tv(K)/t1 about 1.4 at K=3, 1.6-1.9 at
+K=8), while the last slots of a block are rarely accepted.  So the K that pays
+best can be smaller than the block the drafter was trained with.  This runs the
+held-out gsm-symbolic prompts greedily with plain decoding and each
+(drafter, K), interleaved prompt by prompt so a burst of load hits all alike, and
+prints tau, tokens/s and the speedup against plain decoding in the same run
+(total plain time / total time, over the same output tokens: greedy outputs are
+identical, which it checks).  A DFlash-family drafter drafts K slots with a
+block of K+1 (K with DSpark); K larger than the trained block is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from specui.data import load_prompts
+from specui.drafters.resolve import resolve_drafter
+from specui.engine import generate
+from specui.verifier import Verifier
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--drafter", action="append", default=None, help="shipped name or folder (repeatable)")
+    ap.add_argument("--ks", default="2,3,4,5,8", help="comma-separated K values (capped at each drafter's own)")
+    ap.add_argument("--prompts", type=int, default=12, help="first N held-out gsm-symbolic prompts")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    v = Verifier.load("embedded")
+    prompts = [p.encode(v) for p in load_prompts("gsm-symbolic", "eval", limit=a.prompts)]
+    variants = {"plain": resolve_drafter("none", v)}
+    for spec in a.drafter or ["dflash", "dspark"]:
+        own = resolve_drafter(spec, v).num_speculative_tokens
+        for k in sorted({min(int(x), own) for x in a.ks.split(",")}):
+            variants[f"{spec} K={k}"] = resolve_drafter(spec, v, k)
+    generate(v, variants["plain"], prompts[0], max_new_tokens=8)  # warm-up
+    seconds = dict.fromkeys(variants, 0.0)
+    tokens = dict.fromkeys(variants, 0)
+    accepted = dict.fromkeys(variants, 0)
+    steps = dict.fromkeys(variants, 0)
+    same = dict.fromkeys(variants, True)
+    for rep in range(a.repeats):
+        for i, p in enumerate(prompts):
+            plain_ids: list[int] = []
+            for name, drafter in variants.items():
+                t0 = time.perf_counter()
+                r = generate(v, drafter, p, max_new_tokens=a.tokens, seed=0)
+                seconds[name] += time.perf_counter() - t0
+                tokens[name] += len(r.output_token_ids)
+                drafted = [s for s in r.steps if s.num_drafted]
+                steps[name] += len(drafted)
+                accepted[name] += sum(s.num_accepted for s in drafted)
+                if name == "plain":
+                    plain_ids = r.output_token_ids
+                same[name] &= r.output_token_ids == plain_ids
+            print(f"repeat {rep + 1}/{a.repeats} prompt {i + 1}/{len(prompts)}", flush=True)
+    base = seconds["plain"] / tokens["plain"]
+    print(f"verifier={v.name} prompts={len(prompts)} tokens={a.tokens} repeats={a.repeats} threads={a.threads}")
+    print(f"{'variant':<16}{'tau':>7}{'tok/s':>9}{'speedup':>10}{'same output':>13}")
+    for name in variants:
+        tau = 1 + accepted[name] / steps[name] if steps[name] else 1.0
+        per_token = seconds[name] / tokens[name]
+        print(f"{name:<16}{tau:>7.2f}{1 / per_token:>9.2f}{base / per_token:>9.2f}x{str(same[name]):>13}")
+
+
+if __name__ == "__main__":
+    main()
