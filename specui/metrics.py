@@ -90,6 +90,12 @@ BASE_COLUMNS: list[Column] = [
     ),
     Column("confidence_auroc", "Confidence AUROC", "Chance an accepted slot has a higher confidence than a rejected one", "fraction"),
     Column("confidence_brier", "Confidence Brier", "Mean of (confidence - accepted)^2 over slots", "fraction"),
+    Column(
+        "confidence_auroc_slot_index",
+        "AUROC of the slot index alone",
+        "Confidence AUROC's baseline: the same slots scored by their slot's acceptance rate (a head must beat it)",
+        "fraction",
+    ),
 ]
 
 
@@ -506,6 +512,7 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
             "confidence_ece": None,
             "confidence_auroc": None,
             "confidence_brier": None,
+            "confidence_auroc_slot_index": None,
         }
         h = hist[rid]
         # Positions past this run's own K were never drafted: blank, not an acceptance of 0.
@@ -527,6 +534,7 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
         if smp.confidences.size:
             m = ConfidenceMetrics.of(smp.confidences, smp.labels)
             row["confidence_ece"], row["confidence_auroc"], row["confidence_brier"] = m.ece, m.auroc, m.brier
+            row["confidence_auroc_slot_index"] = slot_rate_auroc(smp)
     return Comparison(columns, rows)
 
 

@@ -97,8 +97,18 @@ def _expected(prompts: list[list[StepTrace]], walls: list[float], k_max: int, ba
             if members:
                 ece += len(members) / n * abs(sum(y for _, y in members) / len(members) - sum(c for c, _ in members) / len(members))
         exp["confidence_ece"] = ece
+        # Baseline: each kept slot scored by the acceptance rate of its slot index.
+        by_slot: dict[int, list[float]] = {}
+        for s in steps:
+            for slot in range(min(len(s.confidences or []), s.num_accepted + 1)):
+                by_slot.setdefault(slot, []).append(1.0 if slot < s.num_accepted else 0.0)
+        rate = {k: sum(v) / len(v) for k, v in by_slot.items()}
+        scored = [(rate[k], y) for k, ys in by_slot.items() for y in ys]
+        pos_r = [r for r, y in scored if y]
+        neg_r = [r for r, y in scored if not y]
+        exp["confidence_auroc_slot_index"] = sum((p > q) + 0.5 * (p == q) for p in pos_r for q in neg_r) / (len(pos_r) * len(neg_r))
     else:
-        exp.update(confidence_brier=None, confidence_auroc=None, confidence_ece=None)
+        exp.update(confidence_brier=None, confidence_auroc=None, confidence_ece=None, confidence_auroc_slot_index=None)
     return exp
 
 
