@@ -44,7 +44,7 @@ def main() -> int:
     db = Path(a.db) if a.db else Path(tempfile.mkdtemp(prefix="specui-vvl-")) / "bench.db"
     store = Store(db)
 
-    def say(m: str) -> None:
+    def say(m: str, _fraction: float = 0.0) -> None:
         print(f"  {m}", file=sys.stderr, flush=True)
 
     print(f"local engine: plain + {len(a.speculator)} speculator(s) on {a.limit} {a.prompts} prompts", file=sys.stderr)

@@ -19,12 +19,10 @@ def bench_job(params: dict, ctx: JobContext) -> dict:
 
     torch.set_num_threads(int(params.get("threads", 1)))
     store = ctx.store
-    done: list[str] = []
 
-    def progress(message: str) -> None:
-        done.append(message)
+    def progress(message: str, fraction: float) -> None:
         ctx.log(message)
-        ctx.progress(len(done) / (1 + len(params.get("drafters", []))), message)
+        ctx.progress(fraction, message)
 
     run_ids, _ = bench(
         store, verifier=params.get("verifier", "embedded"), drafters=list(params.get("drafters", [])),

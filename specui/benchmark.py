@@ -1,9 +1,9 @@
 """Running prompt sets through the engine and storing each drafter's run.
 
-``start_run`` / ``record_run`` are the one place a local decoding run meets the store: the
+``start_run`` / ``record_runs`` are the one place a local decoding run meets the store: the
 CLI's ``bench``, the dashboard's Playground and Compare tabs all call it.
 ``bench`` runs the plain baseline and each drafter on the same prompts in one
-process, so speedups compare like with like.
+process, prompt by prompt in turn, so speedups compare like with like.
 """
 
 from __future__ import annotations
@@ -89,27 +89,58 @@ def record_run(
     Every prompt is encoded and checked against the verifier first, so a prompt
     that cannot run (too long, bad token ids) stores no run at all.
     """
-    check_decode_settings(max_new_tokens=spec.max_new_tokens, max_context=verifier.max_context)
+    return record_runs(store, verifier, [(drafter, spec)], prompts, prompt_set=prompt_set, owner=owner,
+                       should_stop=should_stop)[0]
+
+
+def record_runs(
+    store: Store,
+    verifier: Verifier,
+    runs: Sequence[tuple[Drafter, RunSpec]],
+    prompts: Sequence[Prompt],
+    *,
+    prompt_set: str,
+    owner: str | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[RecordedRun]:
+    """Store one run per (drafter, spec), decoding the prompts interleaved: prompt 0 with
+    every drafter, then prompt 1, ...  On a noisy machine a slow minute then hits every run
+    alike instead of whichever run happened to be decoding, so the speedups of a bench (each
+    run's time per token against the baseline's) stay ratios of like with like.
+
+    ``progress(done, total)`` is called after each prompt has been decoded by every run."""
+    for _, spec in runs:
+        check_decode_settings(max_new_tokens=spec.max_new_tokens, max_context=verifier.max_context)
+    encoded = [prompt.encode(verifier) for prompt in prompts]
+    # Built (and so checked) before any run row exists: a prompt that cannot run stores nothing.
     decodings = [
-        Decoding(verifier, drafter, prompt.encode(verifier), max_new_tokens=spec.max_new_tokens,
-                 sampling=spec.sampling, seed=spec.seed + i, should_stop=should_stop)
-        for i, prompt in enumerate(prompts)
-    ]
-    run = start_run(store, verifier, drafter, prompt_set=prompt_set, spec=spec, owner=owner)
-    results: list[GenerationResult] = []
-    with RunRecorder(store, run.id) as rec:
-        for i, (prompt, decoding) in enumerate(zip(prompts, decodings, strict=True)):
+        [Decoding(verifier, drafter, ids, max_new_tokens=spec.max_new_tokens, sampling=spec.sampling,
+                  seed=spec.seed + i, should_stop=should_stop) for drafter, spec in runs]
+        for i, ids in enumerate(encoded)
+    ]  # fmt: skip
+    stored = [start_run(store, verifier, d, prompt_set=prompt_set, spec=spec, owner=owner) for d, spec in runs]
+    results: list[list[GenerationResult]] = [[] for _ in runs]
+    with ExitStack() as recording:
+        recorders = [recording.enter_context(RunRecorder(store, run.id)) for run in stored]
+        for i, prompt in enumerate(prompts):
             if should_stop is not None and should_stop():
-                rec.stop()
+                for rec in recorders:
+                    rec.stop()
                 break
-            rec.begin_prompt(i, prompt.preview(10_000))
-            for step in decoding:
-                rec.step(step)
-            rec.end_prompt(decoding.result)
-            results.append(decoding.result)
-            if decoding.result.stop_reason == "cancelled":
+            for decoding, rec, out in zip(decodings[i], recorders, results, strict=True):
+                rec.begin_prompt(i, prompt.preview(10_000))
+                for step in decoding:
+                    rec.step(step)
+                rec.end_prompt(decoding.result)
+                out.append(decoding.result)
+            if any(out and out[-1].stop_reason == "cancelled" for out in results):
+                for rec in recorders:  # every run ends stopped, not only the one that saw it
+                    rec.stop()
                 break
-    return RecordedRun(run.id, results)
+            if progress is not None:
+                progress(i + 1, len(prompts))
+    return [RecordedRun(run.id, out) for run, out in zip(stored, results, strict=True)]
 
 
 def bench(
@@ -124,10 +155,12 @@ def bench(
     num_speculative_tokens: int | None = None,
     seed: int = 0,
     owner: str | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str, float], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> tuple[list[int], Comparison]:
-    """Baseline + each drafter over the same prompts; returns run ids and their comparison."""
+    """Baseline + each drafter over the same prompts; returns run ids and their comparison.
+
+    ``progress(message, fraction done)`` after each prompt (decoded by every run)."""
     # Settings first: a bad one must fail before prompts and models load, and store nothing.
     check_decode_settings(max_new_tokens=max_new_tokens, seed=seed, num_speculative_tokens=num_speculative_tokens)
     prompt_list = load_prompts(prompts, split=bench_split(prompts), limit=limit)
@@ -135,23 +168,24 @@ def bench(
         raise SpecUIError(f"prompt set {prompts!r} has no prompts")
     v = WORKBENCH.verifier(verifier)
     names = ["none", *[d for d in drafters if d not in ("none", "plain")]]
-    run_ids = []
     with ExitStack() as loaded:
         # Every drafter loads before any run starts: a broken folder fails the bench at once,
         # not after the baseline has decoded every prompt.
-        drafters_by_name = {}
+        runs = []
         for name in names:
             k = None if name == "none" else num_speculative_tokens
-            drafters_by_name[name] = (k, loaded.enter_context(WORKBENCH.drafter(name, v, k)))
-        for name, (k, d) in drafters_by_name.items():
-            t0 = time.perf_counter()
-            spec = RunSpec(drafter=name, num_speculative_tokens=k, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed)
-            recorded = record_run(store, v, d, prompt_list, prompt_set=prompts, spec=spec, owner=owner,
-                                  should_stop=should_stop)
-            run_ids.append(recorded.run_id)
-            if should_stop is not None and should_stop():
-                break
+            d = loaded.enter_context(WORKBENCH.drafter(name, v, k))
+            runs.append((d, RunSpec(drafter=name, num_speculative_tokens=k, sampling=sampling,
+                                    max_new_tokens=max_new_tokens, seed=seed)))
+        t0 = time.perf_counter()
+
+        def report(done: int, total: int) -> None:
             if progress is not None:
-                progress(f"{name}: {len(prompt_list)} prompts in {time.perf_counter() - t0:.1f} s")
+                progress(f"prompt {done}/{total} decoded by {len(runs)} runs ({', '.join(names)}), "
+                         f"{time.perf_counter() - t0:.1f} s", done / total)
+
+        recorded = record_runs(store, v, runs, prompt_list, prompt_set=prompts, owner=owner,
+                               should_stop=should_stop, progress=report)
+    run_ids = [r.run_id for r in recorded]
     return run_ids, compare(store, run_ids)
 

@@ -34,6 +34,11 @@ def test_bench_json_runs_baseline_and_drafter_on_the_same_prompts(tmp_path, caps
     assert [len(r) for r in results] == [2, 2]  # the broken line is skipped, the good ones kept
     # Greedy: both runs produce the same text for each prompt.
     assert [r.output_text for r in results[0]] == [r.output_text for r in results[1]]
+    # Interleaved, so drift on a noisy machine hits both runs alike: each prompt is decoded by
+    # the baseline and then the drafter before the next prompt starts.
+    order = sorted((res.started_at, run, res.prompt_index) for run, rs in enumerate(results) for res in rs)
+    assert [(run, i) for _, run, i in order] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert all(res.ended_at is not None and res.ended_at >= res.started_at for rs in results for res in rs)
 
 
 def test_bench_bad_input(tmp_path, capsys):

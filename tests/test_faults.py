@@ -237,36 +237,42 @@ def test_sigkill_of_a_benchmark_worker_leaves_an_incomplete_run(tmp_path: Path, 
     runner = _runner(db)
     runner.start()
     try:
+        def new_runs() -> list:
+            return sorted((r for r in store.list_runs() if r.id not in before["runs"]), key=lambda r: r.id)
+
         def recording() -> bool:
-            new = [r for r in store.list_runs() if r.id not in before["runs"]]
-            return bool(new) and store.count_results([new[0].id])[new[0].id][1] >= 50
+            new = new_runs()
+            return len(new) == 2 and store.count_results([new[0].id])[new[0].id][1] >= 50
 
         _wait("the benchmark to store steps", recording)
-        (run,) = [r for r in store.list_runs() if r.id not in before["runs"]]
-        assert run.status == RunStatus.RUNNING
-        committed = store.count_results([run.id])[run.id]
+        # The baseline and the drafter decode the prompts in turn: both runs are open.
+        runs = new_runs()
+        assert [r.algorithm for r in runs] == ["none", "ngram"]
+        assert all(r.status == RunStatus.RUNNING for r in runs)
+        committed = store.count_results([r.id for r in runs])
         os.kill(store.get_job(job.id).pid, signal.SIGKILL)
         _wait("the job's end", lambda: store.get_job(job.id).status != JobStatus.RUNNING, timeout=30)
-        # The runner's reaper (every tick) notices the run's owner is gone.
-        _wait("the run's end", lambda: store.get_run(run.id).status != RunStatus.RUNNING, timeout=30)
+        # The runner's reaper (every tick) notices the runs' owner is gone.
+        _wait("the runs' end", lambda: all(store.get_run(r.id).status != RunStatus.RUNNING for r in runs), timeout=30)
     finally:
         runner.stop()
         _kill_leftover(store, job.id)
 
     got = store.get_job(job.id)
     assert got.status == JobStatus.FAILED and got.error.startswith("worker died ("), got.error
-    killed = store.get_run(run.id)
-    assert killed.status == RunStatus.INCOMPLETE and killed.error == "its process died before the run finished"
-    assert killed.ended_at is not None and killed.pid == got.pid
-    finished, steps = store.count_results([run.id])[run.id]
-    assert steps >= committed[1] and finished >= committed[0]  # every committed batch is kept
-    rows = store.get_steps(run.id, 0)
-    assert [r.step for r in rows] == list(range(len(rows)))  # whole batches only: no gaps
-    assert [r.id for r in store.list_runs()] == [run.id, *sorted(before["runs"], reverse=True)]  # the drafter's run never began
+    for run in runs:
+        killed = store.get_run(run.id)
+        assert killed.status == RunStatus.INCOMPLETE and killed.error == "its process died before the run finished"
+        assert killed.ended_at is not None and killed.pid == got.pid
+        finished, steps = store.count_results([run.id])[run.id]
+        assert steps >= committed[run.id][1] and finished >= committed[run.id][0]  # every committed batch is kept
+        rows = store.get_steps(run.id, 0)
+        assert [r.step for r in rows] == list(range(len(rows)))  # whole batches only: no gaps
+    assert [r.id for r in store.list_runs()] == [runs[1].id, runs[0].id, *sorted(before["runs"], reverse=True)]
     assert _integrity(db) == "ok"
     _unchanged(store, before)
     with Store(db) as reopened:  # the next dashboard start agrees
-        assert reopened.get_run(run.id).status == RunStatus.INCOMPLETE
+        assert all(reopened.get_run(r.id).status == RunStatus.INCOMPLETE for r in runs)
     store.close()
 
 

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecUIError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     store = Store(args.db)
-    log = (lambda m: None) if args.json else (lambda m: print(f"bench: {m}", file=sys.stderr, flush=True))
+    log = (lambda m, _: None) if args.json else (lambda m, _: print(f"bench: {m}", file=sys.stderr, flush=True))
     run_ids, comparison = bench(
         store, verifier=args.verifier, drafters=drafters, prompts=args.prompts, limit=args.limit,
         max_new_tokens=args.max_new_tokens, sampling=sampling, num_speculative_tokens=args.num_speculative_tokens,
