@@ -218,7 +218,8 @@ def _run_summary(train_run: dict, own: bool) -> str:
     text = (f"{train_run.get('step')} steps, batch {cfg['batch_size']}, lr {cfg['lr']} ({cfg['schedule']}, "
             f"warmup {cfg['warmup_steps']})")  # fmt: skip
     if not own:  # an earlier round: its own data and algorithm
-        text = f"a {cfg['algorithm']} run on the first {cfg['num_prompts']} prompts, {text}"
+        article = "an" if cfg['algorithm'][:1] in "aeiou" else "a"
+        text = f"{article} {cfg['algorithm']} run on the first {cfg['num_prompts']} prompts, {text}"
     return text + ("" if cfg.get("init_from") else ", from scratch")
 
 
