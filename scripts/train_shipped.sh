@@ -62,6 +62,12 @@ case "$ROOT" in "$REPO"|"$REPO"/*) echo "SPECUI_TRAIN_ROOT must lie outside the 
 # training templates but 2.1-2.6 on the held-out templates, so more problems of the same
 # templates would not help; other problems might.  The warm start keeps each drafter's draft
 # vocabulary (specui.training.loop.inherited_draft_vocab).
+# Result (2026-11-29, held-out tau at T=0): DSpark 1.92 -> 2.06, EAGLE-3 2.48 -> 2.61, DFlash
+# 1.88 -> 1.94, P-EAGLE 2.01 -> 2.06; only DSpark and EAGLE-3 were shipped (every committed weight
+# file stays in every clone), so the shipped set was benched and carded with
+#   ROUND=2 ALGOS="dspark eagle3" scripts/train_shipped.sh ship bench calibrate card
+# and the round-1 DFlash / P-EAGLE cards rewritten with train_shipped_tools.py card (root: round 1's
+# distill.done beside round 2's bench files).
 ROUND=${ROUND:-1}
 if [ "$ROUND" = 2 ]; then
   RUNS=${RUNS:-$ROOT/round2}; DEFAULT_PROMPTS=3000; DEFAULT_SETS=gsm-symbolic,rg-math
