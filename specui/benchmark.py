@@ -134,6 +134,7 @@ def record_runs(
                     rec.step(step)
                 rec.end_prompt(decoding.result)
                 out.append(decoding.result)
+            decodings[i] = []  # a finished decoding still holds its KV cache: let it go now
             if any(out and out[-1].stop_reason == "cancelled" for out in results):
                 for rec in recorders:  # every run ends stopped, not only the one that saw it
                     rec.stop()
