@@ -62,6 +62,9 @@ class TrainHooks:
     metric: Callable[[int, str, float], None] | None = None
     cancelled: Callable[[], bool] | None = None
     stage: Callable[[str, int, int], None] | None = None  # data preparation: (what, done, total)
+    # Called with the step just before a checkpoint of it is written: a caller that buffers the
+    # metrics (the job worker) commits them here, so a checkpoint on disk implies its curve is stored.
+    checkpoint: Callable[[int], None] | None = None
 
     def say(self, line: str) -> None:
         log.info(line)
@@ -290,12 +293,16 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
         if d.is_main and hooks.progress:
             hooks.progress(step, cfg.steps, last)
         if step % cfg.checkpoint_every == 0 and step < cfg.steps and d.is_main:
+            if hooks.checkpoint:
+                hooks.checkpoint(step)
             path = save_checkpoint(out, step, model, optimizer, {"algorithm": cfg.algorithm}, cfg.keep_checkpoints)
             hooks.say(f"checkpoint {path}")
 
     if d.is_main:
         have = list_checkpoints(out)
         if step > 0 and (not have or have[-1].step != step):
+            if hooks.checkpoint:
+                hooks.checkpoint(step)
             save_checkpoint(out, step, model, optimizer, {"algorithm": cfg.algorithm}, cfg.keep_checkpoints)
         if status == "finished" and step >= cfg.steps:
             from specui.drafters.checkpoint import save_drafter
