@@ -56,9 +56,9 @@ def main() -> None:
     prompts = [p.encode(v) for p in load_prompts("gsm-symbolic", "eval", limit=a.prompts)]
     variants = {"plain": resolve_drafter("none", v)}
     for spec in a.drafter or ["dflash", "dspark"]:
-        own = resolve_drafter(spec, v).num_speculative_tokens
-        for k in sorted({min(int(x), own) for x in a.ks.split(",")}):
-            variants[f"{spec} K={k}"] = resolve_drafter(spec, v, k)
+        own = resolve_drafter(spec, v)  # at its own K; smaller Ks load it again, resized
+        for k in sorted({min(int(x), own.num_speculative_tokens) for x in a.ks.split(",")}):
+            variants[f"{spec} K={k}"] = own if k == own.num_speculative_tokens else resolve_drafter(spec, v, k)
     generate(v, variants["plain"], prompts[0], max_new_tokens=8)  # warm-up
     seconds = dict.fromkeys(variants, 0.0)
     tokens = dict.fromkeys(variants, 0)

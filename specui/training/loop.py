@@ -253,6 +253,12 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
     window: list[dict[str, torch.Tensor]] = []
     t_window, tokens_window = time.perf_counter(), 0
     status = "finished"
+
+    def checkpoint(at: int) -> Path:
+        if hooks.checkpoint:
+            hooks.checkpoint(at)
+        return save_checkpoint(out, at, model, optimizer, {"algorithm": cfg.algorithm}, cfg.keep_checkpoints)
+
     step = start
     gen = torch.Generator(device="cpu")
     if hooks.progress and d.is_main:
@@ -293,17 +299,13 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
         if d.is_main and hooks.progress:
             hooks.progress(step, cfg.steps, last)
         if step % cfg.checkpoint_every == 0 and step < cfg.steps and d.is_main:
-            if hooks.checkpoint:
-                hooks.checkpoint(step)
-            path = save_checkpoint(out, step, model, optimizer, {"algorithm": cfg.algorithm}, cfg.keep_checkpoints)
+            path = checkpoint(step)
             hooks.say(f"checkpoint {path}")
 
     if d.is_main:
         have = list_checkpoints(out)
         if step > 0 and (not have or have[-1].step != step):
-            if hooks.checkpoint:
-                hooks.checkpoint(step)
-            save_checkpoint(out, step, model, optimizer, {"algorithm": cfg.algorithm}, cfg.keep_checkpoints)
+            checkpoint(step)
         if status == "finished" and step >= cfg.steps:
             from specui.drafters.checkpoint import save_drafter
 
