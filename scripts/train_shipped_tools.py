@@ -7,6 +7,7 @@
     python scripts/train_shipped_tools.py convert ALGO RUN_DIR DEST [--num-speculative-tokens K]
     python scripts/train_shipped_tools.py card ALGO RUN_DIR DEST ROOT [--force]
     python scripts/train_shipped_tools.py report BENCH-T0.json BENCH-T1.json OUT.svg
+    python scripts/train_shipped_tools.py rescore DB BENCH.json
 
 ``distill`` is the self-distillation stage (the same cache ``specui train``
 reads, so training skips it).  ``heldout-file`` writes held-out prompts
@@ -17,7 +18,9 @@ speedup / per-position acceptance of ``specui bench --json`` files.
 ECE / AUROC / Brier before and after on the other.  ``convert`` writes the
 bf16 copy that ships; ``card`` checks the acceptance bar on that copy's
 held-out bench rows and writes its model card (exit 1 when it misses the bar,
-unless ``--force``).
+unless ``--force``).  ``rescore`` recomputes a bench file's rows from the runs
+stored in its database (``specui.metrics.compare``, what ``specui bench --json``
+prints), e.g. after the comparison gained columns.
 """
 
 from __future__ import annotations
@@ -74,6 +77,29 @@ def heldout_file(a: argparse.Namespace) -> None:
 
 def _runs(path: str) -> list[dict]:
     return json.loads(Path(path).read_text())["runs"]
+
+
+def _interval(r: dict, key: str, fmt: str = ".2f", suffix: str = "") -> str:
+    """' [lo-hi]' (the 95% bootstrap interval over prompts) when the bench file has one."""
+    lo, hi = r.get(f"{key}_ci_low"), r.get(f"{key}_ci_high")
+    return "" if lo is None or hi is None else f" [{lo:{fmt}}{suffix}-{hi:{fmt}}{suffix}]"
+
+
+def rescore(a: argparse.Namespace) -> None:
+    from specui.metrics import compare
+    from specui.store import Store
+
+    path = Path(a.bench)
+    doc = json.loads(path.read_text())
+    store = Store(a.db)
+    try:
+        comparison = compare(store, doc["run_ids"])
+    finally:
+        store.close()
+    doc["runs"] = comparison.rows
+    doc["columns"] = {c.key: {"label": c.label, "definition": c.definition, "unit": c.unit} for c in comparison.columns}
+    path.write_text(json.dumps(doc, default=str))
+    print(f"rescored {len(comparison.rows)} runs into {path}", file=sys.stderr)
 
 
 def summary(a: argparse.Namespace) -> None:
@@ -280,10 +306,12 @@ def card(a: argparse.Namespace) -> None:
         "`specui bench --shipped --prompts gsm-symbolic` on the held-out split (never trained on), plain decoding "
         "in the same run, one torch thread; see the README's results table for the command.",
         "",
-        f"- T=0: tau {tau:.3f}, {r0.get('tokens_per_s') or 0:.2f} tok/s, speedup {r0.get('speedup') or 0:.2f}x, "
-        f"K {r0.get('num_speculative_tokens')}",
+        f"- T=0: tau {tau:.3f}{_interval(r0, 'acceptance_length')}, {r0.get('tokens_per_s') or 0:.2f} tok/s, "
+        f"speedup {r0.get('speedup') or 0:.2f}x{_interval(r0, 'speedup', suffix='x')}, K {r0.get('num_speculative_tokens')} "
+        "(brackets: 95% bootstrap interval over the prompts)",
         f"- per-position acceptance a_1..a_K (T=0): {pos0}",
-        f"- T=1: tau {r1.get('acceptance_length') or float('nan'):.3f}, speedup {r1.get('speedup') or float('nan'):.2f}x; "
+        f"- T=1: tau {r1.get('acceptance_length') or float('nan'):.3f}{_interval(r1, 'acceptance_length')}, "
+        f"speedup {r1.get('speedup') or float('nan'):.2f}x{_interval(r1, 'speedup', suffix='x')}; "
         f"a_1..a_K: {pos1}",
     ]
     if calib is not None:
@@ -372,8 +400,9 @@ def report(a: argparse.Namespace) -> None:
     for t, rows in runs.items():
         for r in rows:
             acc = " ".join(f"{v:.2f}" for v in _acceptance(r)) or "-"
-            print(f"| {t} | {r.get('drafter')} | {r.get('num_speculative_tokens') or '-'} | {r.get('acceptance_length') or 1.0:.2f} "
-                  f"| {acc} | {r.get('tokens_per_s') or 0:.2f} | {r.get('speedup') or 1.0:.2f}x |")  # fmt: skip
+            print(f"| {t} | {r.get('drafter')} | {r.get('num_speculative_tokens') or '-'} | {r.get('acceptance_length') or 1.0:.2f}"
+                  f"{_interval(r, 'acceptance_length')} | {acc} | {r.get('tokens_per_s') or 0:.2f} "
+                  f"| {r.get('speedup') or 1.0:.2f}x{_interval(r, 'speedup', suffix='x') if r.get('algorithm') != 'none' else ''} |")  # fmt: skip
     w, h = 420, 300
     body = [f'<rect width="{2 * w}" height="{h}" fill="white"/>']
     body += _svg_panel(runs["0"], "held-out acceptance per position, T=0", 0, w, h)
@@ -422,6 +451,10 @@ def main() -> None:
     p.add_argument("root")
     p.add_argument("--force", action="store_true")
     p.set_defaults(func=card)
+    p = sub.add_parser("rescore")
+    p.add_argument("db")
+    p.add_argument("bench")
+    p.set_defaults(func=rescore)
     p = sub.add_parser("report")
     p.add_argument("t0")
     p.add_argument("t1")

@@ -13,6 +13,9 @@ definition and unit so the dashboard and the CSV say what a number means.
   max_new_tokens, then the newest.  (Same backend rather than always "local": a
   vLLM run measured against the transformers loop would mostly measure the
   backend.)
+* Intervals: tau and speedup carry a 95% percentile bootstrap interval over
+  prompts (the speedup's resamples the run and its baseline by the same prompts).
+  A dozen prompts leave tau uncertain by about +-0.1: read a bar verdict with it.
 * Confidence labels: slot k (0-based) of a step counts as accepted iff
   k < num_accepted; slots after the first rejection count as not accepted.
 
@@ -50,6 +53,15 @@ class Column:
     kind: str = "float"  # float | int | text
 
 
+# Bootstrap over prompts: how much a number would move on other prompts like these.  It does
+# not cover a machine that was slow for a whole run (the bench interleaves runs for that).
+BOOTSTRAP_RESAMPLES = 2000
+INTERVAL_LEVEL = 0.95
+_CI_DEFINITION = (
+    "Bound of the 95% bootstrap interval of {what} over prompts (2000 resamples of the prompts, "
+    "percentile method; blank under 2 prompts)"
+)
+
 BASE_COLUMNS: list[Column] = [
     Column("run_id", "Run", "Id of the run in the store", "", "int"),
     Column("label", "Label", "Name of the run (its drafter when not named)", "", "text"),
@@ -69,6 +81,8 @@ BASE_COLUMNS: list[Column] = [
     Column("num_drafted_tokens", "Drafted tokens", "Draft tokens proposed, over all steps", "tokens", "int"),
     Column("num_accepted_tokens", "Accepted tokens", "Draft tokens the verifier accepted, over all steps", "tokens", "int"),
     Column("acceptance_length", "τ (acceptance length)", "1 + accepted draft tokens / drafts (the 1 is the verifier's bonus token)", "tokens/step"),
+    Column("acceptance_length_ci_low", "τ 95% CI low", _CI_DEFINITION.format(what="τ"), "tokens/step"),
+    Column("acceptance_length_ci_high", "τ 95% CI high", _CI_DEFINITION.format(what="τ"), "tokens/step"),
     Column("draft_acceptance_rate", "Draft acceptance rate", "Accepted draft tokens / drafted tokens", "fraction"),
     Column("tokens_per_s", "Throughput", "Output tokens / wall time, over finished prompts", "tokens/s"),
     Column("ms_per_output_token", "Time per output token", "Wall time / output tokens, over finished prompts", "ms/token"),
@@ -79,6 +93,8 @@ BASE_COLUMNS: list[Column] = [
         "(baseline: no drafter, same backend, prompt set and verifier)",
         "x",
     ),
+    Column("speedup_ci_low", "Speedup 95% CI low", _CI_DEFINITION.format(what="speedup") + ", paired with the baseline's", "x"),
+    Column("speedup_ci_high", "Speedup 95% CI high", _CI_DEFINITION.format(what="speedup") + ", paired with the baseline's", "x"),
     Column("baseline_run_id", "Baseline run", "Run the speedup is measured against", "", "int"),
     Column("draft_time_s", "Draft time", "Time spent drafting, summed over stored steps", "s"),
     Column("verify_time_s", "Verify time", "Time spent verifying, summed over stored steps", "s"),
@@ -394,6 +410,67 @@ class Comparison:
         write_csv(self.columns, self.rows, dest, bom=bom)
 
 
+# --- intervals ----------------------------------------------------------------------------
+
+
+def bootstrap_indices(n: int, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> np.ndarray:
+    """[resamples, n] prompt indices drawn with replacement (seeded: a comparison is reproducible)."""
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
+def ratio_interval(
+    num: Sequence[float] | np.ndarray,
+    den: Sequence[float] | np.ndarray,
+    *,
+    base_num: Sequence[float] | np.ndarray | None = None,
+    base_den: Sequence[float] | np.ndarray | None = None,
+    level: float = INTERVAL_LEVEL,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of ``sum(num) / sum(den)`` over prompts (one entry each).
+
+    With ``base_num`` / ``base_den`` (the baseline's, same prompts in the same order) the
+    statistic is ``(sum(base_num) / sum(base_den)) / (sum(num) / sum(den))`` -- a speedup from
+    time per token -- with both runs resampled by the same prompt draws (paired: a prompt that
+    is slow for both moves neither).  None under two prompts or where a resample divides by 0.
+    """
+    a, b = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    n = a.size
+    if n < 2 or b.size != n:
+        return None
+    idx = bootstrap_indices(n, resamples, seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stat = a[idx].sum(1) / b[idx].sum(1)
+        if base_num is not None and base_den is not None:
+            bn, bd = np.asarray(base_num, dtype=np.float64), np.asarray(base_den, dtype=np.float64)
+            if bn.size != n or bd.size != n:
+                raise ValueError("the baseline needs one entry per prompt of the run")
+            stat = (bn[idx].sum(1) / bd[idx].sum(1)) / stat
+    if not np.all(np.isfinite(stat)):
+        return None
+    lo, hi = np.quantile(stat, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def _prompt_drafts(store: Store, run_ids: Sequence[int]) -> dict[int, dict[int, tuple[int, int]]]:
+    """run id -> prompt index -> (drafts, accepted draft tokens) over its stored steps."""
+    out: dict[int, dict[int, tuple[int, int]]] = {rid: {} for rid in run_ids}
+    if not run_ids:
+        return out
+    marks = ",".join("?" * len(run_ids))
+    with store.read() as s:
+        for rid, idx, drafts, accepted in s.connection().exec_driver_sql(
+            f"SELECT r.run_id, r.prompt_index, sum(s.num_drafted > 0), "
+            f"sum(CASE WHEN s.num_drafted > 0 THEN s.num_accepted ELSE 0 END) "
+            f"FROM results r JOIN steps s ON s.result_id = r.id WHERE r.run_id IN ({marks}) "
+            f"GROUP BY r.run_id, r.prompt_index",
+            tuple(run_ids),
+        ):
+            out[rid][idx] = (drafts or 0, accepted or 0)
+    return out
+
+
 def _settings_k(run: Run) -> int | None:
     st = run.settings
     for key in ("num_speculative_tokens", "k", "K"):
@@ -471,6 +548,7 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
             ):
                 hist[rid][n_acc] = count
     prompts = _finished_prompts(store, ids)
+    per_prompt = _prompt_drafts(store, ids)
     k_max = max([st.get("max_drafted") or 0 for st in stats.values()] + [_settings_k(r) or 0 for r in runs] + [0])
     columns = BASE_COLUMNS + [position_column(k) for k in range(1, k_max + 1)]
 
@@ -502,10 +580,14 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
             "num_accepted_tokens": accepted,
             # No drafts (the baseline): one token per verifier pass.
             "acceptance_length": 1.0 + accepted / drafts if drafts else (1.0 if st.get("steps") else None),
+            "acceptance_length_ci_low": None,
+            "acceptance_length_ci_high": None,
             "draft_acceptance_rate": accepted / drafted if drafted else None,
             "tokens_per_s": tokens / wall if wall > 0 else None,
             "ms_per_output_token": 1000.0 * wall / tokens if tokens > 0 else None,
             "speedup": None,
+            "speedup_ci_low": None,
+            "speedup_ci_high": None,
             "baseline_run_id": None,
             "draft_time_s": st.get("draft_s"),
             "verify_time_s": st.get("verify_s"),
@@ -514,6 +596,12 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
             "confidence_brier": None,
             "confidence_auroc_slot_index": None,
         }
+        if drafts:
+            # tau - 1 is accepted / drafts: the interval of that ratio, shifted by the bonus token.
+            counts = list(per_prompt[rid].values())
+            ci = ratio_interval([a for _, a in counts], [d for d, _ in counts])
+            if ci is not None:
+                row["acceptance_length_ci_low"], row["acceptance_length_ci_high"] = 1.0 + ci[0], 1.0 + ci[1]
         h = hist[rid]
         # Positions past this run's own K were never drafted: blank, not an acceptance of 0.
         own_k = max(st.get("max_drafted") or 0, _settings_k(run) or 0)
@@ -525,6 +613,11 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
             mine, theirs = _time_per_token(fin, common), _time_per_token(base_prompts, common)
             if mine and theirs:
                 row["speedup"], row["baseline_run_id"] = theirs / mine, base.id
+                both = sorted(common)
+                ci = ratio_interval([fin[i][1] for i in both], [fin[i][0] for i in both],
+                                    base_num=[base_prompts[i][1] for i in both], base_den=[base_prompts[i][0] for i in both])
+                if ci is not None:
+                    row["speedup_ci_low"], row["speedup_ci_high"] = ci
                 break
         rows.append(row)
 

@@ -63,13 +63,18 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"run_ids": run_ids, "runs": comparison.rows,
                           "columns": {c.key: {"label": c.label, "definition": c.definition, "unit": c.unit} for c in comparison.columns}}, default=str))
         return 0
-    keys = ["run_id", "drafter", "algorithm", "acceptance_length", "draft_acceptance_rate", "tokens_per_s", "speedup"]
+    keys = ["run_id", "drafter", "algorithm", "acceptance_length", "acceptance_length_95ci", "draft_acceptance_rate",
+            "tokens_per_s", "speedup", "speedup_95ci"]
     pos = [c.key for c in comparison.columns if c.key.startswith("acceptance_pos_")][:8]
     header = keys + pos
     print("\t".join(header))
     for row in comparison.rows:
         cells = []
         for k in header:
+            if k.endswith("_95ci"):  # the interval's two bounds in one cell
+                lo, hi = row.get(k.replace("_95ci", "_ci_low")), row.get(k.replace("_95ci", "_ci_high"))
+                cells.append("-" if lo is None or hi is None else f"{lo:.2f}-{hi:.2f}")
+                continue
             val = row.get(k)
             cells.append(f"{val:.3f}" if isinstance(val, float) else ("-" if val is None else str(val)))
         print("\t".join(cells))
