@@ -347,3 +347,18 @@ def test_ratio_interval_covers_the_true_ratio_about_95_percent_of_the_time() -> 
         lo, hi = ratio_interval(accepted, drafts, resamples=500, seed=t)  # type: ignore[misc]
         hits += lo <= p_true <= hi
     assert 0.85 <= hits / trials <= 0.995, hits / trials
+
+
+def test_compare_chart_draws_each_interval_as_whiskers(three_runs) -> None:
+    from specui.ui.compare import charts
+
+    store, ids, _, _ = three_runs
+    run_ids = [ids["base"], ids["conf"]]
+    c = compare(store, run_ids)
+    _, bars, _, _ = charts(store, c, run_ids)
+    conf_row = c.rows[1]
+    trace = next(t for t in bars.data if t.name.startswith(f"{ids['conf']}:"))
+    assert trace.error_y.array[0] == pytest.approx(conf_row["acceptance_length_ci_high"] - conf_row["acceptance_length"])
+    assert trace.error_y.arrayminus[1] == pytest.approx(conf_row["speedup"] - conf_row["speedup_ci_low"])
+    base_trace = next(t for t in bars.data if t.name.startswith(f"{ids['base']}:"))
+    assert base_trace.error_y.array[0] is None  # the baseline's tau is 1 by definition: no whisker

@@ -57,9 +57,15 @@ def charts(store: Store, c: Comparison, run_ids: list[int]) -> tuple[go.Figure, 
         ys = [row.get(k) for k in pos_keys]
         if any(y is not None for y in ys):
             curves.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers", name=name))
-        bars.add_trace(go.Bar(name=name, x=["τ", "speedup"], y=[row.get("acceptance_length"), row.get("speedup")]))
+        values = [row.get("acceptance_length"), row.get("speedup")]
+        bounds = [(row.get(f"{k}_ci_low"), row.get(f"{k}_ci_high")) for k in ("acceptance_length", "speedup")]
+        # Whiskers: the 95% bootstrap interval over prompts, where the metrics have one.
+        up = [hi - v if v is not None and hi is not None else None for v, (_, hi) in zip(values, bounds, strict=True)]
+        down = [v - lo if v is not None and lo is not None else None for v, (lo, _) in zip(values, bounds, strict=True)]
+        bars.add_trace(go.Bar(name=name, x=["τ", "speedup"], y=values,
+                              error_y={"type": "data", "symmetric": False, "array": up, "arrayminus": down}))
     curves.update_layout(title="Per-position acceptance a_k", xaxis_title="slot k", yaxis_title="a_k", yaxis_range=[0, 1])
-    bars.update_layout(title="Acceptance length τ and speedup", barmode="group")
+    bars.update_layout(title="Acceptance length τ and speedup (whiskers: 95% interval over prompts)", barmode="group")
     hist = go.Figure()
     for rid in run_ids:
         lengths = [1 + s.num_accepted for s in store.get_steps(rid) if s.num_drafted]
