@@ -68,9 +68,15 @@ case "$ROOT" in "$REPO"|"$REPO"/*) echo "SPECUI_TRAIN_ROOT must lie outside the 
 #   ROUND=2 ALGOS="dspark eagle3" scripts/train_shipped.sh ship bench calibrate card
 # and the round-1 DFlash / P-EAGLE cards rewritten with train_shipped_tools.py card (root: round 1's
 # distill.done beside round 2's bench files).
+# ROUND=3 (DFlash only) trains the round-2 DFlash one more epoch of the same 3000 prompts (seed 1:
+# other batches and anchors) at a lower learning rate, into ROOT/round3:
+#   ROUND=3 ALGOS=dflash scripts/train_shipped.sh dflash
+# Result (2026-11-30, held-out tau at T=0): 12 prompts 1.88 (round 1) -> 1.94 (round 2) -> 1.98;
+# 36 prompts 1.95 (round 1) -> 2.06, paired +0.11 (95% interval +0.07..+0.15): shipped, benched with
+#   ROUND=3 ALGOS=dflash scripts/train_shipped.sh ship bench    (cards: train_shipped_tools.py card)
 ROUND=${ROUND:-1}
-if [ "$ROUND" = 2 ]; then
-  RUNS=${RUNS:-$ROOT/round2}; DEFAULT_PROMPTS=3000; DEFAULT_SETS=gsm-symbolic,rg-math
+if [ "$ROUND" = 2 ] || [ "$ROUND" = 3 ]; then
+  RUNS=${RUNS:-$ROOT/round$ROUND}; DEFAULT_PROMPTS=3000; DEFAULT_SETS=gsm-symbolic,rg-math
 else
   RUNS=${RUNS:-$ROOT}; DEFAULT_PROMPTS=1000; DEFAULT_SETS=gsm-symbolic
 fi
@@ -100,6 +106,8 @@ if [ "$ROUND" = 2 ]; then  # half the learning rate, short warm-up; one epoch of
   DSPARK_ARGS="--layers 3 --block-size 8 --max-anchors 64 --steps 750 $FT --markov-rank 256 --init-from $ROOT/dspark"
   PEAGLE_ARGS="--layers 2 --depths 8 --batch-size 2 --steps 1000 $FT --freeze-embeddings --init-from $ROOT/peagle"
   EAGLE3_ARGS="--layers 1 --ttt-steps 4 --batch-size 2 --steps 1500 $FT --init-from $ROOT/eagle3"
+elif [ "$ROUND" = 3 ]; then
+  DFLASH_ARGS="--layers 3 --block-size 8 --max-anchors 64 --steps 750 --lr 2e-4 --warmup-steps 20 --seed 1 --init-from $ROOT/round2/dflash"
 fi
 
 mkdir -p "$ROOT" "$RUNS"
