@@ -7,7 +7,6 @@
     python scripts/train_shipped_tools.py convert ALGO RUN_DIR DEST [--num-speculative-tokens K]
     python scripts/train_shipped_tools.py card ALGO RUN_DIR DEST ROOT [--force]
     python scripts/train_shipped_tools.py report BENCH-T0.json BENCH-T1.json OUT.svg
-    python scripts/train_shipped_tools.py rescore DB BENCH.json
 
 ``distill`` is the self-distillation stage (the same cache ``specui train``
 reads, so training skips it).  ``heldout-file`` writes held-out prompts
@@ -18,9 +17,7 @@ speedup / per-position acceptance of ``specui bench --json`` files.
 ECE / AUROC / Brier before and after on the other.  ``convert`` writes the
 bf16 copy that ships; ``card`` checks the acceptance bar on that copy's
 held-out bench rows and writes its model card (exit 1 when it misses the bar,
-unless ``--force``).  ``rescore`` recomputes a bench file's rows from the runs
-stored in its database (``specui.metrics.compare``, what ``specui bench --json``
-prints), e.g. after the comparison gained columns.
+unless ``--force``).
 """
 
 from __future__ import annotations
@@ -83,23 +80,6 @@ def _interval(r: dict, key: str, fmt: str = ".2f", suffix: str = "") -> str:
     """' [lo-hi]' (the 95% bootstrap interval over prompts) when the bench file has one."""
     lo, hi = r.get(f"{key}_ci_low"), r.get(f"{key}_ci_high")
     return "" if lo is None or hi is None else f" [{lo:{fmt}}{suffix}-{hi:{fmt}}{suffix}]"
-
-
-def rescore(a: argparse.Namespace) -> None:
-    from specui.metrics import compare
-    from specui.store import Store
-
-    path = Path(a.bench)
-    doc = json.loads(path.read_text())
-    store = Store(a.db)
-    try:
-        comparison = compare(store, doc["run_ids"])
-    finally:
-        store.close()
-    doc["runs"] = comparison.rows
-    doc["columns"] = {c.key: {"label": c.label, "definition": c.definition, "unit": c.unit} for c in comparison.columns}
-    path.write_text(json.dumps(doc, default=str))
-    print(f"rescored {len(comparison.rows)} runs into {path}", file=sys.stderr)
 
 
 def summary(a: argparse.Namespace) -> None:
@@ -451,10 +431,6 @@ def main() -> None:
     p.add_argument("root")
     p.add_argument("--force", action="store_true")
     p.set_defaults(func=card)
-    p = sub.add_parser("rescore")
-    p.add_argument("db")
-    p.add_argument("bench")
-    p.set_defaults(func=rescore)
     p = sub.add_parser("report")
     p.add_argument("t0")
     p.add_argument("t1")

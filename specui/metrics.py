@@ -15,7 +15,7 @@ definition and unit so the dashboard and the CSV say what a number means.
   backend.)
 * Intervals: tau and speedup carry a 95% percentile bootstrap interval over
   prompts (the speedup's resamples the run and its baseline by the same prompts).
-  A dozen prompts leave tau uncertain by about +-0.1: read a bar verdict with it.
+  A dozen prompts leave tau uncertain by about +-0.2: read a bar verdict with it.
 * Confidence labels: slot k (0-based) of a step counts as accepted iff
   k < num_accepted; slots after the first rejection count as not accepted.
 
@@ -453,24 +453,6 @@ def ratio_interval(
     return float(lo), float(hi)
 
 
-def _prompt_drafts(store: Store, run_ids: Sequence[int]) -> dict[int, dict[int, tuple[int, int]]]:
-    """run id -> prompt index -> (drafts, accepted draft tokens) over its stored steps."""
-    out: dict[int, dict[int, tuple[int, int]]] = {rid: {} for rid in run_ids}
-    if not run_ids:
-        return out
-    marks = ",".join("?" * len(run_ids))
-    with store.read() as s:
-        for rid, idx, drafts, accepted in s.connection().exec_driver_sql(
-            f"SELECT r.run_id, r.prompt_index, sum(s.num_drafted > 0), "
-            f"sum(CASE WHEN s.num_drafted > 0 THEN s.num_accepted ELSE 0 END) "
-            f"FROM results r JOIN steps s ON s.result_id = r.id WHERE r.run_id IN ({marks}) "
-            f"GROUP BY r.run_id, r.prompt_index",
-            tuple(run_ids),
-        ):
-            out[rid][idx] = (drafts or 0, accepted or 0)
-    return out
-
-
 def _settings_k(run: Run) -> int | None:
     st = run.settings
     for key in ("num_speculative_tokens", "k", "K"):
@@ -529,18 +511,29 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
         raise user_error("a run id is listed twice")
     stats: dict[int, dict[str, Any]] = {rid: {} for rid in ids}
     hist: dict[int, dict[int, int]] = {rid: {} for rid in ids}
+    # run id -> prompt index -> (drafts, accepted draft tokens): tau's bootstrap resamples these
+    per_prompt: dict[int, dict[int, tuple[int, int]]] = {rid: {} for rid in ids}
     if ids:
         marks = ",".join("?" * len(ids))
+        keys = ("steps", "drafts", "drafted", "accepted", "max_drafted", "draft_s", "verify_s")
         with store.read() as s:
             conn = s.connection()
-            for row in conn.exec_driver_sql(
-                f"SELECT r.run_id, count(s.id), sum(s.num_drafted > 0), sum(s.num_drafted), "
+            for rid, idx, *values in conn.exec_driver_sql(
+                f"SELECT r.run_id, r.prompt_index, count(s.id), sum(s.num_drafted > 0), sum(s.num_drafted), "
                 f"sum(CASE WHEN s.num_drafted > 0 THEN s.num_accepted ELSE 0 END), max(s.num_drafted), "
                 f"sum(s.draft_time_s), sum(s.verify_time_s) "
-                f"FROM results r JOIN steps s ON s.result_id = r.id WHERE r.run_id IN ({marks}) GROUP BY r.run_id",
+                f"FROM results r JOIN steps s ON s.result_id = r.id WHERE r.run_id IN ({marks}) "
+                f"GROUP BY r.run_id, r.prompt_index",
                 tuple(ids),
             ):
-                stats[row[0]] = dict(zip(("steps", "drafts", "drafted", "accepted", "max_drafted", "draft_s", "verify_s"), row[1:], strict=True))
+                row = dict(zip(keys, values, strict=True))
+                per_prompt[rid][idx] = (row["drafts"] or 0, row["accepted"] or 0)
+                st = stats[rid]
+                for key in keys:  # the run's totals (and its longest draft) over its prompts
+                    if key == "max_drafted":
+                        st[key] = max(st.get(key) or 0, row[key] or 0)
+                    else:
+                        st[key] = (st.get(key) or 0) + (row[key] or 0)
             for rid, n_acc, count in conn.exec_driver_sql(
                 f"SELECT r.run_id, s.num_accepted, count(*) FROM results r JOIN steps s ON s.result_id = r.id "
                 f"WHERE r.run_id IN ({marks}) AND s.num_drafted > 0 GROUP BY r.run_id, s.num_accepted",
@@ -548,7 +541,6 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
             ):
                 hist[rid][n_acc] = count
     prompts = _finished_prompts(store, ids)
-    per_prompt = _prompt_drafts(store, ids)
     k_max = max([st.get("max_drafted") or 0 for st in stats.values()] + [_settings_k(r) or 0 for r in runs] + [0])
     columns = BASE_COLUMNS + [position_column(k) for k in range(1, k_max + 1)]
 
