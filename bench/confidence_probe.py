@@ -55,31 +55,32 @@ from specui.drafters.dspark import DSparkModel
 from specui.drafters.layers import draft_target_ids
 from specui.drafters.resolve import shipped_drafters
 from specui.metrics import auroc
-from specui.training.objectives import TargetHead, pack
+from specui.training.config import TrainConfig
+from specui.training.dspark import DSparkObjective
+from specui.training.objectives import TargetHead
 from specui.verifier import Verifier
 
 
 @torch.no_grad()
 def slot_features(model, verifier: Verifier, samples, cache_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(features [N, H + r], greedy-match labels [N], the shipped head's logits [N]) over
-    the scored slots of every anchor of every sample."""
-    head = TargetHead(verifier, draft_target_ids(model.d2t), torch.device("cpu"))
+    the scored slots of every anchor of every sample.
+
+    DSpark's own training objective lays out the blocks (``DSparkObjective.blocks``), with
+    more anchors allowed than any sample has positions: every response position anchors."""
+    cfg = TrainConfig(algorithm="dspark", block_size=model.config.block_size, max_anchors=1 << 30)
+    objective = DSparkObjective(cfg, verifier, TargetHead(verifier, draft_target_ids(model.d2t), torch.device("cpu")))
     store = HiddenStateStore(LocalExtractor(verifier, model.config.aux_layer_ids), samples, "mixed", cache_dir / "hidden")
-    B = model.config.block_size
+    gen = torch.Generator().manual_seed(0)  # unused: no sample has more positions than anchors allowed
     feats, labels, logits = [], [], []
     t0 = time.perf_counter()
     for i in range(len(samples)):
-        packed = pack(store.get([i]))
-        mask, T = packed.loss_mask.bool(), len(packed)
-        anchors = torch.nonzero(mask[: max(0, T - B)]).flatten()
+        _, anchors, out, targets, valid = objective.blocks(model, store.get([i]), gen)
         if anchors.numel() == 0:
             continue
-        out = model.forward_blocks(packed.hidden_states, packed.input_ids, anchors, packed.position_ids, packed.document_ids)
-        tgt_pos, valid = model.target_positions(anchors, T)
-        hit = out.markov_logits.argmax(-1) == head(packed.last_hidden[tgt_pos]).argmax(-1)
-        slot_pos = (anchors[:, None] + torch.arange(B)).clamp(max=T - 1)
+        hit = out.markov_logits.argmax(-1) == targets.argmax(-1)
         earlier_hit = torch.cat([torch.ones(len(anchors), 1, dtype=torch.bool), hit[:, :-1]], 1).cumprod(1).bool()
-        scored = valid & mask[slot_pos] & earlier_hit  # up to the first miss, as decoding scores them
+        scored = valid & earlier_hit  # up to the first miss, as decoding scores them
         x = torch.cat([out.hidden, model.markov_head.markov_w1(out.prev_token_ids)], -1)
         feats.append(x[scored].numpy())
         labels.append(hit[scored].numpy())

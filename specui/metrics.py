@@ -526,14 +526,12 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
                 f"GROUP BY r.run_id, r.prompt_index",
                 tuple(ids),
             ):
-                row = dict(zip(keys, values, strict=True))
-                per_prompt[rid][idx] = (row["drafts"] or 0, row["accepted"] or 0)
+                row = dict(zip(keys, (v or 0 for v in values), strict=True))
+                per_prompt[rid][idx] = (row["drafts"], row["accepted"])
+                # The run's totals over its prompts (its longest draft: the max).
                 st = stats[rid]
-                for key in keys:  # the run's totals (and its longest draft) over its prompts
-                    if key == "max_drafted":
-                        st[key] = max(st.get(key) or 0, row[key] or 0)
-                    else:
-                        st[key] = (st.get(key) or 0) + (row[key] or 0)
+                for key, v in row.items():
+                    st[key] = max(st.get(key, 0), v) if key == "max_drafted" else st.get(key, 0) + v
             for rid, n_acc, count in conn.exec_driver_sql(
                 f"SELECT r.run_id, s.num_accepted, count(*) FROM results r JOIN steps s ON s.result_id = r.id "
                 f"WHERE r.run_id IN ({marks}) AND s.num_drafted > 0 GROUP BY r.run_id, s.num_accepted",

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         cells = []
         for k in header:
             if k.endswith("_95ci"):  # the interval's two bounds in one cell
-                lo, hi = row.get(k.replace("_95ci", "_ci_low")), row.get(k.replace("_95ci", "_ci_high"))
+                lo, hi = row.get(k.removesuffix("_95ci") + "_ci_low"), row.get(k.removesuffix("_95ci") + "_ci_high")
                 cells.append("-" if lo is None or hi is None else f"{lo:.2f}-{hi:.2f}")
                 continue
             val = row.get(k)
