@@ -284,7 +284,9 @@ def card(a: argparse.Namespace) -> None:
         "## Held-out evaluation",
         "",
         "`specui bench --shipped --prompts gsm-symbolic` on the held-out split (never trained on), plain decoding "
-        "in the same run, one torch thread; see the README's results table for the command.",
+        "in the same run, one torch thread; see the README's results table for the command. Verifier precision: "
+        + {"bf16": "bf16, batch-invariant (`specui.batch_invariant`: bf16 matmuls, float32 residual stream, "
+           "greedy output bit-identical to plain decoding)"}.get(r0.get("verifier_precision"), "float32") + ".",
         "",
         f"- T=0: tau {tau:.3f}{_interval(r0, 'acceptance_length')}, {r0.get('tokens_per_s') or 0:.2f} tok/s, "
         f"speedup {r0.get('speedup') or 0:.2f}x{_interval(r0, 'speedup', suffix='x')}, K {r0.get('num_speculative_tokens')} "

@@ -51,6 +51,7 @@ def start_run(store: Store, verifier: Verifier, drafter: Drafter, *, prompt_set:
         top_k=spec.sampling.top_k,
         max_new_tokens=spec.max_new_tokens,
         confidence_policy=_policy_label(policy),
+        extra={"verifier_precision": verifier.precision},
     )
     return store.create_run(
         verifier=verifier.name, prompt_set=prompt_set, algorithm=drafter.algorithm, drafter=drafter.name,
@@ -158,6 +159,7 @@ def bench(
     owner: str | None = None,
     progress: Callable[[str, float], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    precision: str | None = None,
 ) -> tuple[list[int], Comparison]:
     """Baseline + each drafter over the same prompts; returns run ids and their comparison.
 
@@ -167,7 +169,7 @@ def bench(
     prompt_list = load_prompts(prompts, split=bench_split(prompts), limit=limit)
     if not prompt_list:
         raise SpecUIError(f"prompt set {prompts!r} has no prompts")
-    v = WORKBENCH.verifier(verifier)
+    v = WORKBENCH.verifier(verifier, precision)
     names = ["none", *[d for d in drafters if d not in ("none", "plain")]]
     with ExitStack() as loaded:
         # Every drafter loads before any run starts: a broken folder fails the bench at once,

@@ -73,6 +73,8 @@ BASE_COLUMNS: list[Column] = [
     Column("status", "Status", "running, done, stopped, failed or incomplete (process died)", "", "text"),
     Column("num_speculative_tokens", "K", "Most draft tokens proposed per step (run settings)", "tokens", "int"),
     Column("temperature", "Temperature", "Sampling temperature (0 = greedy)", ""),
+    Column("verifier_precision", "Verifier precision",
+           "fp32, or bf16: bf16 matmuls with batch-invariant kernels (specui.batch_invariant); empty for runs before it", "", "text"),
     Column("num_prompts", "Prompts", "Prompts whose generation finished", "prompts", "int"),
     Column("num_output_tokens", "Output tokens", "Tokens generated, over finished prompts", "tokens", "int"),
     Column("wall_time_s", "Wall time", "Generation wall time summed over finished prompts", "s"),
@@ -494,7 +496,7 @@ def find_baseline(store: Store, run: Run, prefer: Sequence[int] = ()) -> list[Ru
         if r.status != RunStatus.RUNNING
     ]
     st = run.settings
-    keys = ("temperature", "max_new_tokens")
+    keys = ("temperature", "max_new_tokens", "verifier_precision")  # a bf16 run's speedup is over bf16 plain
 
     def rank(r: Run) -> tuple[bool, bool, bool, int]:
         rs = r.settings
@@ -561,6 +563,7 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
             "status": str(run.status),
             "num_speculative_tokens": _settings_k(run),
             "temperature": run.settings.get("temperature"),
+            "verifier_precision": run.settings.get("verifier_precision"),
             "num_prompts": len(fin),
             "num_output_tokens": tokens,
             "wall_time_s": wall,

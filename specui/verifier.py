@@ -62,6 +62,7 @@ class Verifier:
         self.vocab_size: int = cfg.vocab_size
         self.max_context: int = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
         self.dtype = next(model.parameters()).dtype
+        self.precision = "fp32"  # "bf16" once batch_invariant.enable() switched the model
         self._layers = _decoder_layers(model)
         # Per-thread capture state: the dashboard decodes for several visitors at once.
         self._local = threading.local()
@@ -75,39 +76,34 @@ class Verifier:
     # --- loading ------------------------------------------------------------------
 
     @classmethod
-    def load(cls, spec: str, dtype: torch.dtype = torch.float32) -> Verifier:
-        """Load ``embedded``, a local folder, a ``.gguf`` file or a hub id."""
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
+    def load(cls, spec: str, dtype: torch.dtype = torch.float32, precision: str = "fp32") -> Verifier:
+        """Load ``embedded``, a local folder, a ``.gguf`` file or a hub id.
 
-        hf_logging.disable_progress_bar()  # a per-tensor bar on every load is noise
+        ``precision``: ``fp32`` runs the model as loaded; ``bf16`` switches it to
+        bf16 batch-invariant verification (``specui.batch_invariant``) and fails
+        if this machine cannot give it; ``auto`` tries ``bf16`` and falls back to
+        ``fp32``.  ``Verifier.precision`` says which one runs.
+        """
+        if precision not in PRECISIONS:
+            raise SpecUIError(f"verifier precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        verifier = cls(*_load_model(spec, dtype))
+        if precision == "fp32":
+            return verifier
+        from specui import batch_invariant
 
-        if spec == EMBEDDED:
-            folder = embedded_folder()
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-            return cls(model, _load_tokenizer(folder), name=EMBEDDED_NAME)
-        path = Path(spec).expanduser()
-        if path.suffix == ".gguf":
-            if not path.is_file():
-                raise SpecUIError(f"verifier GGUF file not found: {path}")
-            folder = convert_gguf(path)
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-            return cls(model, _load_tokenizer(folder), name=path.stem)
-        if path.exists():
-            if not (path / "config.json").is_file():
-                raise SpecUIError(f"verifier folder {path} has no config.json")
-            try:
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True)
-            except (OSError, ValueError) as e:
-                raise SpecUIError(f"cannot load verifier from {path}: {e}") from None
-            return cls(model, _load_tokenizer(path), name=path.name)
-        if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
-            raise SpecUIError(f"verifier path does not exist: {spec}")
-        try:  # a hub id; fails fast without a reachable hub
-            model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, use_safetensors=True)
-        except Exception as e:  # noqa: BLE001 - hub errors come in many types
-            raise SpecUIError(f"verifier {spec!r} is neither a local path nor a reachable hub model ({type(e).__name__})") from None
-        return cls(model, _load_tokenizer(spec), name=spec)
+        reason = batch_invariant.unsupported_reason(verifier.config)
+        if dtype != torch.float32:
+            reason = f"a {dtype} load (bf16 verification starts from float32)"
+        if reason is None:
+            batch_invariant.enable(verifier.model)
+            verifier.precision = "bf16"
+            if batch_invariant.check(verifier):
+                return verifier
+            reason = "this machine's bf16 kernels give a token other logits inside a block than alone"
+        if precision == "bf16":
+            raise SpecUIError(f"cannot verify {verifier.name} in bf16: {reason}")
+        log.warning("verifying %s in float32: %s", verifier.name, reason)
+        return cls(*_load_model(spec, dtype))  # a fresh float32 copy: enable() changed the first
 
     # --- model parts drafters borrow ------------------------------------------------
 
@@ -253,6 +249,49 @@ class Verifier:
         if self.tokenizer is None:
             return f"<{token_id}>"
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+PRECISIONS = ("fp32", "bf16", "auto")
+
+
+def default_precision() -> str:
+    """The app's verifier precision: ``SPECUI_VERIFIER_PRECISION``, else ``auto``."""
+    return os.environ.get("SPECUI_VERIFIER_PRECISION", "auto")
+
+
+def _load_model(spec: str, dtype: torch.dtype) -> tuple[nn.Module, object, str]:
+    """(model, tokenizer or None, display name) for a verifier spec."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a per-tensor bar on every load is noise
+
+    if spec == EMBEDDED:
+        folder = embedded_folder()
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        return model, _load_tokenizer(folder), EMBEDDED_NAME
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise SpecUIError(f"verifier GGUF file not found: {path}")
+        folder = convert_gguf(path)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        return model, _load_tokenizer(folder), path.stem
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise SpecUIError(f"verifier folder {path} has no config.json")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True)
+        except (OSError, ValueError) as e:
+            raise SpecUIError(f"cannot load verifier from {path}: {e}") from None
+        return model, _load_tokenizer(path), path.name
+    if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
+        raise SpecUIError(f"verifier path does not exist: {spec}")
+    try:  # a hub id; fails fast without a reachable hub
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, use_safetensors=True)
+    except Exception as e:  # noqa: BLE001 - hub errors come in many types
+        raise SpecUIError(f"verifier {spec!r} is neither a local path nor a reachable hub model ({type(e).__name__})") from None
+    return model, _load_tokenizer(spec), spec
 
 
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -16,7 +16,7 @@ from pathlib import Path
 from specui.drafters.base import Drafter
 from specui.drafters.resolve import BUILTIN, resolve_drafter, shipped_drafters
 from specui.paths import data_dir
-from specui.verifier import Verifier
+from specui.verifier import Verifier, default_precision
 
 
 def trained_drafters_dir() -> Path:
@@ -36,19 +36,22 @@ def drafter_choices() -> list[str]:
 class Workbench:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._verifiers: dict[str, Verifier] = {}
-        self._verifier_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._verifiers: dict[tuple[str, str], Verifier] = {}
+        self._verifier_locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._idle: dict[tuple, list[Drafter]] = defaultdict(list)
 
-    def verifier(self, spec: str) -> Verifier:
+    def verifier(self, spec: str, precision: str | None = None) -> Verifier:
+        """The shared verifier for ``spec`` (``precision``: see ``Verifier.load``; default
+        ``SPECUI_VERIFIER_PRECISION`` or ``auto``)."""
+        key = (spec, precision or default_precision())
         with self._lock:
-            if spec in self._verifiers:
-                return self._verifiers[spec]
-            load_lock = self._verifier_locks[spec]
+            if key in self._verifiers:
+                return self._verifiers[key]
+            load_lock = self._verifier_locks[key]
         with load_lock:  # one load per spec, other specs load in parallel
-            if spec not in self._verifiers:
-                self._verifiers[spec] = Verifier.load(spec)
-            return self._verifiers[spec]
+            if key not in self._verifiers:
+                self._verifiers[key] = Verifier.load(spec, precision=key[1])
+            return self._verifiers[key]
 
     @contextmanager
     def drafter(self, spec: str, verifier: Verifier, k: int | None = None, **options) -> Iterator[Drafter]:

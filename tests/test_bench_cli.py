@@ -19,7 +19,7 @@ def test_bench_json_runs_baseline_and_drafter_on_the_same_prompts(tmp_path, caps
     )
     db = tmp_path / "s.db"
     rc = main(["bench", "--drafter", "ngram", "--prompts", str(prompts), "--max-new-tokens", "12",
-               "--db", str(db), "--json"])
+               "--precision", "bf16", "--db", str(db), "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     runs = out["runs"]
@@ -32,6 +32,7 @@ def test_bench_json_runs_baseline_and_drafter_on_the_same_prompts(tmp_path, caps
     store = Store(db)
     results = [store.get_results(r["run_id"]) for r in runs]
     assert [len(r) for r in results] == [2, 2]  # the broken line is skipped, the good ones kept
+    assert [store.get_run(r["run_id"]).settings["verifier_precision"] for r in runs] == ["bf16", "bf16"]
     # Greedy: both runs produce the same text for each prompt.
     assert [r.output_text for r in results[0]] == [r.output_text for r in results[1]]
     # Interleaved, so drift on a noisy machine hits both runs alike: each prompt is decoded by

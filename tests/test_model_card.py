@@ -36,7 +36,7 @@ def _results(root: Path, tau: float, speedup: float, auroc: float) -> None:
     drafted = {"drafter": "dspark", "algorithm": "dspark", "acceptance_length": tau, "speedup": speedup,
                "tokens_per_s": 20.0, "num_speculative_tokens": 8, "acceptance_pos_1": 0.6, "acceptance_pos_2": 0.4,
                "acceptance_length_ci_low": tau - 0.15, "acceptance_length_ci_high": tau + 0.2,
-               "speedup_ci_low": speedup - 0.1, "speedup_ci_high": speedup + 0.1}  # fmt: skip
+               "speedup_ci_low": speedup - 0.1, "speedup_ci_high": speedup + 0.1, "verifier_precision": "bf16"}  # fmt: skip
     plain = {"drafter": "none", "algorithm": "none", "acceptance_length": 1.0, "tokens_per_s": 15.0}
     for t in (0, 1):
         (root / f"bench-T{t}.json").write_text(json.dumps({"runs": [plain, drafted]}))
@@ -72,6 +72,7 @@ def test_card_of_a_drafter_that_meets_the_bar_reports_its_whole_training(tmp_pat
     card = (shipped_copy / "README.md").read_text()
     assert "Misses the acceptance bar" not in card
     assert "- T=0: tau 2.400 [2.25-2.60], 20.00 tok/s, speedup 1.60x [1.50x-1.70x], K 8" in card  # bootstrap intervals
+    assert "Verifier precision: bf16, batch-invariant" in card  # what the bench row recorded
     assert "- optimisation: 1500 steps, batch 4" in card
     assert "- warm-started from: a dflash run on the first 1000 prompts, 2400 steps" in card
     # 240 logged steps x 10 x 4.0 s + 150 x 10 x 4.5 s = 16350 s

@@ -9,6 +9,7 @@ import sys
 import torch
 
 from specui.trace import SamplingParams, SpecUIError, check_decode_settings
+from specui.verifier import PRECISIONS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,6 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shipped", action="store_true", help="every drafter shipped in data/drafters")
     p.add_argument("--prompts", default="demo", help="a prompt set name or a FILE.jsonl (prompt or messages per line)")
     p.add_argument("--verifier", default="embedded")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="verifier precision (default: SPECUI_VERIFIER_PRECISION or auto; see specui.batch_invariant)")
     p.add_argument("--limit", type=int, default=None, help="first N prompts of the held-out split")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     run_ids, comparison = bench(
         store, verifier=args.verifier, drafters=drafters, prompts=args.prompts, limit=args.limit,
         max_new_tokens=args.max_new_tokens, sampling=sampling, num_speculative_tokens=args.num_speculative_tokens,
-        seed=args.seed, progress=log,
+        seed=args.seed, progress=log, precision=args.precision,
     )
     if args.json:
         print(json.dumps({"run_ids": run_ids, "runs": comparison.rows,

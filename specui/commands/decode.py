@@ -9,6 +9,7 @@ import sys
 import torch
 
 from specui.trace import SamplingParams, SpecUIError, check_decode_settings
+from specui.verifier import PRECISIONS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--prompt-ids", help="the prompt as token ids ('1 2 3'; for verifiers without a tokenizer)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the verifier's chat template")
     p.add_argument("--verifier", default="embedded", help="embedded | HF folder | .gguf file | hub id")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="verifier precision (default: SPECUI_VERIFIER_PRECISION or auto; see specui.batch_invariant)")
     p.add_argument("--drafter", default="none", help="none | ngram | a shipped drafter name | a speculators folder")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help="K (default: the drafter's own)")
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -47,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     from specui.drafters.resolve import resolve_drafter
     from specui.engine import Decoding
-    from specui.verifier import Verifier
+    from specui.verifier import Verifier, default_precision
 
-    verifier = Verifier.load(args.verifier)
+    verifier = Verifier.load(args.verifier, precision=args.precision or default_precision())
     check_decode_settings(max_new_tokens=args.max_new_tokens, max_context=verifier.max_context)
     drafter = resolve_drafter(args.drafter, verifier, args.num_speculative_tokens)
     if prompt_ids is None:

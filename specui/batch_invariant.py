@@ -1,0 +1,134 @@
+"""bf16 verification whose logits do not depend on how many tokens come together.
+
+A speculative step verifies ``[last, d_1..d_K]`` in one forward; plain decoding
+feeds one token per forward.  Greedy speculation is lossless only if the
+verifier gives a token the same logits either way.  On a CPU:
+
+- float32 comes close but not bit for bit (MKL reduces a 1-row and a 9-row
+  product in different orders, ~1e-5 apart; an argmax flips only at a near
+  tie), and a 9-token verify costs ~2x a 1-token step: at 9 rows the matmuls
+  are compute bound.
+- a plain bfloat16 model (AVX512-BF16) verifies 9 tokens for ~1.2x a step, but
+  rounds every activation to 8 bits, so those last-bit differences become
+  whole-ulp ones: greedy decoding flipped on ~1-2% of positions
+  (``bench/verify_dtype.py``).
+
+The ``bf16`` precision here takes the bf16 matmuls and keeps everything else
+float32 (residual stream, norms, rotary, softmax, logits), then removes the
+row-count dependence from the two ops that mix rows of a block:
+
+- linear layers: bf16 weights and inputs, float32-accumulating oneDNN kernels.
+  oneDNN picks one kernel for every row count except a single row (its 1-row
+  kernel reduces K=1536 in another order), so one row is padded to two.
+- attention: each query row attends on its own to exactly the keys it may see.
+  A row inside a block then runs the same ops on the same shapes as that token
+  decoded alone.  Prefill chunks (more than ``ROWWISE_MAX_ROWS`` rows) use SDPA:
+  plain and speculative decoding prefill the same prompt the same way.
+
+Kernel choice is the machine's, so :func:`check` proves the property on this
+machine (a block against the same tokens one at a time, bit for bit) before
+``Verifier.load(precision="auto")`` uses the mode.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specui.trace import SpecUIError
+
+ATTENTION_NAME = "specui_rowwise"
+ROWWISE_MAX_ROWS = 64  # verify blocks are K+1 <= 33 rows; longer passes are prefills
+
+
+class BF16Linear(nn.Linear):
+    """``nn.Linear`` with bf16 weights whose output rows do not depend on the row count."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        n = rows.shape[0]
+        if n == 1:  # oneDNN's 1-row kernel sums in another order than its many-row one
+            rows = rows.expand(2, -1)
+        bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+        out = F.linear(rows, self.weight_bf16, bias)[:n]
+        return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
+
+
+def rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Causal attention of one sequence, one query row at a time (transformers' attention signature).
+
+    ``query`` [1, heads, q, d] holds the last ``q`` positions of ``key``/``value``
+    [1, kv_heads, L, d]; row ``i`` sees keys ``0 .. L-q+i``.
+    """
+    q = query.shape[2]
+    if query.shape[0] != 1 or q > ROWWISE_MAX_ROWS:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    length = key.shape[2]
+    rows = [  # one SDPA call per row: shapes (so kernels and sums) depend on the row's position only
+        F.scaled_dot_product_attention(
+            query[:, :, i : i + 1], key[:, :, : length - q + i + 1], value[:, :, : length - q + i + 1],
+            scale=scaling, enable_gqa=True,
+        )
+        for i in range(q)
+    ]
+    return torch.cat(rows, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, rowwise_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # the SDPA fallback's mask
+
+
+def unsupported_reason(config) -> str | None:
+    """Why this mode would be wrong (or slow) for this architecture on this machine, or None."""
+    if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "this CPU has no fast bf16 matmuls (oneDNN needs AVX-512 or AMX)"
+    if getattr(config, "sliding_window", None) or "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        return "sliding-window attention"
+    if getattr(config, "attn_logit_softcapping", None):
+        return "attention logit soft-capping"
+    return None
+
+
+def enable(model: nn.Module) -> None:
+    """Switch a float32 causal LM to bf16 batch-invariant verification, in place.
+
+    The input embeddings stay float32 (and so does a head tied to them: drafters
+    borrow both); every linear layer computes in bf16.
+    """
+    reason = unsupported_reason(model.config)
+    if reason is not None:
+        raise SpecUIError(f"bf16 verification does not support {reason}; use precision fp32")
+    borrowed = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
+    for m in list(model.modules()):
+        if type(m) is not nn.Linear:
+            continue
+        m.register_buffer("weight_bf16", m.weight.detach().to(torch.bfloat16), persistent=False)
+        if id(m.weight) not in borrowed:  # nobody reads the float32 copy: free it
+            m.weight = nn.Parameter(m.weight_bf16, requires_grad=False)
+        m.__class__ = BF16Linear
+    _register_attention()
+    model.set_attn_implementation(ATTENTION_NAME)
+
+
+@torch.inference_mode()
+def check(verifier, block: int = 9, context: int = 24) -> bool:
+    """True when a ``block``-token verify gives bit-identical logits and taps to
+    the same tokens fed one at a time, after the same cached context."""
+    ids = torch.randint(100, verifier.vocab_size, (context + block,), generator=torch.Generator().manual_seed(0))
+    layers = list(range(verifier.num_layers + 1))
+    cache = verifier.new_cache()
+    verifier.forward(ids[:context], cache, logits=False)
+    together = verifier.forward(ids[context:], cache, aux_layer_ids=layers)
+    cache = verifier.new_cache()
+    verifier.forward(ids[:context], cache, logits=False)
+    alone = [verifier.forward(ids[t : t + 1], cache, aux_layer_ids=layers) for t in range(context, context + block)]
+    return torch.equal(together.logits, torch.cat([o.logits for o in alone])) and torch.equal(
+        together.aux_hidden, torch.cat([o.aux_hidden for o in alone])
+    )

@@ -1,0 +1,91 @@
+"""bf16 batch-invariant verification (``specui.batch_invariant``): a token gets
+bit-identical logits whether the verifier sees it alone or inside a block, so
+greedy speculation in bf16 is lossless by construction, and ``auto`` uses the
+mode only where it holds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from specui import batch_invariant
+from specui.data import load_prompts
+from specui.drafters.resolve import resolve_drafter
+from specui.drafters.simple import PlainDrafter
+from specui.engine import generate
+from specui.trace import SpecUIError
+from specui.verifier import Verifier
+
+
+@pytest.fixture(scope="module")
+def bf16_verifier() -> Verifier:
+    return Verifier.load("embedded", precision="bf16")
+
+
+@pytest.fixture(scope="module")
+def heldout(bf16_verifier) -> list[list[int]]:
+    return [p.encode(bf16_verifier) for p in load_prompts("gsm-symbolic", split="eval", limit=2)]
+
+
+def test_bf16_keeps_the_residual_stream_and_what_drafters_borrow_in_float32(bf16_verifier):
+    v = bf16_verifier
+    assert v.precision == "bf16"
+    assert v.embed_tokens.weight.dtype == torch.float32 and v.lm_head.weight.dtype == torch.float32
+    layer_linears = [m for m in v.model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
+    assert layer_linears and all(m.weight.dtype == torch.bfloat16 for m in layer_linears)
+    out = v.forward(torch.tensor([1, 2, 3]), v.new_cache(), aux_layer_ids=[1, v.num_layers])
+    assert out.logits.dtype == torch.float32 and out.aux_hidden.dtype == torch.float32
+    # Not a rounded-to-bf16 stream: the residual carries float32 detail.
+    assert not torch.equal(out.aux_hidden, out.aux_hidden.bfloat16().float())
+
+
+@pytest.mark.parametrize("block", [2, 5, 9, 17])
+def test_a_block_gives_each_token_the_logits_and_taps_it_gets_alone(bf16_verifier, heldout, block):
+    v, ids = bf16_verifier, torch.tensor(heldout[0])
+    start = len(ids) - block
+    layers = list(range(v.num_layers + 1))
+    cache = v.new_cache()
+    v.forward(ids[:start], cache, logits=False)
+    together = v.forward(ids[start:], cache, aux_layer_ids=layers)
+    v.crop(cache, start)  # as the engine does after a rejection
+    alone = [v.forward(ids[t : t + 1], cache, aux_layer_ids=layers) for t in range(start, len(ids))]
+    assert torch.equal(together.logits, torch.cat([a.logits for a in alone]))
+    assert torch.equal(together.aux_hidden, torch.cat([a.aux_hidden for a in alone]))
+
+
+def test_check_catches_a_verifier_whose_blocks_differ():
+    v = Verifier.load("embedded", precision="bf16")
+    assert batch_invariant.check(v)
+    v.model.set_attn_implementation("sdpa")  # bf16 linears, but attention over the block at once
+    assert not batch_invariant.check(v)
+
+
+@pytest.mark.parametrize("drafter", ["dflash", "dspark", "peagle", "eagle3", "ngram"])
+def test_greedy_speculation_in_bf16_is_identical_to_plain_bf16_decoding(bf16_verifier, heldout, drafter):
+    d = resolve_drafter(drafter, bf16_verifier)
+    for ids in heldout:
+        plain = generate(bf16_verifier, PlainDrafter(), ids, max_new_tokens=64)
+        spec = generate(bf16_verifier, d, ids, max_new_tokens=64)
+        assert spec.output_token_ids == plain.output_token_ids
+        assert spec.acceptance_length > 1.0  # the drafts were used, not all rejected
+
+
+def test_auto_verifies_in_float32_where_rowwise_attention_would_be_wrong(tmp_path, fixture_dir):
+    folder = tmp_path / "windowed"
+    shutil.copytree(fixture_dir / "verifier", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}))
+    assert Verifier.load(str(folder), precision="auto").precision == "fp32"
+    with pytest.raises(SpecUIError, match="sliding-window"):
+        Verifier.load(str(folder), precision="bf16")
+    with pytest.raises(SpecUIError, match="precision must be one of"):
+        Verifier.load(str(folder), precision="fp16")
+
+
+def test_auto_uses_bf16_for_the_fixture_verifier_and_blocks_match(fixture_dir):
+    v = Verifier.load(str(fixture_dir / "verifier"), precision="auto")
+    assert v.precision == "bf16"  # this machine's kernels pass check(); a float32 fallback would say fp32
+    assert batch_invariant.check(v, block=5, context=7)
