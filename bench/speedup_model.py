@@ -1,9 +1,9 @@
 """What tau each drafter needs for a given speedup on this CPU (run by hand, not in CI).
 
     .venv/bin/python bench/speedup_model.py [--threads 1,2] [--repeats 15] [--context 256]
-        [--ks 3,5,7,8] [--vocabs 4096,8192,16384,full] [--target 1.5]
+        [--ks 3,5,7,8] [--vocabs 4096,8192,16384,full] [--target 1.5] [--precision fp32|bf16]
 
-Three measurements on the embedded verifier (SmolLM2-135M-Instruct, fp32):
+Three measurements on the embedded verifier (SmolLM2-135M-Instruct, in ``--precision``):
 
 1. ``t1``: one plain decoding step, ``Verifier.forward`` of one token after a
    cached context (what plain decoding pays per output token, without aux taps);
@@ -121,6 +121,7 @@ def main() -> None:
     ap.add_argument("--layers", default="eagle3:1,peagle:2,dflash:2,dspark:2", help="algo:layers,...")
     ap.add_argument("--markov-rank", type=int, default=256)
     ap.add_argument("--target", type=float, default=1.5, help="speedup the tau-needed table is for")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="verifier precision (specui.batch_invariant)")
     args = ap.parse_args()
     ks = [int(x) for x in args.ks.split(",")]
     vocabs = [None if x == "full" else int(x) for x in args.vocabs.split(",")]
@@ -128,9 +129,9 @@ def main() -> None:
     algos = args.algorithms.split(",")
     dk = args.draft_k
 
-    v = Verifier.load("embedded")
+    v = Verifier.load("embedded", precision=args.precision)
     aux = v.default_aux_layer_ids()
-    print(f"verifier {v.name}: {v.num_layers} layers, hidden {v.hidden_size}, vocab {v.vocab_size}; "
+    print(f"verifier {v.name} ({v.precision}): {v.num_layers} layers, hidden {v.hidden_size}, vocab {v.vocab_size}; "
           f"context {args.context}; median of {args.repeats}; aux taps {aux}")  # fmt: skip
     with torch.inference_mode():
         for threads in (int(t) for t in args.threads.split(",")):

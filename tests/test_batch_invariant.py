@@ -56,6 +56,12 @@ def test_a_block_gives_each_token_the_logits_and_taps_it_gets_alone(bf16_verifie
     assert torch.equal(together.aux_hidden, torch.cat([a.aux_hidden for a in alone]))
 
 
+def test_a_float32_verifier_keeps_float32_drafters(embedded_verifier):
+    d = resolve_drafter("eagle3", embedded_verifier)
+    assert embedded_verifier.precision == "fp32"
+    assert not any(isinstance(m, batch_invariant.BF16Linear) for m in d.model.modules())
+
+
 def test_check_catches_a_verifier_whose_blocks_differ():
     v = Verifier.load("embedded", precision="bf16")
     assert batch_invariant.check(v)
@@ -66,6 +72,9 @@ def test_check_catches_a_verifier_whose_blocks_differ():
 @pytest.mark.parametrize("drafter", ["dflash", "dspark", "peagle", "eagle3", "ngram"])
 def test_greedy_speculation_in_bf16_is_identical_to_plain_bf16_decoding(bf16_verifier, heldout, drafter):
     d = resolve_drafter(drafter, bf16_verifier)
+    if drafter != "ngram":  # beside a bf16 verifier the drafter's matmuls are bf16 too
+        linears = [m for m in d.model.modules() if isinstance(m, torch.nn.Linear)]
+        assert linears and all(isinstance(m, batch_invariant.BF16Linear) for m in linears)
     for ids in heldout:
         plain = generate(bf16_verifier, PlainDrafter(), ids, max_new_tokens=64)
         spec = generate(bf16_verifier, d, ids, max_new_tokens=64)
