@@ -22,11 +22,18 @@ jobs beside it: float32 96 / 183 ms (1.91x), 0 of 256 argmax flips; bfloat16
 a row differently when other rows come with it, and greedy DFlash decoding in
 bfloat16 diverged from plain bfloat16 decoding on 3 held-out prompts of the first 8.
 
-Measured 2026-11-30 (``--prompts 8``, one thread, a test run beside it): float32
-t1 62 ms, tv 126 ms (2.03x), 0 of 512 flips, but no row bit-identical (logits up
-to 5e-5 apart); bf16-invariant t1 63 ms, tv 87 ms (1.38x), 0 of 512 flips and
-every row bit-identical.  That is why ``auto`` verifies in bf16-invariant where
-its load-time check passes.
+Measured 2026-11-30 (``--prompts 8``, one thread, nothing else running):
+
+    verifier           t1 ms   tv ms  tv/t1  argmax flips (block 9 vs plain)
+    float32             65.1   132.7   2.04  0/512 positions (per prompt: 0 0 0 0 0 0 0 0)
+    bfloat16            56.9    66.6   1.17  5/512 positions (per prompt: 0 2 1 0 1 0 1 0)
+    bf16-invariant      49.1    59.0   1.20  0/512 positions (per prompt: 0 0 0 0 0 0 0 0)
+
+float32 has no flips here but is not bit-exact either (a block's logits differ from
+the one-token ones by up to 5e-5); bf16-invariant's rows are bit-identical (its
+load-time check and ``tests/test_batch_invariant.py``), and its one-token step is
+the fastest of the three because its weights are packed once for oneDNN.  That is
+why ``auto`` verifies in bf16-invariant where the check passes.
 """
 
 from __future__ import annotations

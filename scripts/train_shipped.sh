@@ -74,6 +74,10 @@ case "$ROOT" in "$REPO"|"$REPO"/*) echo "SPECUI_TRAIN_ROOT must lie outside the 
 # Result (2026-11-30, held-out tau at T=0): 12 prompts 1.88 (round 1) -> 1.94 (round 2) -> 1.98;
 # 36 prompts 1.95 (round 1) -> 2.06, paired +0.11 (95% interval +0.07..+0.15): shipped, benched with
 #   ROUND=3 ALGOS=dflash scripts/train_shipped.sh ship bench    (cards: train_shipped_tools.py card)
+# 2026-11-30: the verifier's default precision became `auto` (bf16 batch-invariant on this CPU,
+# specui/batch_invariant.py), so the bench stage measures in it; the shipped set was re-benched
+# (bench, calibrate) into a fresh RUNS and every card rewritten with train_shipped_tools.py card
+# (root: that RUNS with each round's distill.done). PRECISION=fp32 would reproduce the older tables.
 ROUND=${ROUND:-1}
 if [ "$ROUND" = 2 ] || [ "$ROUND" = 3 ]; then
   RUNS=${RUNS:-$ROOT/round$ROUND}; DEFAULT_PROMPTS=3000; DEFAULT_SETS=gsm-symbolic,rg-math
@@ -92,6 +96,7 @@ BENCH_LIMIT=${BENCH_LIMIT:-12}          # held-out prompts scored (the first N o
 BENCH_TEMPS=${BENCH_TEMPS:-"0 1"}       # e.g. BENCH_TEMPS=1 beside the calibrate stage once T=0 is done
 CALIB_LIMIT=${CALIB_LIMIT:-12}          # the next N held-out prompts: DSpark temperature fit
 BENCH_MAX_NEW=${BENCH_MAX_NEW:-128}
+PRECISION=${PRECISION:-auto}            # the verifier's precision in the bench stages (auto | bf16 | fp32)
 ALGOS=${ALGOS:-"dflash dspark peagle eagle3"}
 
 # Per algorithm: layers, steps, lr and the algorithm's own options.
@@ -179,7 +184,7 @@ stage_bench() {
     if [ -f "$f" ] && [ "$(cat "$f.drafters" 2>/dev/null)" = "$names" ]; then say "bench T=$t: done"; continue; fi
     say "bench T=$t: specui bench --shipped ($names) on $BENCH_LIMIT held-out $EVAL_PROMPTS prompts"
     "$SPECUI" bench --shipped --prompts "$EVAL_PROMPTS" --limit "$BENCH_LIMIT" --max-new-tokens "$BENCH_MAX_NEW" \
-      --temperature "$t" --seed 0 --threads "$THREADS" --db "$RUNS/bench.db" --json > "$f.tmp"
+      --temperature "$t" --seed 0 --threads "$THREADS" --precision "$PRECISION" --db "$RUNS/bench.db" --json > "$f.tmp"
     mv "$f.tmp" "$f"; echo "$names" > "$f.drafters"
   done
   for t in $BENCH_TEMPS; do "$PY" "$REPO/scripts/train_shipped_tools.py" summary "$RUNS/bench-T$t.json"; done
@@ -192,7 +197,7 @@ stage_calibrate() {
   if [ ! -f "$fit" ] || [ "$REPO/data/drafters/dspark/model.safetensors" -nt "$fit" ]; then
     "$PY" "$REPO/scripts/train_shipped_tools.py" heldout-file "$EVAL_PROMPTS" "$BENCH_LIMIT" "$CALIB_LIMIT" "$RUNS/calib-prompts.jsonl"
     "$SPECUI" bench --drafter dspark --prompts "$RUNS/calib-prompts.jsonl" --max-new-tokens "$BENCH_MAX_NEW" \
-      --threads "$THREADS" --db "$RUNS/bench.db" --json > "$fit.tmp"
+      --threads "$THREADS" --precision "$PRECISION" --db "$RUNS/bench.db" --json > "$fit.tmp"
     mv "$fit.tmp" "$fit"
   fi
   "$PY" "$REPO/scripts/train_shipped_tools.py" calibrate "$RUNS/bench.db" "$fit" "$RUNS/bench-T0.json" "$RUNS/calibration-dspark.json"
