@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specui.trace import SpecUIError
 
@@ -96,8 +97,6 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     """
     q = query.shape[2]
     if query.shape[0] != 1 or q > ROWWISE_MAX_ROWS:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     length = key.shape[2]
     rows = [  # one SDPA call per row: shapes (so kernels and sums) depend on the row's position only

@@ -1,0 +1,13 @@
+"""The ``specui`` subcommands; what several of them share lives here."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_precision_argument(p: argparse.ArgumentParser) -> None:
+    """``--precision`` for commands that load a verifier (None: the app's default)."""
+    from specui.verifier import PRECISIONS
+
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="verifier precision (default: SPECUI_VERIFIER_PRECISION or auto; see specui.batch_invariant)")

@@ -8,8 +8,8 @@ import sys
 
 import torch
 
+from specui.commands import add_precision_argument
 from specui.trace import SamplingParams, SpecUIError, check_decode_settings
-from specui.verifier import PRECISIONS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,8 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shipped", action="store_true", help="every drafter shipped in data/drafters")
     p.add_argument("--prompts", default="demo", help="a prompt set name or a FILE.jsonl (prompt or messages per line)")
     p.add_argument("--verifier", default="embedded")
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="verifier precision (default: SPECUI_VERIFIER_PRECISION or auto; see specui.batch_invariant)")
+    add_precision_argument(p)
     p.add_argument("--limit", type=int, default=None, help="first N prompts of the held-out split")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)

@@ -8,8 +8,8 @@ import sys
 
 import torch
 
+from specui.commands import add_precision_argument
 from specui.trace import SamplingParams, SpecUIError, check_decode_settings
-from specui.verifier import PRECISIONS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,8 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--prompt-ids", help="the prompt as token ids ('1 2 3'; for verifiers without a tokenizer)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the verifier's chat template")
     p.add_argument("--verifier", default="embedded", help="embedded | HF folder | .gguf file | hub id")
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="verifier precision (default: SPECUI_VERIFIER_PRECISION or auto; see specui.batch_invariant)")
+    add_precision_argument(p)
     p.add_argument("--drafter", default="none", help="none | ngram | a shipped drafter name | a speculators folder")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help="K (default: the drafter's own)")
     p.add_argument("--max-new-tokens", type=int, default=128)
