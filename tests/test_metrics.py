@@ -177,6 +177,23 @@ def test_speedup_prefers_a_baseline_of_the_same_backend_and_prompts(three_runs) 
     assert cmp.values("baseline_run_id") == [None, None, ids["base"]]
 
 
+def test_speedup_is_over_a_plain_run_of_the_same_verifier_precision(tmp_path: Path) -> None:
+    store = Store(tmp_path / "p.db")
+
+    def run(algorithm: str, precision: str, k: int, wall: float) -> int:
+        settings = DecodingSettings(num_speculative_tokens=k, max_new_tokens=64, extra={"verifier_precision": precision})
+        r = store.create_run(verifier="v", prompt_set="eval", algorithm=algorithm, settings=settings)
+        record(store, r.id, [[make_trace(i, k) for i in range(5)]], [wall], k)
+        return r.id
+
+    plain_bf16 = run("none", "bf16", 0, 1.0)
+    plain_fp32 = run("none", "fp32", 0, 2.0)  # newer, and slower: the wrong one would flatter the bf16 run
+    spec_bf16, spec_fp32 = run("dflash", "bf16", 3, 0.5), run("dflash", "fp32", 3, 1.0)
+    cmp = compare(store, [spec_bf16, spec_fp32])
+    assert cmp.values("baseline_run_id") == [plain_bf16, plain_fp32]
+    assert cmp.values("verifier_precision") == ["bf16", "fp32"]
+
+
 def test_unknown_run_in_a_comparison_is_a_clear_error(three_runs, tmp_path: Path) -> None:
     store, ids, _, _ = three_runs
     with pytest.raises(SpecUIError, match="unknown run id 424242"):
