@@ -25,6 +25,9 @@ row-count dependence from the two ops that mix rows of a block:
   decoded alone.  Prefill chunks (more than ``ROWWISE_MAX_ROWS`` rows) use SDPA:
   plain and speculative decoding prefill the same prompt the same way.
 
+Memory: each converted layer keeps only its packed bf16 weight (SmolLM2-135M: 0.56 GiB of
+anonymous memory loaded, against 0.80 GiB while the float32 weights stayed beside it).
+
 Kernel choice is the machine's, so :func:`check` proves the property on this
 machine (a block against the same tokens one at a time, bit for bit) before
 ``Verifier.load(precision="auto")`` uses the mode.
@@ -53,6 +56,7 @@ class BF16Linear(nn.Linear):
     """
 
     weight_packed: torch.Tensor | None = None
+    weight_bf16: torch.Tensor | None = None  # only where oneDNN's packed linear is missing
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
@@ -69,12 +73,26 @@ class BF16Linear(nn.Linear):
 
 def to_bf16_linear(m: nn.Linear) -> None:
     """Switch one ``nn.Linear`` to :class:`BF16Linear` in place (its float32 ``weight`` is kept)."""
-    m.register_buffer("weight_bf16", m.weight.detach().to(torch.bfloat16), persistent=False)
+    weight = m.weight.detach().to(torch.bfloat16)
     try:
-        m.weight_packed = torch.ops.mkldnn._reorder_linear_weight(m.weight_bf16, 2)
+        m.weight_packed = torch.ops.mkldnn._reorder_linear_weight(weight, 2)
     except (AttributeError, RuntimeError):  # a torch without oneDNN's packed linear: plain F.linear
         m.weight_packed = None
+        m.register_buffer("weight_bf16", weight, persistent=False)
     m.__class__ = BF16Linear
+
+
+def _free_float_weight(m: BF16Linear) -> None:
+    """Drop a converted layer's float32 weight: only the bf16 copy the forward reads stays.
+
+    Where the weight is packed, ``weight`` becomes a bf16 tensor on the meta device (its
+    shape, no memory), so the model costs 2 bytes a weight, not float32's 4 plus a copy.
+    """
+    if m.weight_packed is not None:
+        placeholder = torch.empty(m.weight.shape, dtype=torch.bfloat16, device="meta")
+        m.weight = nn.Parameter(placeholder, requires_grad=False)
+    else:
+        m.weight = nn.Parameter(m.weight_bf16, requires_grad=False)
 
 
 def bf16_matmuls(module: nn.Module) -> list[BF16Linear]:
@@ -139,8 +157,8 @@ def enable(model: nn.Module) -> None:
         raise SpecUIError(f"bf16 verification does not support {reason}; use precision fp32")
     borrowed = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
     for m in bf16_matmuls(model):
-        if id(m.weight) not in borrowed:  # nobody reads the float32 copy: free it
-            m.weight = nn.Parameter(m.weight_bf16, requires_grad=False)
+        if id(m.weight) not in borrowed:  # drafters read the borrowed float32 ones; nobody reads the rest
+            _free_float_weight(m)
     _register_attention()
     model.set_attn_implementation(ATTENTION_NAME)
 

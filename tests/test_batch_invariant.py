@@ -36,6 +36,9 @@ def test_bf16_keeps_the_residual_stream_and_what_drafters_borrow_in_float32(bf16
     assert v.embed_tokens.weight.dtype == torch.float32 and v.lm_head.weight.dtype == torch.float32
     layer_linears = [m for m in v.model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
     assert layer_linears and all(m.weight.dtype == torch.bfloat16 for m in layer_linears)
+    # Each layer keeps one bf16 copy of its weight (packed for oneDNN), not the float32 one too.
+    assert all(m.weight.is_meta and m.weight_packed is not None and m.weight_bf16 is None for m in layer_linears)
+    assert not v.lm_head.weight.is_meta  # drafters read the borrowed head
     out = v.forward(torch.tensor([1, 2, 3]), v.new_cache(), aux_layer_ids=[1, v.num_layers])
     assert out.logits.dtype == torch.float32 and out.aux_hidden.dtype == torch.float32
     # Not a rounded-to-bf16 stream: the residual carries float32 detail.
