@@ -272,7 +272,8 @@ def card(a: argparse.Namespace) -> None:
         f"- drafter: {cfg['layers']} layers, draft vocabulary {cfg['draft_vocab_size']}, " + {
             "dflash": f"block size {cfg['block_size']}, {cfg['max_anchors']} anchors per sequence, mask token {cfg['mask_token_id']}",
             "dspark": f"block size {cfg['block_size']}, {cfg['max_anchors']} anchors per sequence, mask token {cfg['mask_token_id']}, "
-            f"Markov rank {cfg['markov_rank']}",
+            f"Markov rank {cfg['markov_rank']}, confidence head trained on the acceptance chance at temperature "
+            f"{cfg.get('confidence_temperature', 1.0):g} (0: greedy, the argmaxes agree), BCE weight {cfg['confidence_weight']:g}",
             "peagle": f"{cfg['num_depths']} depths per pass, mask token {cfg['mask_token_id']}, verifier embedding frozen",
             "eagle3": f"{cfg['ttt_steps']} training-time-test steps",
         }[a.algo],

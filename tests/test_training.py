@@ -103,6 +103,37 @@ def test_dspark_warm_start_copies_the_dflash_backbone(data, fixture_dir, fixture
     assert "markov_head.markov_w1.weight" in said[0]  # reported as new
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0, 2.0])
+def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(temperature, data, fixture_verifier):
+    """The head's BCE target: 1 - TV of draft and verifier distributions at the configured
+    temperature; at 0 both are one-hot, so it is whether the argmaxes agree."""
+    from specui.training.dspark import DSparkObjective
+    from specui.training.objectives import TargetHead
+
+    cfg = TrainConfig(algorithm="dspark", verifier=str(data["verifier"]), aux_layer_ids=[1, 3, 4], markov_rank=16,
+                      confidence_temperature=temperature)  # fmt: skip
+    objective = DSparkObjective(cfg, fixture_verifier, TargetHead(fixture_verifier, None, torch.device("cpu")))
+    gen = torch.Generator().manual_seed(0)
+    logits, targets = torch.randn(3, 4, 50, generator=gen) * 3, torch.randn(3, 4, 50, generator=gen) * 3
+    targets[0, :2] = logits[0, :2]  # some slots agree, so a greedy target has both outcomes
+    tv1 = 1 - torch.minimum(logits.softmax(-1), targets.softmax(-1)).sum(-1)
+    hit = logits.argmax(-1) == targets.argmax(-1)
+    got = objective.acceptance_target(logits, targets, tv1, hit)
+    if temperature == 0:
+        expected = hit.float()
+        assert 0 < expected.mean() < 1
+    else:
+        expected = torch.minimum((logits / temperature).softmax(-1), (targets / temperature).softmax(-1)).sum(-1)
+    torch.testing.assert_close(got, expected)
+    if temperature not in (0.0, 1.0):
+        assert not torch.allclose(got, 1 - tv1)  # the temperature changes the target
+
+
+def test_negative_confidence_temperature_is_refused():
+    with pytest.raises(SpecUIError, match="confidence-temperature"):
+        TrainConfig(algorithm="dspark", confidence_temperature=-1)
+
+
 def test_warm_start_keeps_the_source_draft_vocabulary(data, fixture_verifier, tmp_path):
     """A warm start on other data must keep the source's draft vocabulary: its draft-head
     rows and d2t are copied, so a recounted vocabulary would map them to other tokens."""

@@ -76,6 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     loss.add_argument("--dpace", action="store_true", help="D-PACE adaptive slot weights instead")
     loss.add_argument("--tv-weight", type=float, default=0.0, help="DSpark: (1-w)*CE + w*TV")
     loss.add_argument("--confidence-weight", type=float, default=1.0, help="DSpark confidence-head BCE weight")
+    loss.add_argument(
+        "--confidence-temperature", type=float, default=1.0,
+        help="DSpark: the head learns the acceptance chance at this sampling temperature (0: greedy)",
+    )  # fmt: skip
     loss.add_argument("--cod-ratio", type=float, default=0.7, help="P-EAGLE sparsification r")
     loss.add_argument("--cod-min-ratio", type=float, default=0.2, help="P-EAGLE sparsification r_min")
     loss.add_argument("--loss", default=None, help="override the per-slot loss: ce | kl")
@@ -94,8 +98,8 @@ CONFIG_KEYS = (
     "max_new_tokens", "gen_batch_size", "max_seq_len", "extraction", "cache_dir", "extractor", "vllm_python",
     "vllm_gpu_memory_utilization", "layers", "block_size",
     "max_anchors", "num_depths", "ttt_steps", "aux_layer_ids", "draft_vocab_size", "mask_token_id",
-    "markov_rank", "init_from", "freeze_embeddings", "gamma", "dpace", "tv_weight", "confidence_weight", "cod_ratio",
-    "cod_min_ratio", "log_every", "checkpoint_every", "keep_checkpoints",
+    "markov_rank", "init_from", "freeze_embeddings", "gamma", "dpace", "tv_weight", "confidence_weight",
+    "confidence_temperature", "cod_ratio", "cod_min_ratio", "log_every", "checkpoint_every", "keep_checkpoints",
 )  # fmt: skip
 
 

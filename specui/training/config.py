@@ -74,6 +74,9 @@ class TrainConfig:
     dpace: bool = False  # DFlash family: adaptive D-PACE weights instead of the fixed decay
     tv_weight: float = 0.0  # DSpark: loss = (1-w)*CE + w*TV on the draft distribution
     confidence_weight: float = 1.0  # DSpark: weight of the confidence head's BCE
+    # DSpark: the sampling temperature whose acceptance the head learns: 1 - TV of the draft and
+    # target distributions at that temperature; 0 is greedy, where that is "the argmaxes agree".
+    confidence_temperature: float = 1.0
     cod_ratio: float = 0.7  # P-EAGLE draft-block sparsification: keep max(r^d, r_min)
     cod_min_ratio: float = 0.2
 
@@ -115,6 +118,8 @@ class TrainConfig:
             raise SpecUIError(f"min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not 0 <= self.tv_weight <= 1:
             raise SpecUIError(f"tv-weight must be in [0, 1], got {self.tv_weight}")
+        if not self.confidence_temperature >= 0:
+            raise SpecUIError(f"confidence-temperature must be >= 0, got {self.confidence_temperature}")
         if not self.gamma > 0:
             raise SpecUIError(f"gamma must be > 0, got {self.gamma}")
         if not (0 < self.cod_min_ratio <= 1 and 0 < self.cod_ratio <= 1):

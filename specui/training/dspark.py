@@ -6,7 +6,10 @@
 * Loss: ``(1 - tv_weight) * CE + tv_weight * TV`` per slot with DFlash's
   position weights (TV is what speculative sampling's acceptance depends on),
   plus ``confidence_weight * BCE(confidence logit, 1 - TV(p_draft, p_target))``
-  with the acceptance target detached.
+  with the acceptance target detached.  ``1 - TV`` is the acceptance chance of
+  speculative sampling at the temperature the distributions are taken at
+  (``confidence_temperature``, default 1); at 0 both are one-hot on their
+  argmax, so the target is "the argmaxes agree": greedy acceptance.
 * Warm start: ``init_from`` a DFlash checkpoint copies the backbone; the heads
   start fresh (the Markov head at zero, i.e. as plain DFlash).
 """
@@ -48,7 +51,7 @@ class DSparkObjective(DFlashObjective):
         metrics["ce"] = ce.detach()
         metrics["tv"] = weighted_mean(tv.detach(), torch.ones_like(w), valid)
         if out.confidence_logits is not None:
-            accept = (1.0 - tv).detach()  # the analytic acceptance probability of each slot
+            accept = self.acceptance_target(logits.detach(), targets, tv.detach(), hit)
             bce = F.binary_cross_entropy_with_logits(out.confidence_logits, accept, reduction="none")
             conf_loss = weighted_mean(bce, w, valid)
             loss = loss + self.cfg.confidence_weight * conf_loss
@@ -60,3 +63,13 @@ class DSparkObjective(DFlashObjective):
                 metrics["confidence_mean"] = (prob * m).sum() / m.sum().clamp_min(1)
                 metrics["accept_rate"] = (accept * m).sum() / m.sum().clamp_min(1)
         return loss, metrics
+
+    def acceptance_target(self, logits: torch.Tensor, targets: torch.Tensor, tv: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:
+        """Each slot's analytic acceptance probability at ``confidence_temperature`` [A, B]."""
+        t = self.cfg.confidence_temperature
+        if t == 0:
+            return hit.float()
+        if t == 1:
+            return 1.0 - tv  # already taken at temperature 1
+        A, S, V = logits.shape
+        return 1.0 - tv_distance(logits.reshape(-1, V) / t, targets.reshape(-1, V) / t).view(A, S)
