@@ -21,19 +21,22 @@ If the refit gains on held-out prompts, the head is under-fitted; if it gains on
 the fit data only, the limit is how the drafter's features carry over to new
 templates, which a better head in this format cannot fix.
 
-Measured 2026-11-30 with --cache-dir on the training cache (shipped DSpark, round 2; 294 usable
-training samples of the first 300 -> 171,532 slots,
-12 held-out prompts -> 5,215 slots; one thread):
+Measured 2026-11-30 with --cache-dir on the training cache and --heldout-prompts 36 (shipped
+DSpark, round 2; 294 usable training samples of the first 300 -> 171,532 slots, 36 held-out
+prompts -> 16,022 slots; one thread):
 
     head                    fit data AUROC   held-out AUROC
-    shipped                 0.772            0.722
-    refit, L2 1e-4          0.830            0.703
-    refit, L2 1e-2          0.823            0.698
-    refit, L2 1e-1          0.807            0.678
+    shipped                 0.772            0.734
+    draft top-1 prob        0.889            0.847
+    refit, L2 1e-4          0.830            0.712
+    refit, L2 1e-2          0.823            0.712
+    refit, L2 1e-1          0.807            0.696
 
-(held-out acceptance 0.62 of scored slots, fit data 0.82.)  The refit ranks the fit data
-better and the held-out prompts worse: the shipped head is not the bottleneck.  The
-held-out AUROC here (0.72) is above the bench's 0.67 because every position is an anchor
+(held-out acceptance 0.65 of scored slots, fit data 0.82.)  The refit ranks the fit data
+better and the held-out prompts worse: on these features the shipped head is not the
+bottleneck.  But the drafter's own probability of its token ranks far better on both: the
+features do carry the signal, just not linearly for a head fitted after the fact.  The
+held-out AUROC here (0.73) is above the bench's 0.67 because every position is an anchor
 here, while decoding anchors only where a step starts.
 """
 
@@ -62,9 +65,10 @@ from specui.verifier import Verifier
 
 
 @torch.no_grad()
-def slot_features(model, verifier: Verifier, samples, cache_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(features [N, H + r], greedy-match labels [N], the shipped head's logits [N]) over
-    the scored slots of every anchor of every sample.
+def slot_features(model, verifier: Verifier, samples, cache_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(features [N, H + r], greedy-match labels [N], the shipped head's logits [N], the
+    drafter's own probability of its greedy token [N]) over the scored slots of every
+    anchor of every sample.
 
     DSpark's own training objective lays out the blocks (``DSparkObjective.blocks``), with
     more anchors allowed than any sample has positions: every response position anchors."""
@@ -72,7 +76,7 @@ def slot_features(model, verifier: Verifier, samples, cache_dir: Path) -> tuple[
     objective = DSparkObjective(cfg, verifier, TargetHead(verifier, draft_target_ids(model.d2t), torch.device("cpu")))
     store = HiddenStateStore(LocalExtractor(verifier, model.config.aux_layer_ids), samples, "mixed", cache_dir / "hidden")
     gen = torch.Generator().manual_seed(0)  # unused: no sample has more positions than anchors allowed
-    feats, labels, logits = [], [], []
+    feats, labels, logits, top_probs = [], [], [], []
     t0 = time.perf_counter()
     for i in range(len(samples)):
         _, anchors, out, targets, valid = objective.blocks(model, store.get([i]), gen)
@@ -85,9 +89,10 @@ def slot_features(model, verifier: Verifier, samples, cache_dir: Path) -> tuple[
         feats.append(x[scored].numpy())
         labels.append(hit[scored].numpy())
         logits.append(out.confidence_logits[scored].numpy())
+        top_probs.append(out.markov_logits.float().softmax(-1).amax(-1)[scored].numpy())
         if (i + 1) % 50 == 0:
             print(f"  {i + 1}/{len(samples)} samples, {time.perf_counter() - t0:.0f} s", flush=True)
-    return np.concatenate(feats), np.concatenate(labels), np.concatenate(logits)
+    return np.concatenate(feats), np.concatenate(labels), np.concatenate(logits), np.concatenate(top_probs)
 
 
 def fit_linear(x: np.ndarray, y: np.ndarray, l2: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -140,10 +145,13 @@ def main() -> None:
 
     print(f"\n{'head':<22}{'fit data AUROC':>16}{'held-out AUROC':>16}")
     print(f"{'shipped':<22}" + "".join(f"{auroc(data[n][2], data[n][1]):>16.3f}" for n in data))
-    x_fit, y_fit, _ = data["fit data"]
+    # Not a head: the drafter's softmax probability of the token it drafts, the usual
+    # uncertainty signal; it says how much a head that could read it would gain.
+    print(f"{'draft top-1 prob':<22}" + "".join(f"{auroc(data[n][3], data[n][1]):>16.3f}" for n in data))
+    x_fit, y_fit = data["fit data"][:2]
     for l2 in (float(v) for v in a.l2.split(",")):
         w, b, mu, sd = fit_linear(x_fit, y_fit, l2)
-        scores = {n: ((torch.from_numpy(x) - mu) / sd @ w + b).numpy() for n, (x, _, _) in data.items()}
+        scores = {n: ((torch.from_numpy(d[0]) - mu) / sd @ w + b).numpy() for n, d in data.items()}
         print(f"{'refit, L2 ' + format(l2, 'g'):<22}" + "".join(f"{auroc(scores[n], data[n][1]):>16.3f}" for n in data))
 
 
