@@ -273,7 +273,7 @@ def card(a: argparse.Namespace) -> None:
             "dflash": f"block size {cfg['block_size']}, {cfg['max_anchors']} anchors per sequence, mask token {cfg['mask_token_id']}",
             "dspark": f"block size {cfg['block_size']}, {cfg['max_anchors']} anchors per sequence, mask token {cfg['mask_token_id']}, "
             f"Markov rank {cfg['markov_rank']}, confidence head trained on the acceptance chance at temperature "
-            f"{cfg.get('confidence_temperature', 1.0):g} (0: greedy, the argmaxes agree), BCE weight {cfg['confidence_weight']:g}",
+            f"{cfg.get('confidence_temperature', 1.0):g} (0: greedy, the argmaxes agree), BCE weight {cfg.get('confidence_weight', 1.0):g}",
             "peagle": f"{cfg['num_depths']} depths per pass, mask token {cfg['mask_token_id']}, verifier embedding frozen",
             "eagle3": f"{cfg['ttt_steps']} training-time-test steps",
         }[a.algo],
@@ -328,6 +328,13 @@ def card(a: argparse.Namespace) -> None:
                 f"| raw | {pr['ece']:.4f} | {pr['auroc']:.4f} | {pr['brier']:.4f} |",
                 f"| calibrated | {pc['ece']:.4f} | {pc['auroc']:.4f} | {pc['brier']:.4f} |",
                 f"| slot index alone | - | {calib['prefix']['slot_index_auroc']:.4f} | - |",
+            ]
+        if b["auroc"] is not None and b["auroc"] < BAR_AUROC:
+            lines += [
+                "",
+                "Why the head stays below the bar, and what was tried (a refit of its linear map, fine-tuning "
+                "the drafter with the head on greedy acceptance): the README's \"Shipped drafters\" section and "
+                "`bench/confidence_probe.py`.",
             ]
     (dest / "README.md").write_text("\n".join(lines) + "\n")
     print(f"card {a.algo}: wrote {dest / 'README.md'}" + (f"; MISSES THE BAR: {'; '.join(problems)}" if problems else ""))

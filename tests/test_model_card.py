@@ -26,6 +26,7 @@ def _run_folder(path: Path, algorithm: str, steps: int, num_prompts: int, step_t
         "layers": 3, "draft_vocab_size": 4096, "block_size": 8, "max_anchors": 64, "mask_token_id": 16,
         "markov_rank": 256, "num_depths": 8, "ttt_steps": 4, "batch_size": 4, "lr": 3e-4, "schedule": "cosine", "warmup_steps": 30,
         "log_every": 10, "threads": 1, "init_from": str(init_from) if init_from else None,
+        "confidence_temperature": 0.0, "confidence_weight": 4.0,
     }  # fmt: skip
     (path / "train_run.json").write_text(json.dumps({"config": cfg, "status": "finished", "step": steps}))
     rows = [{"step": s, "step_time_s": step_time_s} for s in range(10, steps + 1, 10)]
@@ -82,6 +83,8 @@ def test_card_of_a_drafter_that_meets_the_bar_reports_its_whole_training(tmp_pat
     assert "The slot index alone (each slot scored by its slot's acceptance rate) gives AUROC 0.6000" in card
     assert "over all 400 drafted slots" in card and "| calibrated | 0.0300 | 0.8800 | 0.0700 |" in card
     assert "| slot index alone | - | 0.8500 | - |" in card
+    assert "confidence head trained on the acceptance chance at temperature 0 (0: greedy" in card and "BCE weight 4" in card
+    assert "Why the head stays below the bar" not in card
 
 
 @pytest.mark.parametrize(("tau", "speedup", "auroc", "missed"), [
@@ -94,5 +97,7 @@ def test_card_refuses_a_drafter_below_the_bar(tmp_path, shipped_copy, tau, speed
     done = _card(tmp_path, shipped_copy)
     assert done.returncode == 1  # the recipe stops before a commit
     assert missed in done.stdout
-    assert f"**Misses the acceptance bar: {missed}.**" in (shipped_copy / "README.md").read_text()
+    card = (shipped_copy / "README.md").read_text()
+    assert f"**Misses the acceptance bar: {missed}.**" in card
+    assert ("Why the head stays below the bar" in card) == ("AUROC" in missed)  # points to what was tried
 
