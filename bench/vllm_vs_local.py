@@ -6,8 +6,12 @@ side by side: same prompts, same K, greedy, one process, one store.
 
 Each side runs its own plain baseline first, so each speedup is against plain
 decoding on the same backend in the same run.  Prints, per speculator: tau and
-tokens/s on both backends, the vLLM/local tau ratio, each side's speedup, and
-whether the greedy outputs agree token for token.  vLLM's tau is from its
+tokens/s on both backends, the vLLM/local tau ratio, each side's speedup, whether
+each side's greedy output equals its own plain decoding token for token, and
+whether the two sides' outputs agree.  vLLM-CPU serves float32, so the sides can
+agree only with the local engine in float32 too (``--precision fp32``); in its
+default bf16 (``auto``) the local engine is faster, and a bf16 rounding that
+tips a near-tie continues a prompt differently from vLLM's float32 (column "-").  vLLM's tau is from its
 Prometheus counters (subtracted around the run); the local one from the engine's
 step traces.  A vLLM server is started per configuration (about a minute each on
 two cores) and stopped after it.  vLLM comes from .venv-vllm (scripts/setup_vllm.sh)
@@ -24,6 +28,7 @@ from pathlib import Path
 import torch
 
 from specui.benchmark import bench as local_bench
+from specui.commands import add_precision_argument
 from specui.store import Store
 from specui.trace import SamplingParams
 from specui.vllm.bench import BenchSettings
@@ -39,6 +44,7 @@ def main() -> int:
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help="default: each speculator's own")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the local engine")
     ap.add_argument("--db", default=None, help="store (default: a temporary one)")
+    add_precision_argument(ap)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     db = Path(a.db) if a.db else Path(tempfile.mkdtemp(prefix="specui-vvl-")) / "bench.db"
@@ -50,7 +56,7 @@ def main() -> int:
     print(f"local engine: plain + {len(a.speculator)} speculator(s) on {a.limit} {a.prompts} prompts", file=sys.stderr)
     local_ids, local = local_bench(store, verifier="embedded", drafters=a.speculator, prompts=a.prompts, limit=a.limit,
                                    max_new_tokens=a.max_new_tokens, sampling=SamplingParams(),
-                                   num_speculative_tokens=a.num_speculative_tokens, progress=say)
+                                   num_speculative_tokens=a.num_speculative_tokens, progress=say, precision=a.precision)
     print("vLLM: the same, one server per configuration", file=sys.stderr)
     runs, served = vllm_bench(store, speculators=a.speculator, prompts=a.prompts, limit=a.limit, verifier="embedded",
                               settings=BenchSettings(max_new_tokens=a.max_new_tokens),
@@ -58,16 +64,26 @@ def main() -> int:
 
     local_out = {rid: {r.prompt_index: r.output_token_ids for r in store.get_results(rid)} for rid in local_ids}
     served_out = {r.run_id: {x.index: x.output_token_ids for x in r.results} for r in runs}
-    print(f"\n{'speculator':<22}{'K':>3} {'tau local':>9} {'tau vLLM':>9} {'ratio':>6} "
-          f"{'tok/s local':>11} {'tok/s vLLM':>10} {'speedup local':>13} {'speedup vLLM':>12}  same output")
+    precision = local.rows[0].get("verifier_precision") or "fp32"
+    comparable = precision == "fp32"  # vLLM-CPU serves float32
+    local_plain, served_plain = local_out[local.rows[0]["run_id"]], served_out[served.rows[0]["run_id"]]
+    print(f"\nlocal engine in {precision}, vLLM in float32")
+    print(f"{'speculator':<22}{'K':>3} {'tau local':>9} {'tau vLLM':>9} {'ratio':>6} "
+          f"{'tok/s local':>11} {'tok/s vLLM':>10} {'speedup local':>13} {'speedup vLLM':>12}  "
+          "= plain local/vLLM  local = vLLM")
     for lrow, srow in zip(local.rows, served.rows, strict=True):
-        same = local_out[lrow["run_id"]] == served_out[srow["run_id"]]
+        lo, so = local_out[lrow["run_id"]], served_out[srow["run_id"]]
         tl, ts = lrow.get("acceptance_length") or 1.0, srow.get("acceptance_length") or 1.0
         print(f"{str(lrow['drafter'])[:21]:<22}{lrow.get('num_speculative_tokens') or '-':>3} {tl:>9.3f} {ts:>9.3f} "
               f"{ts / tl:>6.3f} {lrow['tokens_per_s'] or 0:>11.2f} {srow['tokens_per_s'] or 0:>10.2f} "
-              f"{lrow.get('speedup') or 1.0:>12.2f}x {srow.get('speedup') or 1.0:>11.2f}x  {'yes' if same else 'NO'}")
+              f"{lrow.get('speedup') or 1.0:>12.2f}x {srow.get('speedup') or 1.0:>11.2f}x  "
+              f"{_yes(lo == local_plain) + '/' + _yes(so == served_plain):>18}  {_yes(lo == so) if comparable else '-':>12}")
     print(f"\nstore: {db} (runs {local_ids + [r.run_id for r in runs]})", file=sys.stderr)
     return 0
+
+
+def _yes(same: bool) -> str:
+    return "yes" if same else "NO"
 
 
 if __name__ == "__main__":
