@@ -25,8 +25,9 @@ row-count dependence from the two ops that mix rows of a block:
   decoded alone.  Prefill chunks (more than ``ROWWISE_MAX_ROWS`` rows) use SDPA:
   plain and speculative decoding prefill the same prompt the same way.
 
-Memory: each converted layer keeps only its packed bf16 weight (SmolLM2-135M: 0.56 GiB of
-anonymous memory loaded, against 0.80 GiB while the float32 weights stayed beside it).
+Memory: each converted layer keeps only its packed bf16 weight (SmolLM2-135M: 0.55 GiB of
+anonymous memory loaded, against 0.80 GiB while the float32 weights stayed beside it;
+``bench/verifier_memory.py``).
 
 Kernel choice is the machine's, so :func:`check` proves the property on this
 machine (a block against the same tokens one at a time, bit for bit) before
