@@ -3,9 +3,9 @@
     .venv/bin/python bench/k_sweep.py [--drafter dflash --drafter dspark] [--ks 2,3,4,5,8]
         [--prompts 12] [--tokens 128] [--repeats 1] [--threads 1]
 
-On this CPU a float32 verify of K+1 tokens costs more than one plain step, and
-more the larger K (bench/speedup_model.py: tv(K)/t1 about 1.4 at K=3, 1.6-1.9 at
-K=8), while the last slots of a block are rarely accepted.  So the K that pays
+On this CPU a verify of K+1 tokens costs more than one plain step, and more the
+larger K (bench/speedup_model.py, float32: tv(K)/t1 about 1.4 at K=3, 1.6-1.9 at K=8;
+bf16 batch-invariant, the default: about 1.2 at K=8), while the last slots of a block are rarely accepted.  So the K that pays
 best can be smaller than the block the drafter was trained with.  This runs the
 held-out gsm-symbolic prompts greedily with plain decoding and each
 (drafter, K), interleaved prompt by prompt so a burst of load hits all alike, and
@@ -27,6 +27,18 @@ thread, nothing else running; ``--drafter eagle3 --drafter dspark --ks 2,3,5,8 -
 
 K=3 pays best for both; K=2 is slower per step than K=3 here (a 3-row float32 verify ran
 slower than a 4-row one), one repeat only.  Greedy output was identical to plain for all.
+That was the float32 verifier (``--precision fp32``).  The same command in the default
+precision (batch-invariant bf16, where a 9-token verify costs ~1.2 steps), 2026-11-30:
+
+    variant        tau   tok/s  speedup      variant        tau   tok/s  speedup
+    plain          1.00  16.42  1.00x
+    eagle3 K=2     2.16  32.83  2.00x        dspark K=2     1.83  23.24  1.42x
+    eagle3 K=3     2.49  35.22  2.15x        dspark K=3     1.98  25.59  1.56x
+    eagle3 K=5     2.75  32.66  1.99x        dspark K=5     2.08  30.24  1.84x
+    eagle3 K=8     2.99  30.65  1.87x        dspark K=8     2.23  26.61  1.62x
+
+Cheaper verification moves the best K up for DSpark (5) and keeps EAGLE-3's at 3, and every
+K pays; greedy output identical to plain for all, one repeat.
 """
 
 from __future__ import annotations
@@ -36,10 +48,11 @@ import time
 
 import torch
 
+from specui.commands import add_precision_argument
 from specui.data import load_prompts
 from specui.drafters.resolve import resolve_drafter
 from specui.engine import generate
-from specui.verifier import Verifier
+from specui.verifier import Verifier, default_precision
 
 
 def main() -> None:
@@ -50,9 +63,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    add_precision_argument(ap)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    v = Verifier.load("embedded")
+    v = Verifier.load("embedded", precision=a.precision or default_precision())
+    print(f"verifier precision: {v.precision}", flush=True)
     prompts = [p.encode(v) for p in load_prompts("gsm-symbolic", "eval", limit=a.prompts)]
     variants = {"plain": resolve_drafter("none", v)}
     for spec in a.drafter or ["dflash", "dspark"]:
