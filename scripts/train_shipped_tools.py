@@ -166,9 +166,10 @@ def convert(a: argparse.Namespace) -> None:
 # Why each drafter has the size it has: measured with bench/speedup_model.py on this 2-core CPU
 # (details in the header of scripts/train_shipped.sh); repeated in every model card.
 WHY = {
-    "all": "Block / K 8: the size the papers and vLLM use and the bar is set at; verifying 9 tokens costs "
-    "1.6-1.9x one plain step on this CPU, so locally K 8 pays only from tau ~3 (a smaller K does not rescue "
-    "a tau near 2: its verify still costs ~1.4x). Draft vocabulary 4096: the GSM "
+    "all": "Block / K 8: the size the papers and vLLM use and the bar is set at. Verifying 9 tokens costs "
+    "~1.2x one plain step in this CPU's default bf16 batch-invariant verify (1.6-1.9x in float32), so K 8 "
+    "pays at a tau near 2; with such a tau K 3-5 pays a little more locally (README, K sweep), and `-k` "
+    "picks it without retraining. Draft vocabulary 4096: the GSM "
     "responses use a few hundred distinct tokens (342 in the first 10k), and a 4096-token head cuts drafting "
     "from 0.3-1.1 to 0.1-0.2 of a verifier step. Steps: what the machine time allowed, one torch thread each.",
     "dflash": "3 layers: drafting a block costs ~0.2 of a verifier step, only ~0.03 more than 2 layers; "
