@@ -4,9 +4,10 @@
         [--prompts 12] [--tokens 128] [--repeats 1] [--threads 1]
 
 On this CPU a verify of K+1 tokens costs more than one plain step, and more the
-larger K (bench/speedup_model.py, float32: tv(K)/t1 about 1.4 at K=3, 1.6-1.9 at K=8;
-bf16 batch-invariant, the default: about 1.2 at K=8), while the last slots of a block are rarely accepted.  So the K that pays
-best can be smaller than the block the drafter was trained with.  This runs the
+larger K (bench/speedup_model.py, float32: tv(K)/t1 about 1.4 at K=3, 1.6-1.9 at
+K=8; the default bf16 batch-invariant: about 1.2 at K=8), while the last slots of a
+block are rarely accepted.  So the K that pays best can be smaller than the block
+the drafter was trained with.  This runs the
 held-out gsm-symbolic prompts greedily with plain decoding and each
 (drafter, K), interleaved prompt by prompt so a burst of load hits all alike, and
 prints tau, tokens/s and the speedup against plain decoding in the same run
@@ -14,31 +15,24 @@ prints tau, tokens/s and the speedup against plain decoding in the same run
 identical, which it checks).  A DFlash-family drafter drafts K slots with a
 block of K+1 (K with DSpark); K larger than the trained block is refused.
 
-Measured 2026-11-29 (shipped EAGLE-3 and DSpark, 6 prompts x 96 tokens, one repeat, one
-thread, nothing else running; ``--drafter eagle3 --drafter dspark --ks 2,3,5,8 --prompts 6
---tokens 96``):
+Measured with ``--drafter eagle3 --drafter dspark --ks 2,3,5,8 --prompts 6 --tokens 96`` (one
+repeat, one thread, nothing else running), the float32 verifier on 2026-11-29 (``--precision
+fp32``), the default batch-invariant bf16 on 2026-11-30; tau / speedup over plain decoding:
 
-    variant        tau   tok/s  speedup      variant        tau   tok/s  speedup
-    plain          1.00  15.15  1.00x
-    eagle3 K=2     2.19  15.14  1.00x        dspark K=2     1.85  12.92  0.85x
-    eagle3 K=3     2.49  20.78  1.37x        dspark K=3     2.00  17.42  1.15x
-    eagle3 K=5     2.76  19.98  1.32x        dspark K=5     2.12  16.02  1.06x
-    eagle3 K=8     2.99  19.07  1.26x        dspark K=8     2.21  15.39  1.02x
+    variant        float32         bf16
+    plain          1.00  1.00x     1.00  1.00x    (15.15 and 16.42 tok/s)
+    eagle3 K=2     2.19  1.00x     2.16  2.00x
+    eagle3 K=3     2.49  1.37x     2.49  2.15x
+    eagle3 K=5     2.76  1.32x     2.75  1.99x
+    eagle3 K=8     2.99  1.26x     2.99  1.87x
+    dspark K=2     1.85  0.85x     1.83  1.42x
+    dspark K=3     2.00  1.15x     1.98  1.56x
+    dspark K=5     2.12  1.06x     2.08  1.84x
+    dspark K=8     2.21  1.02x     2.23  1.62x
 
-K=3 pays best for both; K=2 is slower per step than K=3 here (a 3-row float32 verify ran
-slower than a 4-row one), one repeat only.  Greedy output was identical to plain for all.
-That was the float32 verifier (``--precision fp32``).  The same command in the default
-precision (batch-invariant bf16, where a 9-token verify costs ~1.2 steps), 2026-11-30:
-
-    variant        tau   tok/s  speedup      variant        tau   tok/s  speedup
-    plain          1.00  16.42  1.00x
-    eagle3 K=2     2.16  32.83  2.00x        dspark K=2     1.83  23.24  1.42x
-    eagle3 K=3     2.49  35.22  2.15x        dspark K=3     1.98  25.59  1.56x
-    eagle3 K=5     2.75  32.66  1.99x        dspark K=5     2.08  30.24  1.84x
-    eagle3 K=8     2.99  30.65  1.87x        dspark K=8     2.23  26.61  1.62x
-
-Cheaper verification moves the best K up for DSpark (5) and keeps EAGLE-3's at 3, and every
-K pays; greedy output identical to plain for all, one repeat.
+In float32 K=3 pays best for both (K=2 was slower per step than K=3: a 3-row float32 verify
+ran slower than a 4-row one).  Cheaper bf16 verification makes every K pay, keeps EAGLE-3's
+best at 3 and moves DSpark's to 5.  Greedy output was identical to plain for all.
 """
 
 from __future__ import annotations
@@ -52,7 +46,7 @@ from specui.commands import add_precision_argument
 from specui.data import load_prompts
 from specui.drafters.resolve import resolve_drafter
 from specui.engine import generate
-from specui.verifier import Verifier, default_precision
+from specui.verifier import Verifier
 
 
 def main() -> None:
@@ -66,7 +60,7 @@ def main() -> None:
     add_precision_argument(ap)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    v = Verifier.load("embedded", precision=a.precision or default_precision())
+    v = Verifier.load("embedded", precision=a.precision)
     print(f"verifier precision: {v.precision}", flush=True)
     prompts = [p.encode(v) for p in load_prompts("gsm-symbolic", "eval", limit=a.prompts)]
     variants = {"plain": resolve_drafter("none", v)}

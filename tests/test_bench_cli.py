@@ -49,3 +49,13 @@ def test_bench_bad_input(tmp_path, capsys):
     assert "no usable" in capsys.readouterr().err
     assert main(["bench", "--prompts", "demo", "--db", str(tmp_path / "a.db")]) == 2
     assert "at least one --drafter" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["bench"], ["decode", "--prompt", "hi"]])
+def test_precision_defaults_to_the_apps_own(command, monkeypatch):
+    from specui.cli import build_parser
+
+    monkeypatch.delenv("SPECUI_VERIFIER_PRECISION", raising=False)
+    assert build_parser().parse_args(command).precision == "auto"
+    monkeypatch.setenv("SPECUI_VERIFIER_PRECISION", "fp32")
+    assert build_parser().parse_args(command).precision == "fp32"

@@ -49,9 +49,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     from specui.drafters.resolve import resolve_drafter
     from specui.engine import Decoding
-    from specui.verifier import Verifier, default_precision
+    from specui.verifier import Verifier
 
-    verifier = Verifier.load(args.verifier, precision=args.precision or default_precision())
+    verifier = Verifier.load(args.verifier, precision=args.precision)
     check_decode_settings(max_new_tokens=args.max_new_tokens, max_context=verifier.max_context)
     drafter = resolve_drafter(args.drafter, verifier, args.num_speculative_tokens)
     if prompt_ids is None:
