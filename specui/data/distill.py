@@ -76,12 +76,15 @@ def self_distill(
     cache_dir: str | Path | None = None,
     max_prompt_tokens: int | None = None,
     progress: Progress | None = None,
+    generation_dtype: torch.dtype | None = None,
 ) -> list[TokenSample]:
     """Greedy verifier responses for ``prompts`` (cached); one TokenSample per prompt.
 
     Prompts that bring their own ``response_ids`` are used as they are.
     ``max_prompt_tokens`` keeps the *last* tokens of longer prompts (the end of
-    a chat is what the response continues).
+    a chat is what the response continues).  ``generation_dtype`` generates with a
+    copy of the model in that dtype (bf16: 2-3x the batched throughput on CPUs with
+    AMX) while the cache stays keyed by the verifier as loaded, so training finds it.
     """
     if max_new_tokens < 1:
         raise SpecUIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -109,9 +112,15 @@ def self_distill(
     total, done = len(todo), 0
     if progress:
         progress(0, total)
+    generator = verifier
+    if todo and generation_dtype is not None and generation_dtype != verifier.dtype:
+        import copy
+
+        generator = copy.copy(verifier)
+        generator.model = copy.deepcopy(verifier.model).to(generation_dtype)
     for start in range(0, total, batch_size):
         batch = [ids for _, ids in todo[start : start + batch_size]]
-        responses = generate_greedy(verifier, batch, max_new_tokens)
+        responses = generate_greedy(generator, batch, max_new_tokens)
         new = {_hash_ids(ids): resp for ids, resp in zip(batch, responses, strict=True)}
         cache.update(new)
         if path is not None:

@@ -21,10 +21,13 @@ skips such rows).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
 import logging
+import re
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,18 +162,24 @@ class PromptSet:
     name: str
     description: str
     loader: Loader
+    # An evaluation set (Spec-Bench): never trained on, whole or in part (see check_training_prompts).
+    evaluation_only: bool = False
 
 
 _SETS: dict[str, PromptSet] = {}
 
 
-def register_prompt_set(name: str, description: str) -> Callable[[Loader], Loader]:
-    """Decorator: register ``loader(split, limit)`` as the prompt set ``name``."""
+def register_prompt_set(name: str, description: str, evaluation_only: bool = False) -> Callable[[Loader], Loader]:
+    """Decorator: register ``loader(split, limit)`` as the prompt set ``name``.
+
+    ``evaluation_only`` sets are refused by every training path, and so is any
+    training prompt whose text contains one of their prompts.
+    """
 
     def wrap(fn: Loader) -> Loader:
         if name in _SETS:
             raise ValueError(f"prompt set {name!r} registered twice")
-        _SETS[name] = PromptSet(name, description, fn)
+        _SETS[name] = PromptSet(name, description, fn, evaluation_only)
         return fn
 
     return wrap
@@ -194,6 +203,8 @@ def load_prompts(name_or_path: str | Path, split: str = "eval", limit: int | Non
         raise SpecUIError(f"limit must be >= 0, got {limit}")
     name = str(name_or_path)
     sources = mix_sources(name)
+    if split == "train":
+        refuse_evaluation_sets(sources)
     if len(sources) > 1:
         loaded = [load_prompts(source, split, limit) for source in sources]
         mixed = [p for round_ in itertools.zip_longest(*loaded) for p in round_ if p is not None]
@@ -209,7 +220,91 @@ def load_prompts(name_or_path: str | Path, split: str = "eval", limit: int | Non
                 "or give a .jsonl file"
             )
         prompts = split_prompts(read_prompt_file(path), split)
-    return prompts[:limit] if limit is not None else prompts
+    prompts = prompts[:limit] if limit is not None else prompts
+    if split == "train":
+        check_training_prompts(prompts, name)
+    return prompts
+
+
+# --- evaluation data stays evaluation data ----------------------------------------------
+
+
+def normalize_text(text: str) -> str:
+    """The form in which two prompts count as the same: NFKC, lower case, words only."""
+    return " ".join(re.findall(r"\w+", unicodedata.normalize("NFKC", text).lower()))
+
+
+_WINDOW = 8  # words: an evaluation prompt is found inside a longer text by its first 8 words
+
+
+@functools.cache
+def _evaluation_index() -> tuple[dict[str, list[tuple[str, str]]], frozenset[str]]:
+    """Every evaluation-only prompt, normalised: by its first words (for containment) and whole."""
+    heads: dict[str, dict[str, str]] = {}
+    short: set[str] = set()
+    for ps in _SETS.values():
+        if not ps.evaluation_only:
+            continue
+        for p in ps.loader("all", None):
+            for norm in {normalize_text(t) for t in _texts(p)}:
+                words = norm.split()
+                if len(words) < _WINDOW:
+                    short.add(norm)
+                else:
+                    heads.setdefault(" ".join(words[:_WINDOW]), {}).setdefault(norm, p.id)
+    return {h: list(v.items()) for h, v in heads.items()}, frozenset(short)
+
+
+def _texts(p: Prompt) -> list[str]:
+    if p.text is not None:
+        return [p.text]
+    return [m.get("content", "") for m in p.messages or () if isinstance(m.get("content"), str)]
+
+
+def refuse_evaluation_sets(sources: Iterable[str]) -> None:
+    """Refuse an evaluation-only set named among training ``sources`` (one clear message)."""
+    sets = prompt_sets()
+    for source in sources:
+        if source in sets and sets[source].evaluation_only:
+            raise SpecUIError(
+                f"{source} is an evaluation set: training on it would make its benchmark numbers "
+                "meaningless. Train on other prompts (e.g. general, gsm-symbolic) and bench on it."
+            )
+
+
+def check_training_prompts(prompts: Iterable[Prompt], name: str = "the training prompts") -> None:
+    """Refuse training data that is, or contains, an evaluation-only prompt (Spec-Bench).
+
+    A drafter trained on the questions it is scored on reports an acceptance no user
+    sees.  Checked on normalised text, so case, punctuation and spacing changes, or
+    the question pasted inside a longer prompt, are caught too.
+    """
+    refuse_evaluation_sets(mix_sources(str(name)))
+    heads, short = _evaluation_index()
+    if not heads and not short:
+        return
+    hits: list[tuple[str, str]] = []
+    for p in prompts:
+        for text in _texts(p):
+            norm = normalize_text(text)
+            if norm in short:
+                hits.append((p.id, "an evaluation prompt"))
+                continue
+            words = norm.split()
+            for i in range(max(0, len(words) - _WINDOW + 1)):
+                for full, where in heads.get(" ".join(words[i : i + _WINDOW]), ()):
+                    if full in norm:
+                        hits.append((p.id, where))
+                        break
+                else:
+                    continue
+                break
+    if hits:
+        first_id, where = hits[0]
+        raise SpecUIError(
+            f"{name}: {len(hits)} training prompt(s) contain an evaluation-only prompt "
+            f"(first: {first_id}, which contains {where}); remove them, evaluation data must never be trained on"
+        )
 
 
 def mix_sources(name: str) -> list[str]:

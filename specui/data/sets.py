@@ -6,6 +6,8 @@ the sets costs nothing.
 
 from __future__ import annotations
 
+import json
+
 from specui.data.prompts import (
     Prompt,
     read_prompt_file,
@@ -111,3 +113,61 @@ def rg_math(split: str, limit: int | None) -> list[Prompt]:
 def demo(split: str, limit: int | None) -> list[Prompt]:
     # Half held out: the file is small, and demos mostly want split="all".
     return split_prompts(read_prompt_file(shipped_data_dir() / "prompts" / "demo.jsonl", source="demo"), split, eval_fraction=0.5)
+
+
+# Spec-Bench (Xia et al., 2024; Apache-2.0, data/spec-bench/): 480 questions in six task
+# groups, the field's benchmark of speculative decoding.  Evaluation only: training on it is
+# refused (specui.data.prompts.check_training_prompts), so it has no train split.
+SPEC_BENCH_GROUPS = {  # group -> the question_id range Spec-Bench reports it by
+    "mt_bench": range(81, 161), "translation": range(161, 241), "summarization": range(241, 321),
+    "qa": range(321, 401), "math_reasoning": range(401, 481), "rag": range(481, 561),
+}  # fmt: skip
+
+
+def spec_bench_group(question_id: int) -> str:
+    for group, ids in SPEC_BENCH_GROUPS.items():
+        if question_id in ids:
+            return group
+    raise SpecUIError(f"Spec-Bench question {question_id} is in no task group")
+
+
+def _spec_bench(groups: tuple[str, ...], split: str, limit: int | None) -> list[Prompt]:
+    if split == "train":
+        raise SpecUIError("spec-bench is an evaluation set: it has no training split")
+    path = shipped_data_dir() / "spec-bench" / "question.jsonl"
+    by_group: dict[str, list[Prompt]] = {g: [] for g in groups}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        group = spec_bench_group(int(row["question_id"]))
+        if group in by_group:  # the first turn: MT-bench's second turns need the model's first answer
+            by_group[group].append(Prompt(f"spec-bench/{row['question_id']}", "spec-bench", text=row["turns"][0],
+                                          meta={"group": group, "category": row["category"]}))  # fmt: skip
+    # Round robin over the groups: any prefix (--limit 48) holds every group about equally.
+    out = [p for round_ in zip(*by_group.values(), strict=True) for p in round_]
+    return out[:limit] if limit is not None else out
+
+
+register_prompt_set("spec-bench", "Spec-Bench: 480 questions, six task groups (first turns); evaluation only",
+                    evaluation_only=True)(lambda split, limit: _spec_bench(tuple(SPEC_BENCH_GROUPS), split, limit))  # fmt: skip
+for _group in SPEC_BENCH_GROUPS:
+    register_prompt_set(f"spec-bench:{_group}", f"Spec-Bench's {_group} group (80 questions); evaluation only",
+                        evaluation_only=True)(lambda split, limit, g=_group: _spec_bench((g,), split, limit))  # fmt: skip
+
+
+# The general-purpose corpus the shipped drafters train on (scripts/build_corpus.py,
+# specui.data.corpus): chat, advice, writing, code, math, reasoning and passage tasks.
+# Only a small part is held out: drafters are scored on Spec-Bench and GSM-Symbolic's
+# held-out templates, and this split is a quick in-distribution check beside them.
+GENERAL_EVAL_FRACTION = 0.05
+
+
+@register_prompt_set("general", "general-purpose requests (chat, writing, code, math, reasoning, summarise/translate); "
+                     "the shipped drafters' training corpus")  # fmt: skip
+def general(split: str, limit: int | None) -> list[Prompt]:
+    path = shipped_data_dir() / "corpus" / "general.jsonl"
+    if not path.is_file():
+        raise SpecUIError(f"{path} not found: build it with scripts/build_corpus.py")
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    prompts = [Prompt(r["id"], "general", text=r["prompt"], meta={"kind": r["kind"], "source": r["source"]}) for r in rows]
+    prompts = split_prompts(prompts, split, eval_fraction=GENERAL_EVAL_FRACTION)
+    return prompts[:limit] if limit is not None else prompts

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from specui.data.prompts import mix_sources, refuse_evaluation_sets
 from specui.trace import SpecUIError
 
 ALGORITHMS = ("dflash", "dspark", "peagle", "eagle3")
@@ -126,6 +127,8 @@ class TrainConfig:
             raise SpecUIError("cod-ratio and cod-min-ratio must be in (0, 1]")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise SpecUIError(f"num-prompts must be >= 1, got {self.num_prompts}")
+        # Before any folder is made or model loaded: an evaluation set is never training data.
+        refuse_evaluation_sets(mix_sources(str(self.prompts)))
         if self.threads is not None and self.threads < 1:
             raise SpecUIError(f"threads must be >= 1, got {self.threads}")
         if self.extra.get("loss", "ce") not in ("ce", "kl"):
