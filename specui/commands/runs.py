@@ -1,4 +1,5 @@
-"""``specui runs``: list, show, replay, export (CSV) and delete stored benchmark runs."""
+"""``specui runs``: list, show, replay, export (CSV, or speculators' acceptance.csv) and delete
+stored benchmark runs."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def add_db_option(parser: argparse.ArgumentParser, *, on_subcommand: bool = Fals
         metavar="PATH",
         help="store file (default: $SPECUI_DATA_DIR/specui.db, else ~/.local/share/specui/specui.db)",
     )
+
+
+# "csv": SpecUI's own columns (specui.metrics); "speculators": specui.export_speculators.
+EXPORT_FORMATS = ("csv", "speculators")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,8 +55,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--json", action="store_true", help="one JSON object per step (unknown values as null), then a summary object")
     rp.set_defaults(func=cmd_replay)
 
-    ex = rs.add_parser("export", parents=[common], help="write a comparison (or per-step) CSV")
+    ex = rs.add_parser("export", parents=[common], help="write a comparison (or per-step) CSV, or speculators' acceptance.csv")
     ex.add_argument("--csv", required=True, metavar="FILE", help="output file ('-' for stdout)")
+    ex.add_argument("--format", choices=EXPORT_FORMATS, default="csv",
+                    help="csv: SpecUI's comparison (or --steps) columns; speculators: the acceptance.csv of "
+                         "speculators' scripts/evaluate/evaluate.py (subset = prompt set, one row per run with drafts, "
+                         "acceptance_at_pos_i = a_(i+1); one drafter's runs, one per prompt set)")
     ex.add_argument("--runs", type=int, nargs="+", metavar="ID", help="runs to include (default: all, oldest first)")
     ex.add_argument("--steps", action="store_true", help="one row per decoding step instead of one per run")
     ex.add_argument("--excel", action="store_true", help="start the file with a UTF-8 BOM (Excel needs it for non-ASCII text)")
@@ -181,6 +190,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.format == "speculators":
+        return _export_speculators(args)
     with Store(args.db) as store:
         if args.steps:
             if not args.runs:
@@ -199,6 +210,28 @@ def cmd_export(args: argparse.Namespace) -> int:
             what = f"{len(ids)} run(s)"
     if args.csv != "-":
         print(f"wrote {what} to {args.csv}")
+    return 0
+
+
+def _export_speculators(args: argparse.Namespace) -> int:
+    from specui.export_speculators import write_acceptance_csv
+    from specui.store import user_error
+
+    # Refused, not ignored: --steps is another table, and a BOM would rename their
+    # first column to '\ufeffsubset' for the csv readers the file is for.
+    if args.steps:
+        raise user_error("--format speculators writes one row per run; --steps is for --format csv")
+    if args.excel:
+        raise user_error("--format speculators has no --excel: a BOM breaks the 'subset' header for speculators' readers")
+    with Store(args.db) as store:
+        ids = args.runs or [r.id for r in reversed(store.list_runs())]
+        dest = sys.stdout if args.csv == "-" else args.csv
+        table = write_acceptance_csv(store, ids, dest)
+    if table.skipped:
+        print(f"skipped run(s) {', '.join(map(str, table.skipped))}: no drafts (speculators writes no row for them)",
+              file=sys.stderr)
+    if args.csv != "-":
+        print(f"wrote {len(table.rows)} subset row(s) (run(s) {', '.join(map(str, table.run_ids))}) to {args.csv}")
     return 0
 
 

@@ -4,14 +4,110 @@
     specui train ... --extractor vllm    # hidden states from a vLLM server (.venv-vllm)
 
 Runs under ``torchrun --nproc-per-node N -m specui train ...`` too (DDP).
+
+speculators' own spellings of the flags SpecUI has an equivalent for are accepted too
+(``--speculator-type dflash --save-path runs/dflash --num-layers 2 ...``); see
+SPECULATORS_FLAG_ALIASES.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING, Any
 
 from specui.trace import SpecUIError
+
+if TYPE_CHECKING:
+    from specui.training.config import TrainConfig
+
+# --- speculators' flag names -----------------------------------------------------------
+#
+# Read from vllm-project/speculators at commit c05b95b303f7d4f21e8d7624e0ffa1c2d9b4d73b:
+# scripts/train.py parses TrainConfig.resolve(), whose flags are generated from the fields
+# of src/speculators/train/config/schema.py by src/speculators/train/config/resolution.py
+# ("--" + field name with "_" -> "-"; a bool defaulting to True/None, or tagged, gets
+# --x/--no-x).  Defaults are not carried over: each name keeps SpecUI's default.
+#
+# speculators flag -> SpecUI flag, as another option string of the same argument:
+SPECULATORS_FLAG_ALIASES: dict[str, str] = {
+    "--speculator-type": "--algorithm",  # values: SPECULATOR_TYPES
+    "--verifier-name-or-path": "--verifier",
+    "--save-path": "--out",
+    "--from-pretrained": "--init-from",  # warm start; SpecUI copies the tensors whose name and shape fit
+    "--max-steps": "--steps",  # optimizer steps; SpecUI's LR schedule spans them, theirs the epochs
+    "--scheduler-type": "--schedule",  # values: SPECULATORS_SCHEDULES
+    "--scheduler-warmup-steps": "--warmup-steps",
+    "--num-layers": "--layers",
+    "--target-layer-ids": "--aux-layers",  # theirs space-separated (2 15 27), ours 2,15,27: both take both
+    "--num-depths": "--depths",  # P-EAGLE parallel depths
+    "--dflash-decay-gamma": "--gamma",  # both weight slot k by exp(-(k-1)/gamma)
+    "--confidence-head-alpha": "--confidence-weight",  # DSpark confidence-head BCE weight
+    "--down-sample-ratio": "--cod-ratio",  # both keep max(r^d, r_min) of the depth-d rows
+    "--down-sample-ratio-min": "--cod-min-ratio",
+    "--loss-fn": "--loss",  # values: SPECULATORS_LOSSES
+    "--log-freq": "--log-every",  # both in steps
+}
+# speculators flag -> SpecUI flag, as a separate argument writing the same setting, because
+# the form differs (a value where SpecUI has a switch, or the switch's opposite):
+SPECULATORS_FLAG_REWRITES: dict[str, str] = {
+    "--per-position-loss-weight": "--dpace",  # dpace -> --dpace; fixed-exp-decay -> without it
+    "--embed-requires-grad": "--freeze-embeddings",  # the opposite: trains the embedding (SpecUI: P-EAGLE only)
+    "--no-embed-requires-grad": "--freeze-embeddings",
+    "--no-resume-from-checkpoint": "--resume",  # the opposite; SpecUI resumes only with --resume
+}
+# Spelled the same in both (nothing to add; listed so the table is the whole mapping):
+SPECULATORS_SHARED_FLAGS: tuple[str, ...] = (
+    "--seed", "--lr", "--weight-decay", "--block-size", "--max-anchors", "--ttt-steps",
+    "--draft-vocab-size", "--mask-token-id", "--markov-rank",
+)  # fmt: skip
+# Their flags with no SpecUI equivalent, and why; not accepted (a silent no-op would
+# train something other than what the command line says):
+SPECULATORS_FLAGS_WITHOUT_EQUIVALENT: dict[str, str] = {
+    # No SpecUI training setting at all:
+    **dict.fromkeys((
+        "--config", "--dump-config", "--dry-run", "--deterministic-cuda", "--trust-remote-code",
+        "--draft-config", "--draft-arch", "--draft-hidden-act", "--draft-mrope-full-head-hack",
+        "--no-draft-mrope-full-head-hack", "--norm-before-residual", "--no-norm-before-residual",
+        "--norm-before-fc", "--no-norm-before-fc", "--fc-norm", "--norm-output", "--no-norm-output",
+        "--sliding-window", "--full-attention-indices", "--sliding-window-non-causal", "--draft-attn-impl",
+        "--train-data-ratio", "--noise-std", "--hidden-states-dtype", "--num-workers", "--prefetch-factor",
+        "--on-missing", "--on-generate", "--request-timeout", "--max-retries", "--loss-implementation",
+        "--ttt-step-loss-decay", "--scheduler-warmup-ratio", "--save-best", "--fsdp-shard", "--logger",
+        "--log-dir", "--run-name", "--markov-head-type", "--enable-confidence-head",
+        "--no-enable-confidence-head", "--confidence-head-with-markov", "--no-confidence-head-with-markov",
+    ), "no SpecUI setting"),
+    # A near neighbour that means something else:
+    "--data-path": "a preprocessed dataset; SpecUI distills from --prompts itself",
+    "--token-freq-path": "SpecUI counts token frequencies in its distilled samples",
+    "--d2t-path": "SpecUI builds the draft vocabulary mapping", "--t2d-path": "SpecUI builds the mapping",
+    "--hidden-states-backend": "a transfer backend; --extractor picks who computes the states",
+    "--hidden-states-path": "their files; --cache-dir holds SpecUI's own layout",
+    "--vllm-endpoint": "a running server; --extractor vllm launches its own",
+    "--total-seq-len": "a packed-batch length; --max-seq-len cuts each sample",
+    "--epochs": "SpecUI counts steps (--steps)",
+    "--checkpoint-freq": "in epochs; --checkpoint-every is in steps",
+    "--scheduler-total-steps": "SpecUI's schedule always spans --steps",
+    "--scheduler-num-cosine-cycles": "SpecUI's cosine is half a cycle, down to lr * --min-lr-ratio",
+    "--optimizer": "SpecUI trains with AdamW only", "--muon-lr": "AdamW only", "--muon-momentum": "AdamW only",
+    "--muon-weight-decay": "AdamW only", "--muon-ns-steps": "AdamW only", "--muon-adjust-lr-fn": "AdamW only",
+    "--sample-from-anchor": "fixed by the algorithm (DSpark yes, DFlash no: their defaults)",
+    "--no-sample-from-anchor": "fixed by the algorithm",
+    "--dpace-alpha": "SpecUI's D-PACE smoothing is fixed at 0.5, their default",
+    "--num-speculative-steps": "MTP: no SpecUI trainer", "--step-weight-beta": "MTP: no SpecUI trainer",
+    # hs_connectors' backend flags (--hidden-states-path, --mooncake-*) have none either.
+}
+# Values of aliased flags: speculators value -> SpecUI value (None: none in SpecUI).
+SPECULATOR_TYPES: dict[str, str | None] = {"eagle3": "eagle3", "dflash": "dflash", "dspark": "dspark", "peagle": "peagle", "mtp": None}
+SPECULATORS_SCHEDULES: dict[str, str] = {"linear": "linear", "cosine": "cosine", "none": "constant"}  # none: constant LR
+# kl_div is KL(p_target || q_draft), SpecUI's kl; rkl, jsd, tv, nla, lk_hybrid and JSON mixes have none.
+SPECULATORS_LOSSES: dict[str, str] = {"ce": "ce", "kl_div": "kl"}
+SPECULATORS_POSITION_WEIGHTS: dict[str, bool] = {"fixed-exp-decay": False, "dpace": True}  # -> --dpace
+
+
+def _spellings(flag: str) -> list[str]:
+    """SpecUI's flag and the speculators spellings that alias it (SPECULATORS_FLAG_ALIASES)."""
+    return [flag, *(theirs for theirs, ours in SPECULATORS_FLAG_ALIASES.items() if ours == flag)]
 
 
 def _int_list(text: str) -> list[int]:
@@ -21,22 +117,55 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+class _IntsAction(argparse.Action):
+    """--aux-layers 2,15,27 and speculators' --target-layer-ids 2 15 27 (or a mix): one list."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, [i for part in values for i in part])
+
+
+def _algorithm(text: str) -> str:
+    key = text.strip().lower()
+    if key in SPECULATOR_TYPES and SPECULATOR_TYPES[key] is None:
+        known = ", ".join(v for v in SPECULATOR_TYPES.values() if v)
+        raise argparse.ArgumentTypeError(f"speculators' {key!r} has no SpecUI trainer; use one of {known}")
+    # Anything else as given: the config reports an unknown algorithm with the list, as the job API does.
+    return SPECULATOR_TYPES.get(key) or text
+
+
+def _schedule(text: str) -> str:
+    return SPECULATORS_SCHEDULES.get(text, text)  # SpecUI's own names pass; the config checks them
+
+
+def _loss(text: str) -> str:
+    return SPECULATORS_LOSSES.get(text, text)  # others as given: the config names the valid ones
+
+
+def _position_weights(text: str) -> bool:
+    if text not in SPECULATORS_POSITION_WEIGHTS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(SPECULATORS_POSITION_WEIGHTS)}, got {text!r}")
+    return SPECULATORS_POSITION_WEIGHTS[text]
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a drafter (DFlash, DSpark, P-EAGLE, EAGLE-3) on the verifier's own outputs")
     # Not argparse choices: the config reports an unknown algorithm with the list, as the job API does.
-    p.add_argument("--algorithm", required=True, help="dflash | dspark | peagle | eagle3")
-    p.add_argument("--verifier", default="embedded", help="embedded | HF folder | .gguf file | hub id")
+    p.add_argument(*_spellings("--algorithm"), dest="algorithm", type=_algorithm, required=True, help="dflash | dspark | peagle | eagle3")
+    p.add_argument(*_spellings("--verifier"), dest="verifier", default="embedded", help="embedded | HF folder | .gguf file | hub id")
     p.add_argument("--prompts", default="gsm-symbolic", help="a prompt set (humaneval, gsm-symbolic, rg-math, demo), a JSONL file, or a mix a,b (alternating)")
-    p.add_argument("--out", required=True, help="output folder (final drafter, checkpoints/, metrics.jsonl)")
+    p.add_argument(*_spellings("--out"), dest="out", required=True, help="output folder (final drafter, checkpoints/, metrics.jsonl)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    p.add_argument("--no-resume-from-checkpoint", dest="resume", action="store_const", const=False, default=argparse.SUPPRESS,
+                   help="speculators' spelling of the default: start afresh (without --resume)")
 
     o = p.add_argument_group("optimisation")
-    o.add_argument("--steps", type=int, default=200)
+    o.add_argument(*_spellings("--steps"), dest="steps", type=int, default=200, help="optimizer steps")
     o.add_argument("--batch-size", type=int, default=4, help="sequences per step (per process)")
     o.add_argument("--lr", type=float, default=6e-4)
     o.add_argument("--min-lr-ratio", type=float, default=0.1)
-    o.add_argument("--warmup-steps", type=int, default=20)
-    o.add_argument("--schedule", default="cosine", help="cosine | linear | constant")
+    o.add_argument(*_spellings("--warmup-steps"), dest="warmup_steps", type=int, default=20)
+    o.add_argument(*_spellings("--schedule"), dest="schedule", type=_schedule, default="cosine",
+                   help="cosine | linear | constant (speculators' none = constant; the warmup still applies)")
     o.add_argument("--weight-decay", type=float, default=0.01)
     o.add_argument("--grad-clip", type=float, default=1.0)
     o.add_argument("--seed", type=int, default=0)
@@ -59,33 +188,41 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --extractor vllm on a GPU: vLLM's share of its memory (the trainer holds the verifier there too)")
 
     m = p.add_argument_group("drafter")
-    m.add_argument("--layers", type=int, default=None, help="draft decoder layers (default: dflash/dspark/peagle 2, eagle3 1)")
+    m.add_argument(*_spellings("--layers"), dest="layers", type=int, default=None, help="draft decoder layers (default: dflash/dspark/peagle 2, eagle3 1)")
     m.add_argument("--block-size", type=int, default=8, help="DFlash/DSpark block size B")
     m.add_argument("--max-anchors", type=int, default=64, help="DFlash/DSpark anchors per sequence")
-    m.add_argument("--depths", dest="num_depths", type=int, default=4, help="P-EAGLE tokens per pass K")
+    m.add_argument(*_spellings("--depths"), dest="num_depths", type=int, default=4, help="P-EAGLE tokens per pass K")
     m.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3 training-time-test steps")
-    m.add_argument("--aux-layers", dest="aux_layer_ids", type=_int_list, default=None, help="verifier layer ids, e.g. 2,15,27")
+    m.add_argument(*_spellings("--aux-layers"), dest="aux_layer_ids", type=_int_list, nargs="+", action=_IntsAction, default=None,
+                   metavar="IDS", help="verifier layer ids, e.g. 2,15,27 (or 2 15 27)")
     m.add_argument("--draft-vocab-size", type=int, default=None, help="reduced draft vocabulary (most frequent tokens)")
     m.add_argument("--mask-token-id", type=int, default=None)
     m.add_argument("--markov-rank", type=int, default=256, help="DSpark Markov head rank")
     m.add_argument("--freeze-embeddings", action="store_true", help="P-EAGLE: keep the verifier's embedding (frozen, not stored)")
-    m.add_argument("--init-from", default=None, help="warm start from a checkpoint (DSpark from DFlash)")
+    m.add_argument("--no-embed-requires-grad", dest="freeze_embeddings", action="store_const", const=True,
+                   default=argparse.SUPPRESS, help="speculators' spelling of --freeze-embeddings")
+    m.add_argument("--embed-requires-grad", dest="freeze_embeddings", action="store_const", const=False,
+                   default=argparse.SUPPRESS, help="speculators' spelling of the default: train the embedding")
+    m.add_argument(*_spellings("--init-from"), dest="init_from", default=None, help="warm start from a checkpoint (DSpark from DFlash)")
 
     loss = p.add_argument_group("loss")
-    loss.add_argument("--gamma", type=float, default=4.0, help="DFlash/DSpark slot weight exp(-(k-1)/gamma)")
+    loss.add_argument(*_spellings("--gamma"), dest="gamma", type=float, default=4.0, help="DFlash/DSpark slot weight exp(-(k-1)/gamma)")
     loss.add_argument("--dpace", action="store_true", help="D-PACE adaptive slot weights instead")
+    loss.add_argument("--per-position-loss-weight", dest="dpace", type=_position_weights, default=argparse.SUPPRESS,
+                      metavar="{fixed-exp-decay,dpace}", help="speculators' spelling: dpace = --dpace")
     loss.add_argument("--tv-weight", type=float, default=0.0, help="DSpark: (1-w)*CE + w*TV")
-    loss.add_argument("--confidence-weight", type=float, default=1.0, help="DSpark confidence-head BCE weight")
+    loss.add_argument(*_spellings("--confidence-weight"), dest="confidence_weight", type=float, default=1.0, help="DSpark confidence-head BCE weight")
     loss.add_argument(
         "--confidence-temperature", type=float, default=1.0,
         help="DSpark: the head learns the acceptance chance at this sampling temperature (0: greedy)",
     )  # fmt: skip
-    loss.add_argument("--cod-ratio", type=float, default=0.7, help="P-EAGLE sparsification r")
-    loss.add_argument("--cod-min-ratio", type=float, default=0.2, help="P-EAGLE sparsification r_min")
-    loss.add_argument("--loss", default=None, help="override the per-slot loss: ce | kl")
+    loss.add_argument(*_spellings("--cod-ratio"), dest="cod_ratio", type=float, default=0.7, help="P-EAGLE sparsification r")
+    loss.add_argument(*_spellings("--cod-min-ratio"), dest="cod_min_ratio", type=float, default=0.2, help="P-EAGLE sparsification r_min")
+    loss.add_argument(*_spellings("--loss"), dest="loss", type=_loss, default=None,
+                      help="override the per-slot loss: ce | kl (speculators' kl_div = kl)")
 
     b = p.add_argument_group("bookkeeping")
-    b.add_argument("--log-every", type=int, default=10)
+    b.add_argument(*_spellings("--log-every"), dest="log_every", type=int, default=10, help="steps")
     b.add_argument("--checkpoint-every", type=int, default=50)
     b.add_argument("--keep-checkpoints", type=int, default=2)
     b.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
@@ -103,10 +240,15 @@ CONFIG_KEYS = (
 )  # fmt: skip
 
 
-def run(args: argparse.Namespace) -> int:
+def build_config(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig of parsed ``specui train`` arguments (SpecUIError for a bad value)."""
     from specui.training.config import TrainConfig
 
-    cfg = TrainConfig(**{k: getattr(args, k) for k in CONFIG_KEYS}, extra={"loss": args.loss} if args.loss else {})
+    return TrainConfig(**{k: getattr(args, k) for k in CONFIG_KEYS}, extra={"loss": args.loss} if args.loss else {})
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
 
     import os
 
