@@ -10,7 +10,9 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURES = Path(os.environ.get("SPECUI_FIXTURES", REPO.parent / "shared" / "fixtures" / "speculators-0.9.0"))
+# The speculators 0.9.0 reference set is committed with the tests (regenerate or check it with
+# scripts/make_fixtures.py); SPECUI_FIXTURES points the suite at another set of the same layout.
+FIXTURES = Path(os.environ.get("SPECUI_FIXTURES") or REPO / "tests" / "fixtures" / "speculators-0.9.0")
 
 # Stable timings and no oversubscription on the 2-core CI machines.
 torch.set_num_threads(1)

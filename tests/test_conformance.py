@@ -1,6 +1,6 @@
 """Conformance with checkpoints and reference logits written by `speculators` 0.9.0 itself.
 
-Every folder under $SPECUI_FIXTURES (default ../shared/fixtures/speculators-0.9.0)
+Every folder under $SPECUI_FIXTURES (default tests/fixtures/speculators-0.9.0)
 whose config.json names a speculators_model_type is loaded with its sibling
 ``verifier/`` and checked against its ``reference.safetensors`` (inputs taken
 from the same file, as its REFERENCE.md describes): the training-layout forward
@@ -12,7 +12,6 @@ without code changes; a type without a check here fails.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,9 +23,8 @@ from specui.drafters import load_drafter, load_model
 from specui.drafters.base import DraftContext
 from specui.trace import SamplingParams
 from specui.verifier import Verifier
+from tests.conftest import FIXTURES
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = Path(os.environ.get("SPECUI_FIXTURES", ROOT.parent / "shared" / "fixtures" / "speculators-0.9.0"))
 TOL = 1e-4
 
 

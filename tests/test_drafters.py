@@ -6,7 +6,6 @@ Uses the tiny fixture verifier (6 layers, hidden 64, vocab 512): everything here
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -24,9 +23,8 @@ from specui.drafters import (
 from specui.drafters.base import DraftContext
 from specui.trace import SamplingParams, SpecUIError
 from specui.verifier import Verifier
+from tests.conftest import FIXTURES
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = Path(os.environ.get("SPECUI_FIXTURES", ROOT.parent / "shared" / "fixtures" / "speculators-0.9.0"))
 ALGOS = ["dflash", "dspark", "eagle3", "peagle"]
 TOL = 1e-4
 
