@@ -54,8 +54,8 @@ def start_run(store: Store, verifier: Verifier, drafter: Drafter, *, prompt_set:
         extra={"verifier_precision": verifier.precision},
     )
     return store.create_run(
-        verifier=verifier.name, prompt_set=prompt_set, algorithm=drafter.algorithm, drafter=drafter.name,
-        settings=settings, seed=spec.seed, owner=owner,
+        verifier=verifier.name, verifier_fingerprint=verifier.fingerprint, prompt_set=prompt_set,
+        algorithm=drafter.algorithm, drafter=drafter.name, settings=settings, seed=spec.seed, owner=owner,
     )
 
 

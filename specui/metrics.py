@@ -8,7 +8,9 @@ definition and unit so the dashboard and the CSV say what a number means.
 * Throughput and speedup use the prompts whose generation finished.  Speedup
   compares time per output token over the prompts that both the run and its
   baseline finished.  The baseline is a run without drafter (algorithm "none")
-  on the same backend, prompt set and verifier -- preferring one in the same
+  on the same backend, prompt set and verifier, with the same weights (the
+  verifier's fingerprint; an unknown one matches only unknown: two weight sets
+  can share a name) -- preferring one in the same
   comparison, then a finished one, then one with the same temperature and
   max_new_tokens, then the newest.  (Same backend rather than always "local": a
   vLLM run measured against the transformers loop would mostly measure the
@@ -68,6 +70,10 @@ BASE_COLUMNS: list[Column] = [
     Column("algorithm", "Algorithm", "Drafting algorithm; none = baseline without a drafter", "", "text"),
     Column("drafter", "Drafter", "Drafter (speculator) name", "", "text"),
     Column("verifier", "Verifier", "Target model that verifies the drafts", "", "text"),
+    Column("verifier_fingerprint", "Verifier weights",
+           "Fingerprint of the verifier's weights (specui.verifier.model_fingerprint; the table shows its first "
+           "8 hex digits): two weight sets of one name are two verifiers. Empty = unknown (runs before it, or a "
+           "vLLM server whose model is not a local folder)", "", "text"),
     Column("backend", "Backend", "local = SpecUI's decoding loop; vllm = a vLLM server", "", "text"),
     Column("prompt_set", "Prompt set", "Prompts the run generated from", "", "text"),
     Column("status", "Status", "running, done, stopped, failed or incomplete (process died)", "", "text"),
@@ -92,7 +98,7 @@ BASE_COLUMNS: list[Column] = [
         "speedup",
         "Speedup",
         "Baseline time per output token / this run's time per output token, over the prompts both finished "
-        "(baseline: no drafter, same backend, prompt set and verifier)",
+        "(baseline: no drafter, same backend, prompt set, verifier and verifier weights)",
         "x",
     ),
     Column("speedup_ci_low", "Speedup 95% CI low", _CI_DEFINITION.format(what="speedup") + ", paired with the baseline's", "x"),
@@ -490,10 +496,12 @@ def find_baseline(store: Store, run: Run, prefer: Sequence[int] = ()) -> list[Ru
     """Baseline candidates for ``run``, best first (see the module notes)."""
     if run.is_baseline:
         return [run]
+    weights = run.verifier_fingerprint or None
     cands = [
         r
         for r in store.list_runs(algorithm=BASELINE_ALGORITHM, backend=run.backend, verifier=run.verifier, prompt_set=run.prompt_set)
-        if r.status != RunStatus.RUNNING
+        # Same weights, or both unknown: a plain run of other weights measures another model.
+        if r.status != RunStatus.RUNNING and (r.verifier_fingerprint or None) == weights
     ]
     st = run.settings
     keys = ("temperature", "max_new_tokens", "verifier_precision")  # a bf16 run's speedup is over bf16 plain
@@ -558,6 +566,7 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
             "algorithm": run.algorithm,
             "drafter": run.drafter,
             "verifier": run.verifier,
+            "verifier_fingerprint": run.verifier_fingerprint or None,
             "backend": str(run.backend),
             "prompt_set": run.prompt_set,
             "status": str(run.status),

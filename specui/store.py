@@ -1,13 +1,15 @@
 """The one store: runs, per-prompt results, per-step traces, speculators and
 background jobs, in one SQLite file (SQLModel tables over SQLAlchemy).
 
-Where it lives: ``<data dir>/specui.db``, data dir = ``$SPECUI_DATA_DIR`` or
-``~/.local/share/specui``; every entry point takes a path instead.
+Where it lives: ``$SPECUI_DB``, else ``<data dir>/specui.db`` with data dir =
+``$SPECUI_DATA_DIR`` or ``~/.local/share/specui`` (``default_db_path``, the one
+default of the app, the CLI and the job runner); every entry point takes a path instead.
 
 How the benchmark side uses it::
 
     store = Store()                                   # opens, migrates, reaps dead runs
     run = store.create_run(verifier="smollm2-135m", prompt_set="humaneval:0-19",
+                           verifier_fingerprint=verifier.fingerprint,
                            algorithm="dflash", drafter="dflash-2l",
                            settings=DecodingSettings(num_speculative_tokens=7))
     with RunRecorder(store, run.id) as rec:           # done / stopped / failed on exit
@@ -68,7 +70,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DB_FILENAME = "specui.db"
 BASELINE_ALGORITHM = "none"  # the algorithm name of a run without a drafter
 
@@ -161,6 +163,9 @@ class Run(SQLModel, table=True):
     drafter: str
     algorithm: str  # "none" for the baseline
     verifier: str
+    # schema v3: specui.verifier's weights fingerprint; None = unknown (older runs, a
+    # vLLM server whose model is not a local folder)
+    verifier_fingerprint: str | None = None
     backend: Backend = Field(sa_type=_StrEnumType(Backend))
     prompt_set: str
     settings_json: str = "{}"
@@ -414,8 +419,16 @@ _SCHEMA_V2 = [
     "CREATE INDEX ix_runs_baseline ON runs(prompt_set, verifier, backend, algorithm, status)",
 ]
 
-MIGRATIONS: list[list[str]] = [_SCHEMA_V1, _SCHEMA_V2]
+# v3: the verifier's weights fingerprint, so two weight sets under one name are two
+# verifiers (the speedup baseline must have the same weights).  Older runs: NULL = unknown.
+_SCHEMA_V3 = [
+    "ALTER TABLE runs ADD COLUMN verifier_fingerprint TEXT",
+]
+
+MIGRATIONS: list[list[str]] = [_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3]
 assert len(MIGRATIONS) == SCHEMA_VERSION
+
+DB_ENV = "SPECUI_DB"  # the store file; wins over SPECUI_DATA_DIR
 
 
 def default_data_dir() -> Path:
@@ -424,7 +437,12 @@ def default_data_dir() -> Path:
 
 
 def default_db_path() -> Path:
-    return default_data_dir() / DB_FILENAME
+    """The store file when none is named: ``$SPECUI_DB``, else ``<data dir>/specui.db``.
+
+    The one place this default is decided: the app, every CLI command and the job
+    runner open ``Store(None)``, so ``SPECUI_DB`` means the same file to all of them."""
+    env = os.environ.get(DB_ENV)
+    return Path(env).expanduser().resolve() if env else default_data_dir() / DB_FILENAME
 
 
 def _probe_existing(path: Path, timeout_s: float) -> None:
@@ -469,7 +487,7 @@ def _writable_hint(path: Path, exc: Exception) -> Exception:
         return user_error(
             f"cannot write the store {path}: {exc}. SQLite needs the folder {folder} to be "
             "writable (it keeps -wal/-shm files beside the database); pass another path "
-            "(--db) or set SPECUI_DATA_DIR"
+            "(--db, or SPECUI_DB) or set SPECUI_DATA_DIR"
         )
     return user_error(f"cannot open the store {path}: {exc}")
 
@@ -505,6 +523,15 @@ def collect_versions() -> dict[str, str]:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             out[pkg] = importlib.metadata.version(pkg)
     return out
+
+
+def _check_fingerprint(value: str | None) -> str | None:
+    """A weights fingerprint as stored: lower-case hex, or None for unknown ("" too)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > 64 or any(c not in "0123456789abcdef" for c in value):
+        raise user_error(f"a verifier fingerprint is up to 64 lower-case hex digits, got {value!r}")
+    return value
 
 
 def _to_json(value: Any, what: str) -> str:
@@ -563,7 +590,7 @@ class Store:
         stale_after_s: float = 300.0,
         reap: bool = True,
     ) -> None:
-        self.path = Path(path).expanduser().resolve() if path is not None else default_db_path()
+        self.path = Path(path).expanduser().resolve() if path is not None else default_db_path().resolve()
         self.busy_timeout_s = busy_timeout_s
         self.stale_after_s = stale_after_s
         _probe_existing(self.path, busy_timeout_s)  # before anything could write to it
@@ -761,6 +788,7 @@ class Store:
         *,
         verifier: str,
         prompt_set: str,
+        verifier_fingerprint: str | None = None,
         algorithm: str = BASELINE_ALGORITHM,
         drafter: str | None = None,
         speculator_id: int | None = None,
@@ -776,7 +804,9 @@ class Store:
         ``stale_after_s`` is taken for dead by the next store open.
 
         The baseline of a comparison is a run with ``algorithm="none"`` on the same
-        backend, prompt set and verifier."""
+        backend, prompt set and verifier, with the same ``verifier_fingerprint``
+        (``Verifier.fingerprint``; None or "" = unknown, matching only unknown)."""
+        verifier_fingerprint = _check_fingerprint(verifier_fingerprint)
         try:
             backend = Backend(backend)
         except ValueError:
@@ -800,6 +830,7 @@ class Store:
                 drafter=drafter or algorithm,
                 algorithm=algorithm,
                 verifier=verifier,
+                verifier_fingerprint=verifier_fingerprint,
                 backend=backend,
                 prompt_set=prompt_set,
                 settings_json=_to_json(settings_d, "run settings"),
@@ -847,6 +878,12 @@ class Store:
             q = q.limit(limit)
         with self.read() as s:
             return list(s.exec(q).all())
+
+    def list_verifiers(self) -> list[tuple[str, str | None]]:
+        """Every (verifier name, weights fingerprint or None) some run used, sorted."""
+        with self.read() as s:
+            rows = s.connection().exec_driver_sql("SELECT DISTINCT verifier, nullif(verifier_fingerprint, '') FROM runs").all()
+        return sorted({(name, fp) for name, fp in rows}, key=lambda nf: (nf[0], nf[1] or ""))
 
     def heartbeat_run(self, run_id: int) -> None:
         with self.write() as s:

@@ -188,7 +188,7 @@ class GenerationResult:
         return sum(s.num_accepted for s in self.steps) / drafted if drafted else 0.0
 
     @property
-    def tokens_per_second(self) -> float:
+    def tokens_per_s(self) -> float:
         return len(self.output_token_ids) / self.wall_time_s if self.wall_time_s > 0 else 0.0
 
     def summary(self) -> dict[str, Any]:
@@ -198,7 +198,7 @@ class GenerationResult:
             "acceptance_length": self.acceptance_length,
             "per_position_acceptance": self.per_position_acceptance,
             "draft_acceptance_rate": self.draft_acceptance_rate,
-            "tokens_per_second": self.tokens_per_second,
+            "tokens_per_s": self.tokens_per_s,  # the name the CSV, Compare and the store use
             "num_steps": self.num_steps,
             "num_output_tokens": len(self.output_token_ids),
             "wall_time_s": self.wall_time_s,

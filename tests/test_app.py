@@ -220,6 +220,83 @@ def test_browser_compare_two_runs_and_download_csv(page, app_url):
     page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
 
 
+# Each header word's line boxes: a word split over two lines ("Algorit|hm") has two tops.
+_SPLIT_HEADER_WORDS = """() => {
+  const split = [];
+  for (const th of document.querySelectorAll('#comparison .header-cell')) {
+    const walker = document.createTreeWalker(th, NodeFilter.SHOW_TEXT);
+    let node;
+    while ((node = walker.nextNode())) {
+      for (const m of node.data.matchAll(/\\S+/g)) {
+        const r = document.createRange();
+        r.setStart(node, m.index);
+        r.setEnd(node, m.index + m[0].length);
+        const tops = new Set([...r.getClientRects()].filter(b => b.width > 0).map(b => Math.round(b.top)));
+        if (tops.size > 1) split.push(m[0]);
+      }
+    }
+  }
+  return split;
+}"""
+
+
+def test_browser_compare_table_is_readable(page, app_url, embedded_verifier):
+    from specui.benchmark import RunSpec, record_runs
+    from specui.data import load_prompts
+    from specui.drafters.simple import PlainDrafter
+    from specui.metrics import compare
+    from specui.store import Store
+
+    _, data = app_url
+    jsonl = REPO / "data" / "prompts" / "demo.jsonl"
+    spec = RunSpec(drafter="ngram", num_speculative_tokens=4, max_new_tokens=8)
+    store = Store(data / "specui.db")  # the app's own store, written beside it (WAL)
+    ids = [r.run_id for r in record_runs(store, embedded_verifier, [(PlainDrafter(), spec), (NgramDrafter(4), spec)],
+                                         load_prompts(str(jsonl), limit=2), prompt_set=str(jsonl))]
+    assert store.get_run(ids[0]).prompt_set == str(jsonl)  # stored whole; shown by its name
+    _tab(page, "Compare")
+    page.get_by_role("button", name="Refresh").click()
+    page.wait_for_function(f"() => document.querySelector('#runs')?.innerText.includes('{ids[1]}: ngram-k4 · demo.jsonl')")
+    checked = page.locator("#runs input[type=checkbox]:checked")  # what an earlier test left selected
+    while checked.count():
+        checked.first.uncheck()
+    for rid, drafter in zip(ids, ("none", "ngram-k4"), strict=True):
+        page.get_by_label(f"{rid}: {drafter} · demo.jsonl · done", exact=True).check()
+    page.locator("#compare").click()
+    page.wait_for_function(f"() => document.querySelector('#comparison [data-testid=cell-1-0]')?.innerText.trim() == '{ids[1]}'")
+
+    headers = [h.strip() for h in page.locator("#comparison .header-cell .header").all_inner_texts()]
+    assert "Wall time [s]" in headers and "Verifier weights" in headers
+    assert page.evaluate(_SPLIT_HEADER_WORDS) == []  # no header word broken across lines
+
+    def column(label: str) -> list[str]:
+        i = headers.index(label)
+        return [page.locator(f"#comparison [data-testid=cell-{r}-{i}]").inner_text().strip() for r in range(2)]
+
+    expected = {row["run_id"]: row for row in compare(store, ids).rows}
+    walls = column("Wall time [s]")
+    assert all(re.fullmatch(r"\d+(\.\d)?", w) for w in walls), walls  # seconds to 0.1
+    assert walls == [f"{expected[rid]['wall_time_s']:.1f}" for rid in ids]
+    assert all(re.fullmatch(r"\d+\.\d\d", t) for t in column("τ (acceptance length) [tokens/step]"))
+    assert column("Output tokens [tokens]") == [str(expected[rid]["num_output_tokens"]) for rid in ids]
+    assert column("Prompt set") == ["demo.jsonl"] * 2
+    assert column("Verifier weights") == [embedded_verifier.fingerprint[:8]] * 2
+
+    # The CSV keeps every digit the table rounds away.
+    page.wait_for_function("() => !document.querySelector('#download-csv')?.disabled")
+    with page.expect_download() as dl:
+        page.locator("#download-csv").click()
+    rows = {int(r["run_id"]): r for r in csv.DictReader(io.StringIO(Path(dl.value.path()).read_text(encoding="utf-8")))}
+    for rid in ids:
+        assert float(rows[rid]["wall_time_s"]) == expected[rid]["wall_time_s"]
+        assert rows[rid]["prompt_set"] == str(jsonl) and rows[rid]["verifier_fingerprint"] == embedded_verifier.fingerprint
+    page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
+    # The table scrolls sideways: the wall time and the rates, in view.
+    page.locator("#comparison [data-testid=cell-0-" + str(headers.index("Wall time [s]")) + "]").scroll_into_view_if_needed()
+    page.locator("#comparison").screenshot(path=str(SHOTS / "compare-table.png"))
+    store.close()
+
+
 def test_browser_speculators_tab(page):
     _tab(page, "Speculators")
     page.screenshot(path=str(SHOTS / "speculators.png"), full_page=True)

@@ -20,8 +20,9 @@ def test_decode_json_prints_steps_then_summary(capsys, embedded_verifier):
     steps, summary = lines[:-1], lines[-1]
     assert summary["summary"] is True
     for key in ("output_text", "output_token_ids", "acceptance_length", "per_position_acceptance",
-                "tokens_per_second", "num_steps"):
+                "tokens_per_s", "num_steps"):
         assert key in summary
+    assert "tokens_per_second" not in summary  # one name for throughput: the CSV's and the store's
     assert summary["num_steps"] == len(steps)
     assert sum(len(s["emitted_token_ids"]) for s in steps) == len(summary["output_token_ids"]) == 16
     assert [s["step"] for s in steps] == list(range(len(steps)))

@@ -130,7 +130,7 @@ def test_v1_file_is_migrated_forward_keeping_its_data(tmp_path: Path) -> None:
     conn.close()
 
     with Store(path) as store:
-        assert store.schema_version() == 2
+        assert store.schema_version() == SCHEMA_VERSION
         run = store.get_run(1)
         assert (run.algorithm, run.status, run.label) == ("ngram", RunStatus.DONE, None)
         store.set_run_label(1, "n-gram K=4")

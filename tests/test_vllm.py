@@ -217,12 +217,14 @@ def _outputs(run) -> dict[int, list[int]]:
 
 @needs_vllm
 @pytest.mark.vllm
-def test_plain_vllm_greedy_matches_the_local_engine_token_for_token(runs, prompts, embedded_verifier) -> None:
+def test_plain_vllm_greedy_matches_the_local_engine_token_for_token(store, runs, prompts, embedded_verifier) -> None:
     from specui.drafters.simple import PlainDrafter
     from specui.engine import generate
 
     plain = runs["plain"]
     assert plain.num_prompts == PROMPTS and plain.step_source == "plain"
+    # The served folder's weights, read from its safetensors: the local runs' fingerprint.
+    assert store.get_run(plain.run_id).verifier_fingerprint == embedded_verifier.fingerprint
     for i, p in enumerate(prompts):
         res = next(r for r in plain.results if r.index == i)
         assert res.prompt_token_ids == p.encode(embedded_verifier)  # vLLM's /tokenize == the local chat template

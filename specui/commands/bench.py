@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 gives stable timings)")
-    p.add_argument("--db", default=None, metavar="PATH", help="store file")
+    p.add_argument("--db", default=None, metavar="PATH", help="store file (default: $SPECUI_DB, else $SPECUI_DATA_DIR/specui.db)")
     p.add_argument("--json", action="store_true", help="print a JSON object with a `runs` list")
     p.set_defaults(func=run)
 

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         s = result.summary()
         print(
             f"[{drafter.name}] {s['num_output_tokens']} tokens in {s['wall_time_s']:.2f}s "
-            f"({s['tokens_per_second']:.1f} tok/s), tau {s['acceptance_length']:.2f}, {s['num_steps']} steps",
+            f"({s['tokens_per_s']:.1f} tok/s), tau {s['acceptance_length']:.2f}, {s['num_steps']} steps",
             file=sys.stderr,
         )
     return 0

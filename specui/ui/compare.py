@@ -3,15 +3,19 @@ launch a new benchmark in the background."""
 
 from __future__ import annotations
 
+import math
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
+from pandas.io.formats.style import Styler
 
 from specui.data import prompt_sets
-from specui.metrics import Comparison, compare, confidence_report
+from specui.metrics import Column, Comparison, compare, confidence_report
 from specui.paths import data_dir, ui_drafter, ui_prompts
 from specui.store import Store
 from specui.trace import SpecUIError
@@ -19,26 +23,101 @@ from specui.workbench import drafter_choices
 from workers import queue as jobs
 
 ALL = "(all)"
+FINGERPRINT_SHOWN = 8  # hex digits of a weights fingerprint the table and the filter show
+UNKNOWN_WEIGHTS = "unknown weights"
+
+
+def short_fingerprint(fingerprint: str | None) -> str:
+    return (fingerprint or "")[:FINGERPRINT_SHOWN]
+
+
+def prompt_set_label(prompt_set: str | None) -> str:
+    """A prompt set as the table shows it: a JSONL file (or a path) by its file name, each
+    part of an ``a,b`` mix on its own; the stored value keeps the whole path."""
+    if not prompt_set:
+        return ""
+    parts = prompt_set.split(",")
+    return ",".join(Path(p).name if p.lower().endswith(".jsonl") or "/" in p else p for p in parts)
+
+
+def verifier_choices(store: Store) -> dict[str, tuple[str, str | None]]:
+    """Filter label -> (verifier name, weights fingerprint or None).  A name whose runs have
+    one weight set is its plain name; a name with several gets ``name (fingerprint)`` per
+    set, so two weight sets of one model are two verifiers to choose from."""
+    pairs = store.list_verifiers()
+    names = [name for name, _ in pairs]
+    out: dict[str, tuple[str, str | None]] = {}
+    for name, fp in pairs:
+        if names.count(name) == 1:
+            out[name] = (name, fp)
+        else:
+            out[f"{name} ({short_fingerprint(fp) or UNKNOWN_WEIGHTS})"] = (name, fp)
+    return out
 
 
 def run_choices(store: Store, algorithm: str = ALL, verifier: str = ALL, prompt_set: str = ALL, backend: str = ALL) -> list[str]:
     def given(value: str) -> str | None:
         return None if value in (ALL, None, "") else value
 
-    runs = store.list_runs(algorithm=given(algorithm), verifier=given(verifier), prompt_set=given(prompt_set),
+    name, weights, every_set = given(verifier), None, True
+    choices = verifier_choices(store) if name is not None else {}
+    if verifier in choices:
+        name, weights = choices[verifier]
+        every_set = name == verifier  # a plain name: the name has one weight set
+    # (A typed name that is no choice matches every weight set of that name.)
+    runs = store.list_runs(algorithm=given(algorithm), verifier=name, prompt_set=given(prompt_set),
                            backend=given(backend))
-    return [f"{r.id}: {r.drafter} · {r.prompt_set} · {r.status}" for r in runs]
+    if not every_set:  # "name (fingerprint)": only that weight set
+        runs = [r for r in runs if (r.verifier_fingerprint or None) == weights]
+    return [f"{r.id}: {r.drafter} · {prompt_set_label(r.prompt_set)} · {r.status}" for r in runs]
 
 
 def parse_ids(selected: list[str]) -> list[int]:
     return [int(s.split(":", 1)[0]) for s in selected or []]
 
 
-def comparison_frame(c: Comparison) -> pd.DataFrame:
-    """Rows = runs; headers carry label and unit (definitions are in the legend)."""
+# Digits that mean something, by unit: wall times vary by more than 0.1 s between runs, tau's
+# bootstrap interval is about +-0.2, rates are counts over a few hundred drafts.  The CSV
+# keeps every digit; this is the table only.
+UNIT_DECIMALS = {"s": 1, "ms/token": 1, "tokens/s": 1, "tokens/step": 2, "x": 2, "fraction": 3}
+
+
+def _missing(v: Any) -> bool:
+    # pandas turns a missing value into NaN (numbers, and text columns too)
+    return v is None or (isinstance(v, float) and not math.isfinite(v))
+
+
+def _formatter(col: Column) -> Callable[[Any], str]:
+    if col.key == "verifier_fingerprint":
+        return lambda v: "" if _missing(v) else short_fingerprint(str(v))
+    if col.key == "prompt_set":
+        return lambda v: "" if _missing(v) else prompt_set_label(str(v))
+    if col.kind == "text":
+        return lambda v: "" if _missing(v) else str(v)
+    decimals = 0 if col.kind == "int" else UNIT_DECIMALS.get(col.unit)
+
+    def number(v: Any) -> str:
+        if _missing(v):
+            return ""
+        if isinstance(v, str):
+            return v
+        if decimals is None:  # unitless (temperature): as typed, without trailing zeros
+            return f"{v:g}"
+        return f"{v:.{decimals}f}"
+
+    return number
+
+
+def header(col: Column) -> str:
+    return f"{col.label} [{col.unit}]" if col.unit else col.label
+
+
+def comparison_frame(c: Comparison) -> Styler:
+    """Rows = runs; headers carry label and unit (definitions are in the legend).  Numbers
+    keep their values (the table sorts by them) and show the digits in UNIT_DECIMALS."""
     cols = [col for col in c.columns if any(row.get(col.key) is not None for row in c.rows)]
-    data = {f"{col.label} [{col.unit}]" if col.unit else col.label: [row.get(col.key) for row in c.rows] for col in cols}
-    return pd.DataFrame(data)
+    frame = pd.DataFrame({header(col): [row.get(col.key) for row in c.rows] for col in cols})
+    return frame.style.format({header(col): _formatter(col) for col in cols}, na_rep="")
 
 
 def definitions_markdown(c: Comparison) -> str:
@@ -98,10 +177,10 @@ def export_csv(store: Store, run_ids: list[int]) -> str:
 
 def build(store: Store) -> None:
     gr.Markdown("Select stored runs and compare them. Speedup is measured against the baseline run "
-                "(no drafter) of the same prompt set, verifier and backend.")
+                "(no drafter) of the same prompt set, verifier (its weights too) and backend.")
     with gr.Row():
         algorithm = gr.Dropdown([ALL, "none", "ngram", "dflash", "dspark", "peagle", "eagle3"], value=ALL, label="Algorithm")
-        verifier = gr.Dropdown([ALL, "SmolLM2-135M-Instruct"], value=ALL, label="Verifier", allow_custom_value=True)
+        verifier = gr.Dropdown([ALL, *verifier_choices(store)], value=ALL, label="Verifier", allow_custom_value=True)
         pset = gr.Dropdown([ALL, "playground", *prompt_sets()], value=ALL, label="Prompt set", allow_custom_value=True)
         backend = gr.Dropdown([ALL, "local", "vllm"], value=ALL, label="Backend")
         refresh = gr.Button("Refresh")
@@ -109,7 +188,7 @@ def build(store: Store) -> None:
     with gr.Row():
         go_btn = gr.Button("Compare", variant="primary", elem_id="compare")
         csv_btn = gr.DownloadButton("Download CSV", elem_id="download-csv", interactive=False)
-    table = gr.Dataframe(label="Comparison", elem_id="comparison", wrap=True)
+    table = gr.Dataframe(label="Comparison", elem_id="comparison", wrap=True, interactive=False)
     with gr.Accordion("Column definitions", open=False):
         defs = gr.Markdown()
     with gr.Row():
@@ -131,9 +210,13 @@ def build(store: Store) -> None:
     def filt(a, v, p, b):
         return gr.update(choices=run_choices(store, a, v, p, b))
 
+    def refresh_all(a, v, p, b):
+        # New runs may bring a new verifier weight set: the verifier choices refresh too.
+        return filt(a, v, p, b), gr.update(choices=[ALL, *verifier_choices(store)])
+
     for comp in (algorithm, verifier, pset, backend):
         comp.change(filt, [algorithm, verifier, pset, backend], runs)
-    refresh.click(filt, [algorithm, verifier, pset, backend], runs)
+    refresh.click(refresh_all, [algorithm, verifier, pset, backend], [runs, verifier])
 
     def do_compare(selected):
         ids = parse_ids(selected)

@@ -28,6 +28,12 @@ CSS = """
 .tok sup.conf  { font-size: 9px; color: #555; margin-left: 1px; }
 .specui-output { font-size: 14px; max-height: 460px; overflow-y: auto; }
 .specui-output .tok { margin: 0; padding: 0; }
+/* Compare: a header wraps between words, never inside one ("Algorit|hm").  Gradio's header
+   cells break anywhere (word-break: break-word), which also lets the table size a column
+   below its longest header word; with normal breaking that word is the column's minimum. */
+#comparison .header-cell, #comparison .header-cell * {
+  word-break: normal !important; overflow-wrap: normal !important; hyphens: none !important;
+}
 """
 
 LEGEND = (

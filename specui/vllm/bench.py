@@ -448,6 +448,15 @@ def verifier_label(verifier: str | None, model: str | None) -> str:
     return spec
 
 
+def served_weights_fingerprint(model: str | None) -> str | None:
+    """The weights fingerprint a vLLM run stores: the served folder's, read from its
+    safetensors (the same value a local Verifier of that folder has, so local and vLLM runs
+    of one weight set line up), or None (unknown) when the model is not a local folder."""
+    from specui.verifier import weights_fingerprint
+
+    return weights_fingerprint(model)
+
+
 def _eos_ids(model: str | None) -> set[int]:
     if not model:
         return set()
@@ -522,7 +531,8 @@ def run_benchmark(
             "ignore_eos": settings.ignore_eos,
         }
         run = store.create_run(
-            verifier=verifier_label(verifier, model), prompt_set=prompt_set, algorithm=algorithm, drafter=drafter,
+            verifier=verifier_label(verifier, model), verifier_fingerprint=served_weights_fingerprint(source_model),
+            prompt_set=prompt_set, algorithm=algorithm, drafter=drafter,
             backend=Backend.VLLM, speculator_id=speculator_id, label=label, owner=owner, seed=settings.seed,
             versions={**collect_versions(), "vllm_server": version},
             settings=DecodingSettings(
