@@ -22,7 +22,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=int(env("SPECUI_PORT", env("GRADIO_SERVER_PORT", "7860"))))
     p.add_argument("--share", action="store_true", default=env("SPECUI_SHARE") == "1", help="print a public Gradio link")
     p.add_argument("--data-dir", default=env("SPECUI_DATA_DIR"), help="where runs, trained drafters and caches go")
-    p.add_argument("--db", default=env("SPECUI_DB"), help="the SQLite store (default: DATA_DIR/specui.db)")
+    # No default here: Store(None) asks specui.store.default_db_path (SPECUI_DB, else DATA_DIR/specui.db), as the CLI does.
+    p.add_argument("--db", default=None, help="the SQLite store (default: SPECUI_DB, else DATA_DIR/specui.db)")
     p.add_argument("--max-jobs", type=int, default=None, help="background jobs at once (default 1)")
     p.add_argument("--max-upload-mb", type=float, default=float(env("SPECUI_MAX_UPLOAD_MB", "512")),
                    help="largest file a visitor may upload (Gradio refuses bigger ones)")

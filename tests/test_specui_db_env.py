@@ -59,3 +59,12 @@ def test_specui_db_in_a_real_cli_process(chosen: Path, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "chosen-run" in out.stdout
     assert not (tmp_path / "data").exists()
+
+
+def test_the_app_takes_the_same_default(chosen: Path) -> None:
+    import app as app_module
+
+    args = app_module.parse_args([])
+    assert args.db is None  # app.py decides nothing itself: Store(None) asks default_db_path
+    with Store(args.db) as store:
+        assert store.path == chosen and [r.label for r in store.list_runs()] == ["chosen-run"]
