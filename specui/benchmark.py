@@ -145,6 +145,24 @@ def record_runs(
     return [RecordedRun(run.id, out) for run, out in zip(stored, results, strict=True)]
 
 
+def bench_prompts(prompts: str, limit: int | None = None) -> list[Prompt]:
+    """The prompts a benchmark of ``prompts`` decodes, in order (run prompt index i is the i-th)."""
+    prompt_list = load_prompts(prompts, split=bench_split(prompts), limit=limit)
+    if not prompt_list:
+        raise SpecUIError(f"prompt set {prompts!r} has no prompts")
+    return prompt_list
+
+
+def group_comparisons(store: Store, run_ids: Sequence[int], prompt_list: Sequence[Prompt]) -> dict[str, Comparison]:
+    """The comparison of the runs on each task group of their prompts (Spec-Bench's six), in
+    the order the groups first appear; empty when the prompts carry no group."""
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(prompt_list):
+        if p.meta.get("group"):
+            groups.setdefault(p.meta["group"], []).append(i)
+    return {g: compare(store, run_ids, prompt_indices=idx) for g, idx in groups.items()}
+
+
 def bench(
     store: Store,
     *,
@@ -166,9 +184,7 @@ def bench(
     ``progress(message, fraction done)`` after each prompt (decoded by every run)."""
     # Settings first: a bad one must fail before prompts and models load, and store nothing.
     check_decode_settings(max_new_tokens=max_new_tokens, seed=seed, num_speculative_tokens=num_speculative_tokens)
-    prompt_list = load_prompts(prompts, split=bench_split(prompts), limit=limit)
-    if not prompt_list:
-        raise SpecUIError(f"prompt set {prompts!r} has no prompts")
+    prompt_list = bench_prompts(prompts, limit)
     v = WORKBENCH.verifier(verifier, precision)
     names = ["none", *[d for d in drafters if d not in ("none", "plain")]]
     with ExitStack() as loaded:

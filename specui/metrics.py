@@ -34,7 +34,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -287,7 +287,8 @@ def confidence_labels(num_accepted: int, n_slots: int) -> list[bool]:
 
 
 def load_confidences(
-    store: Store, run_ids: Iterable[int], *, prefix: bool = False, temperature: float = 1.0
+    store: Store, run_ids: Iterable[int], *, prefix: bool = False, temperature: float = 1.0,
+    prompt_indices: Collection[int] | None = None,
 ) -> ConfidenceSamples:
     """Every stored confidence of the runs with its accepted-or-not label.
 
@@ -306,7 +307,8 @@ def load_confidences(
         with store.read() as s:
             for n_acc, text in s.connection().exec_driver_sql(
                 f"SELECT s.num_accepted, s.confidences FROM steps s JOIN results r ON s.result_id = r.id "
-                f"WHERE r.run_id IN ({marks}) AND s.confidences IS NOT NULL",
+                f"WHERE r.run_id IN ({marks}) AND s.confidences IS NOT NULL"
+                + ("" if prompt_indices is None else f" AND r.prompt_index IN ({','.join(str(int(i)) for i in prompt_indices) or 'NULL'})"),
                 tuple(ids),
             ).all():
                 accepted.append(n_acc)
@@ -469,8 +471,8 @@ def _settings_k(run: Run) -> int | None:
     return None
 
 
-def _finished_prompts(store: Store, run_ids: Sequence[int]) -> dict[int, dict[int, tuple[int, float]]]:
-    """run id -> prompt index -> (output tokens, wall time s), finished prompts only."""
+def _finished_prompts(store: Store, run_ids: Sequence[int], only: Collection[int] | None = None) -> dict[int, dict[int, tuple[int, float]]]:
+    """run id -> prompt index -> (output tokens, wall time s), finished prompts only (of ``only``)."""
     out: dict[int, dict[int, tuple[int, float]]] = {rid: {} for rid in run_ids}
     if not run_ids:
         return out
@@ -482,7 +484,8 @@ def _finished_prompts(store: Store, run_ids: Sequence[int]) -> dict[int, dict[in
             tuple(run_ids),
         )
         for rid, idx, n, t in rows:
-            out[rid][idx] = (n or 0, t or 0.0)
+            if only is None or idx in only:
+                out[rid][idx] = (n or 0, t or 0.0)
     return out
 
 
@@ -513,12 +516,18 @@ def find_baseline(store: Store, run: Run, prefer: Sequence[int] = ()) -> list[Ru
     return sorted(cands, key=rank, reverse=True)
 
 
-def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
-    """One row per run (in the order given) with the BASE_COLUMNS and a_1..a_K."""
+def compare(store: Store, run_ids: Sequence[int], prompt_indices: Collection[int] | None = None) -> Comparison:
+    """One row per run (in the order given) with the BASE_COLUMNS and a_1..a_K.
+
+    ``prompt_indices`` restricts every figure, the speedup's baseline included, to those
+    prompts of each run (a benchmark's task group: the same indices in every run of it)."""
     runs = [store.get_run(rid) for rid in run_ids]  # unknown id -> SpecUIError
     ids = [r.id for r in runs if r.id is not None]
     if len(set(ids)) != len(ids):
         raise user_error("a run id is listed twice")
+    only = None if prompt_indices is None else {int(i) for i in prompt_indices}
+    # The subset as SQL: integers only, so they can be written into the statement.
+    where = "" if only is None else f" AND r.prompt_index IN ({','.join(map(str, sorted(only))) or 'NULL'})"
     stats: dict[int, dict[str, Any]] = {rid: {} for rid in ids}
     hist: dict[int, dict[int, int]] = {rid: {} for rid in ids}
     # run id -> prompt index -> (drafts, accepted draft tokens): tau's bootstrap resamples these
@@ -532,7 +541,7 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
                 f"SELECT r.run_id, r.prompt_index, count(s.id), sum(s.num_drafted > 0), sum(s.num_drafted), "
                 f"sum(CASE WHEN s.num_drafted > 0 THEN s.num_accepted ELSE 0 END), max(s.num_drafted), "
                 f"sum(s.draft_time_s), sum(s.verify_time_s) "
-                f"FROM results r JOIN steps s ON s.result_id = r.id WHERE r.run_id IN ({marks}) "
+                f"FROM results r JOIN steps s ON s.result_id = r.id WHERE r.run_id IN ({marks}){where} "
                 f"GROUP BY r.run_id, r.prompt_index",
                 tuple(ids),
             ):
@@ -544,11 +553,11 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
                     st[key] = max(st.get(key, 0), v) if key == "max_drafted" else st.get(key, 0) + v
             for rid, n_acc, count in conn.exec_driver_sql(
                 f"SELECT r.run_id, s.num_accepted, count(*) FROM results r JOIN steps s ON s.result_id = r.id "
-                f"WHERE r.run_id IN ({marks}) AND s.num_drafted > 0 GROUP BY r.run_id, s.num_accepted",
+                f"WHERE r.run_id IN ({marks}) AND s.num_drafted > 0{where} GROUP BY r.run_id, s.num_accepted",
                 tuple(ids),
             ):
                 hist[rid][n_acc] = count
-    prompts = _finished_prompts(store, ids)
+    prompts = _finished_prompts(store, ids, only)
     k_max = max([st.get("max_drafted") or 0 for st in stats.values()] + [_settings_k(r) or 0 for r in runs] + [0])
     columns = BASE_COLUMNS + [position_column(k) for k in range(1, k_max + 1)]
 
@@ -610,7 +619,7 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
         for k in range(1, k_max + 1):
             row[f"acceptance_pos_{k}"] = sum(c for n, c in h.items() if n >= k) / drafts if drafts and k <= own_k else None
         for base in find_baseline(store, run, prefer=ids):
-            base_prompts = prompts.get(base.id) if base.id in prompts else _finished_prompts(store, [base.id])[base.id]  # type: ignore[list-item]
+            base_prompts = prompts.get(base.id) if base.id in prompts else _finished_prompts(store, [base.id], only)[base.id]  # type: ignore[list-item]
             common = set(fin) & set(base_prompts)
             mine, theirs = _time_per_token(fin, common), _time_per_token(base_prompts, common)
             if mine and theirs:
@@ -623,7 +632,7 @@ def compare(store: Store, run_ids: Sequence[int]) -> Comparison:
                 break
         rows.append(row)
 
-    conf = {rid: load_confidences(store, [rid]) for rid in ids}
+    conf = {rid: load_confidences(store, [rid], prompt_indices=only) for rid in ids}
     for row in rows:
         smp = conf[row["run_id"]]
         if smp.confidences.size:

@@ -59,3 +59,31 @@ def test_precision_defaults_to_the_apps_own(command, monkeypatch):
     assert build_parser().parse_args(command).precision == "auto"
     monkeypatch.setenv("SPECUI_VERIFIER_PRECISION", "fp32")
     assert build_parser().parse_args(command).precision == "fp32"
+
+
+def test_bench_reports_every_metric_per_spec_bench_task_group(tmp_path, capsys, embedded_verifier):
+    from specui.data.sets import SPEC_BENCH_GROUPS
+
+    db = tmp_path / "s.db"
+    # 12 prompts: the groups alternate, so two of each of the six.
+    rc = main(["bench", "--drafter", "ngram", "--prompts", "spec-bench", "--limit", "12", "--max-new-tokens", "6",
+               "--precision", "bf16", "--db", str(db), "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    groups = out["groups"]
+    assert list(groups) == list(SPEC_BENCH_GROUPS)
+    overall = {r["algorithm"]: r for r in out["runs"]}
+    for group, rows in groups.items():
+        assert [r["num_prompts"] for r in rows] == [2, 2], group
+        ngram = next(r for r in rows if r["algorithm"] == "ngram")
+        # The group's speedup is over the baseline's same two prompts.
+        assert ngram["baseline_run_id"] == overall["none"]["run_id"]
+    # The groups partition the run: their counts add up to the whole run's.
+    for key in ("num_steps", "num_drafts", "num_accepted_tokens", "num_output_tokens"):
+        assert sum(next(r for r in rows if r["algorithm"] == "ngram")[key] for rows in groups.values()) == overall["ngram"][key]
+    wall = sum(next(r for r in rows if r["algorithm"] == "ngram")["wall_time_s"] for rows in groups.values())
+    assert wall == pytest.approx(overall["ngram"]["wall_time_s"])
+    # A set without groups gets none.
+    assert main(["bench", "--drafter", "ngram", "--prompts", "demo", "--limit", "1", "--max-new-tokens", "2",
+                 "--precision", "bf16", "--db", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["groups"] == {}

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specui.benchmark import bench
+    from specui.benchmark import bench, bench_prompts, group_comparisons
     from specui.drafters.resolve import shipped_drafters
     from specui.store import Store
 
@@ -61,18 +61,29 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, sampling=sampling, num_speculative_tokens=args.num_speculative_tokens,
         seed=args.seed, progress=log, precision=args.precision,
     )
+    # Every metric per task group too (Spec-Bench's six), as the field reports it.
+    groups = group_comparisons(store, run_ids, bench_prompts(args.prompts, args.limit))
     if args.json:
         print(json.dumps({"run_ids": run_ids, "runs": comparison.rows,
+                          "groups": {g: c.rows for g, c in groups.items()},
                           "columns": {c.key: {"label": c.label, "definition": c.definition, "unit": c.unit} for c in comparison.columns}}, default=str))
         return 0
+    _print_table(comparison, None if not groups else "all")
+    for group, comp in groups.items():
+        print()
+        _print_table(comp, group)
+    return 0
+
+
+def _print_table(comparison, group: str | None) -> None:
     keys = ["run_id", "drafter", "algorithm", "acceptance_length", "acceptance_length_95ci", "draft_acceptance_rate",
             "tokens_per_s", "speedup", "speedup_95ci"]
     pos = [c.key for c in comparison.columns if c.key.startswith("acceptance_pos_")][:8]
-    header = keys + pos
+    header = (["group", "num_prompts"] if group else []) + keys + pos
     print("\t".join(header))
     for row in comparison.rows:
-        cells = []
-        for k in header:
+        cells = [group, str(row.get("num_prompts"))] if group else []
+        for k in header[len(cells):]:
             if k.endswith("_95ci"):  # the interval's two bounds in one cell
                 lo, hi = row.get(k.removesuffix("_95ci") + "_ci_low"), row.get(k.removesuffix("_95ci") + "_ci_high")
                 cells.append("-" if lo is None or hi is None else f"{lo:.2f}-{hi:.2f}")
@@ -80,4 +91,3 @@ def run(args: argparse.Namespace) -> int:
             val = row.get(k)
             cells.append(f"{val:.3f}" if isinstance(val, float) else ("-" if val is None else str(val)))
         print("\t".join(cells))
-    return 0
