@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def sample_user_turns(
     which sorts the whole vocabulary every step) cuts the junk tail.
     """
     path = Path(cache_path)
-    rows = read_samples(path)
+    rows = _complete_batches(path, batch_size)
     done_batches = {r["batch"] for r in rows}
     kinds = KINDS if kinds is None else kinds
     kind_names = list(kinds)
@@ -146,6 +147,25 @@ def sample_user_turns(
         if progress:
             progress(len(rows), n)
     return rows
+
+
+def _complete_batches(path: Path, batch_size: int) -> list[dict]:
+    """The cached rows of whole batches; the file is rewritten without a crash's remains.
+
+    A run killed mid-append leaves part of a batch and perhaps a torn last line: the
+    part would mark its batch done, and the next append would glue onto the torn line."""
+    rows = read_samples(path)
+    sizes = Counter(r["batch"] for r in rows)
+    if sizes and max(sizes.values()) != batch_size:
+        # Another batch size draws other samples per seed: refuse rather than drop the file's batches.
+        raise SpecUIError(f"{path} was sampled {max(sizes.values())} turns per batch; resume it with that "
+                          f"batch size (not {batch_size}), or use another file")
+    whole = [r for r in rows if sizes[r["batch"]] == batch_size]
+    if path.is_file() and (len(whole) != len(rows) or not path.read_bytes().endswith(b"\n")):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in whole))
+        tmp.replace(path)
+    return whole
 
 
 def _append(path: Path, rows: Iterable[dict]) -> None:
