@@ -111,7 +111,7 @@ class Registry(Generic[T]):
                 raise  # the module exists but imports something missing: a real error
             if not self.skip_missing:
                 where = f" (listed in ${self.env})" if from_env else ""
-                raise SpecUIError(f"cannot import {module!r}{where}, which should register {self.kind}s") from None
+                raise SpecUIError(f"cannot import {module!r}{where}: no such module") from None
             log.debug("%s module %s not found; skipped", self.kind, module)
         self._imported.add(module)
 
@@ -126,7 +126,7 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            known = ", ".join(self._entries) or "none"
+            known = ", ".join(sorted(self._entries)) or "none"
             raise SpecUIError(f"unknown {self.kind} {name!r}; known: {known}") from None
 
     lookup = __getitem__
