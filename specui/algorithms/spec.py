@@ -45,6 +45,7 @@ class AlgorithmSpec:
     vllm_cpu_refusal: str | None = None  # the message when it does not
     drafter_options: tuple[str, ...] = ()  # load-time options of its drafter (DSpark: confidence_policy)
     rank: int = 100  # where it stands in lists (lower first; ties: registration order)
+    speculators_rank: int = 100  # where speculators' --speculator-type lists it (the CLI's messages follow)
 
     @property
     def drafter_class(self) -> type:

@@ -106,7 +106,8 @@ SPECULATOR_TYPES_WITHOUT_TRAINER: tuple[str, ...] = ("mtp",)
 
 def speculator_types() -> dict[str, str | None]:
     """speculators --speculator-type value -> SpecUI algorithm (None: no SpecUI trainer)."""
-    return {**{name: name for name in algorithm_names(trainable=True)}, **dict.fromkeys(SPECULATOR_TYPES_WITHOUT_TRAINER)}
+    specs = sorted((s for s in algorithm_specs() if s.trainable), key=lambda s: s.speculators_rank)  # stable
+    return {**{s.name: s.name for s in specs}, **dict.fromkeys(SPECULATOR_TYPES_WITHOUT_TRAINER)}
 
 
 

@@ -16,6 +16,7 @@ SPEC = register_algorithm(
         train_fields=("block_size", "max_anchors", "gamma", "dpace"),
         vllm_method="dflash",
         rank=10,
+        speculators_rank=1,
     )
 )
 

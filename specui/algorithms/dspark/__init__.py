@@ -25,6 +25,7 @@ SPEC = register_algorithm(
         ),
         drafter_options=("confidence_policy",),
         rank=20,
+        speculators_rank=2,
     )
 )
 

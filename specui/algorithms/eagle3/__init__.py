@@ -18,6 +18,7 @@ SPEC = register_algorithm(
         train_fields=("ttt_steps",),
         vllm_method="eagle3",
         rank=40,
+        speculators_rank=0,
     )
 )
 

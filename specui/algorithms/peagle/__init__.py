@@ -20,6 +20,7 @@ SPEC = register_algorithm(
         vllm_method="eagle3",
         vllm_extra={"parallel_drafting": True},
         rank=30,
+        speculators_rank=3,
     )
 )
 
