@@ -64,16 +64,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specui.algorithms.checkpoint import load_model
+from specui.algorithms.dspark import DSparkModel, DSparkObjective
+from specui.algorithms.layers import draft_target_ids
+from specui.algorithms.resolve import shipped_drafters
 from specui.data import load_prompts
 from specui.data.distill import self_distill
 from specui.data.hidden import HiddenStateStore, LocalExtractor
-from specui.drafters.checkpoint import load_model
-from specui.drafters.dspark import DSparkModel
-from specui.drafters.layers import draft_target_ids
-from specui.drafters.resolve import shipped_drafters
 from specui.metrics import auroc
 from specui.training.config import TrainConfig
-from specui.training.dspark import DSparkObjective
 from specui.training.objectives import TargetHead
 from specui.verifier import Verifier
 

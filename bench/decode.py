@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from specui.drafters.resolve import resolve_drafter
+from specui.algorithms.resolve import resolve_drafter
 from specui.engine import generate
 from specui.verifier import Verifier
 

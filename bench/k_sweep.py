@@ -42,9 +42,9 @@ import time
 
 import torch
 
+from specui.algorithms.resolve import resolve_drafter
 from specui.commands import add_precision_argument
 from specui.data import load_prompts
-from specui.drafters.resolve import resolve_drafter
 from specui.engine import generate
 from specui.verifier import Verifier
 

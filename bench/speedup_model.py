@@ -45,8 +45,8 @@ import time
 
 import torch
 
-from specui.drafters import create_drafter
-from specui.drafters.base import DraftContext
+from specui.algorithms import create_drafter
+from specui.algorithms.base import DraftContext
 from specui.trace import SamplingParams
 from specui.verifier import Verifier
 

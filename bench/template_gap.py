@@ -27,8 +27,8 @@ import statistics
 
 import torch
 
+from specui.algorithms.resolve import resolve_drafter
 from specui.data import load_prompts
-from specui.drafters.resolve import resolve_drafter
 from specui.engine import generate
 from specui.verifier import Verifier
 

@@ -3,7 +3,7 @@
 DFlash trains on ``--max-anchors`` random blocks per sequence instead of a block
 at every position; this measures what that saves, on the same batch, in one
 run.  Each configuration runs one forward + backward of the real training
-objective (``specui.training.dflash``); between runs memory is handed back to
+objective (``specui.algorithms.dflash``); between runs memory is handed back to
 the OS and the peak counter is reset, so each figure is that step's own peak:
 
 * CPU: peak resident memory (``VmHWM``, reset through ``/proc/self/clear_refs``)
@@ -28,11 +28,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from specui.algorithms.dflash.objective import select_anchors  # noqa: E402
 from specui.data.distill import self_distill  # noqa: E402
 from specui.data.hidden import HiddenStateStore, LocalExtractor  # noqa: E402
 from specui.data.prompts import load_prompts  # noqa: E402
 from specui.training.config import TrainConfig  # noqa: E402
-from specui.training.objectives import TargetHead, objective_for, select_anchors  # noqa: E402
+from specui.training.objectives import TargetHead, objective_for  # noqa: E402
 from specui.training.objectives import pack as pack_batch  # noqa: E402
 from specui.verifier import Verifier, cache_dir  # noqa: E402
 

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from specui.drafters.simple import NgramDrafter  # noqa: E402
+from specui.algorithms.simple import NgramDrafter  # noqa: E402
 from specui.engine import generate  # noqa: E402
 from specui.verifier import Verifier  # noqa: E402
 from tests.app_server import running_app  # noqa: E402

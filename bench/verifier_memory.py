@@ -43,7 +43,7 @@ CHILD = r"""
 import ctypes, gc, json, sys
 import torch
 torch.set_num_threads(1)
-from specui.drafters.resolve import resolve_drafter
+from specui.algorithms.resolve import resolve_drafter
 from specui.verifier import Verifier
 
 def anon_mib():

@@ -148,7 +148,7 @@ def convert(a: argparse.Namespace) -> None:
     if not (run / "config.json").is_file():
         sys.exit(f"ship {a.algo}: {run} holds no finished drafter")
     _threads()
-    from specui.drafters.checkpoint import load_model, save_drafter
+    from specui.algorithms.checkpoint import load_model, save_drafter
     from specui.verifier import EMBEDDED_HUB_ID, Verifier
 
     model = load_model(run, Verifier.load("embedded"))

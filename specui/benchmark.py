@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+from specui.algorithms.base import Drafter
 from specui.data import Prompt, bench_split, load_prompts
-from specui.drafters.base import Drafter
 from specui.engine import Decoding
 from specui.metrics import Comparison, compare
 from specui.store import DecodingSettings, Run, RunRecorder, Store

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from specui.drafters.base import DraftContext, Drafter
+from specui.algorithms.base import DraftContext, Drafter
 from specui.sampling import process_logits, sample
 from specui.trace import (
     FinalTokenKind,

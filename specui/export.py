@@ -6,6 +6,7 @@ import json
 import shlex
 from pathlib import Path
 
+from specui.algorithms.spec import ALGORITHMS
 from specui.trace import SpecUIError
 from specui.verifier import EMBEDDED, EMBEDDED_HUB_ID
 
@@ -13,26 +14,24 @@ from specui.verifier import EMBEDDED, EMBEDDED_HUB_ID
 def speculative_config(folder: str | Path, num_speculative_tokens: int | None = None) -> dict:
     """vLLM's ``--speculative-config`` for a speculators-format folder.
 
-    P-EAGLE is served as ``eagle3`` with ``parallel_drafting`` (vLLM rejects
-    ``"method": "peagle"``, and without the flag it would silently run the
-    sequential EAGLE-3 path and skip ``mask_hidden``)."""
+    The method and any extra keys are the algorithm's (``AlgorithmSpec.vllm_method``,
+    ``vllm_extra``: P-EAGLE is served as ``eagle3`` with ``parallel_drafting``)."""
     folder = Path(folder)
     try:
         cfg = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise SpecUIError(f"{folder}: cannot read config.json ({e})") from None
     model_type = cfg.get("speculators_model_type")
-    methods = {"dflash": "dflash", "dspark": "dspark", "eagle3": "eagle3", "peagle": "eagle3"}
-    if model_type not in methods:
+    spec = ALGORITHMS.get(model_type) if isinstance(model_type, str) else None
+    if spec is None or spec.vllm_method is None:
         raise SpecUIError(f"{folder}: vLLM serves no speculators_model_type {model_type!r}")
     if num_speculative_tokens is None:
         proposals = cfg.get("speculators_config", {}).get("proposal_methods") or [{}]
         num_speculative_tokens = proposals[0].get("speculative_tokens")
-    out: dict = {"model": str(folder.resolve()), "method": methods[model_type]}
+    out: dict = {"model": str(folder.resolve()), "method": spec.vllm_method}
     if num_speculative_tokens:
         out["num_speculative_tokens"] = int(num_speculative_tokens)
-    if model_type == "peagle":
-        out["parallel_drafting"] = True
+    out.update(spec.vllm_extra)
     return out
 
 

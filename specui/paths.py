@@ -96,7 +96,7 @@ def ui_verifier(spec: str) -> str:
 
 def ui_drafter(spec: str) -> str:
     """A speculator a visitor chose: ``none``, ``ngram``, a shipped name, or a folder in the app's folders."""
-    from specui.drafters.resolve import BUILTIN, shipped_drafters
+    from specui.algorithms.resolve import BUILTIN, shipped_drafters
 
     return confine_choice(spec, ("", "plain", *BUILTIN, *shipped_drafters()))
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from specui.drafters.base import Drafter
-from specui.drafters.resolve import BUILTIN, resolve_drafter, shipped_drafters
+from specui.algorithms.base import Drafter
+from specui.algorithms.resolve import BUILTIN, resolve_drafter, shipped_drafters
 from specui.paths import data_dir
 from specui.verifier import Verifier, default_precision
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specui.drafters.base import DraftContext
+from specui.algorithms.base import DraftContext
 from specui.sampling import process_logits
 from specui.trace import Proposal
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from specui.drafters.simple import NgramDrafter
+from specui.algorithms.simple import NgramDrafter
 from specui.engine import generate
 from tests.app_server import running_app
 from tests.conftest import REPO
@@ -138,8 +138,8 @@ def test_browser_playground_shows_accepted_and_rejected_tokens(page, app_url):
     """A fresh clone's Playground runs a SHIPPED drafter (DSpark, preselected) with no
     training and no network: accepted / rejected tokens in distinct colours, and DSpark's
     confidence score beside each drafted token."""
+    from specui.algorithms.resolve import shipped_drafters
     from specui.data import load_prompts
-    from specui.drafters.resolve import shipped_drafters
     from specui.store import Store
 
     assert "dspark" in shipped_drafters(), "the shipped drafters are missing from data/drafters"
@@ -241,9 +241,9 @@ _SPLIT_HEADER_WORDS = """() => {
 
 
 def test_browser_compare_table_is_readable(page, app_url, embedded_verifier):
+    from specui.algorithms.simple import PlainDrafter
     from specui.benchmark import RunSpec, record_runs
     from specui.data import load_prompts
-    from specui.drafters.simple import PlainDrafter
     from specui.metrics import compare
     from specui.store import Store
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from specui import batch_invariant
+from specui.algorithms.resolve import resolve_drafter
+from specui.algorithms.simple import PlainDrafter
 from specui.data import load_prompts
-from specui.drafters.resolve import resolve_drafter
-from specui.drafters.simple import PlainDrafter
 from specui.engine import generate
 from specui.trace import SpecUIError
 from specui.verifier import Verifier

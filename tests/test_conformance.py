@@ -19,8 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specui.drafters import load_drafter, load_model
-from specui.drafters.base import DraftContext
+from specui.algorithms import load_drafter, load_model
+from specui.algorithms.base import DraftContext
 from specui.trace import SamplingParams
 from specui.verifier import Verifier
 from tests.conftest import FIXTURES

@@ -13,14 +13,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specui.drafters import (
-    ConfidencePolicy,
+from specui.algorithms import (
     create_drafter,
     load_drafter,
     save_drafter,
     validate_checkpoint,
 )
-from specui.drafters.base import DraftContext
+from specui.algorithms.base import DraftContext
+from specui.algorithms.dspark import ConfidencePolicy
 from specui.trace import SamplingParams, SpecUIError
 from specui.verifier import Verifier
 from tests.conftest import FIXTURES
@@ -133,7 +133,7 @@ def test_bfloat16_checkpoint_records_its_dtype_and_loads_as_float32(verifier: Ve
 
 
 def test_failed_save_keeps_the_previous_checkpoint(verifier: Verifier, tmp_path: Path, monkeypatch) -> None:
-    import specui.drafters.checkpoint as ckpt
+    import specui.algorithms.checkpoint as ckpt
 
     first = create_drafter("eagle3", verifier, seed=3)
     save_drafter(first, tmp_path)
@@ -460,7 +460,7 @@ def test_saved_checkpoint_files_are_readable_by_others(tmp_path, fixture_verifie
     import os
     import stat
 
-    from specui.drafters import create_drafter, save_drafter
+    from specui.algorithms import create_drafter, save_drafter
 
     folder = save_drafter(create_drafter("dflash", fixture_verifier, num_layers=1).model, tmp_path / "d")
     for name in ("config.json", "model.safetensors"):

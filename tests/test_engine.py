@@ -10,7 +10,7 @@ import torch
 from scipy.stats import chisquare
 
 import specui.engine as engine
-from specui.drafters.simple import NgramDrafter, PlainDrafter
+from specui.algorithms.simple import NgramDrafter, PlainDrafter
 from specui.engine import Decoding, generate
 from specui.sampling import process_logits
 from specui.trace import FinalTokenKind, SamplingParams, SpecUIError
@@ -230,7 +230,7 @@ ALGORITHMS = ["dflash", "dspark", "peagle", "eagle3"]
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_greedy_output_with_random_learned_drafter_equals_plain(fixture_verifier, algorithm):
-    from specui.drafters import create_drafter
+    from specui.algorithms import create_drafter
 
     v = fixture_verifier
     gen = torch.Generator().manual_seed(5)

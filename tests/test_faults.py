@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import torch
 
-from specui.drafters import (
+from specui.algorithms import (
     create_drafter,
     load_drafter,
     load_model,

@@ -120,8 +120,8 @@ def data_dir(tmp_path, monkeypatch) -> Path:
 
 @pytest.mark.slow
 def test_a_pickle_only_speculator_is_refused_on_every_load_path(data_dir, tmp_path, embedded_verifier) -> None:
-    from specui.drafters import create_drafter, save_drafter, validate_checkpoint
-    from specui.drafters.resolve import resolve_drafter
+    from specui.algorithms import create_drafter, save_drafter, validate_checkpoint
+    from specui.algorithms.resolve import resolve_drafter
     from specui.ui.speculators import import_folder
     from specui.vllm.server import build_speculative_config
 

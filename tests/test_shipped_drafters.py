@@ -10,7 +10,7 @@ import json
 import pytest
 from safetensors import safe_open
 
-from specui.drafters.resolve import resolve_drafter, shipped_drafters
+from specui.algorithms.resolve import resolve_drafter, shipped_drafters
 from specui.engine import generate
 
 ALGORITHMS = ("dflash", "dspark", "peagle", "eagle3")
@@ -52,7 +52,7 @@ def heldout_prompt_ids(embedded_verifier):
 
 @pytest.fixture(scope="module")
 def plain_output(embedded_verifier, heldout_prompt_ids):
-    from specui.drafters.simple import PlainDrafter
+    from specui.algorithms.simple import PlainDrafter
 
     return generate(embedded_verifier, PlainDrafter(), heldout_prompt_ids, max_new_tokens=48).output_token_ids
 
@@ -70,6 +70,6 @@ def test_shipped_drafter_by_name_is_lossless_and_drafts_well(algo, embedded_veri
 
 def test_new_checkpoints_of_the_embedded_verifier_record_its_hub_id(embedded_verifier):
     """Not the cache folder it was converted into (a path on one machine only)."""
-    from specui.drafters.layers import verifier_identity
+    from specui.algorithms.base import verifier_identity
 
     assert verifier_identity(embedded_verifier)["verifier_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"

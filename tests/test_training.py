@@ -20,8 +20,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specui.algorithms.checkpoint import load_drafter, load_model, validate_checkpoint
 from specui.cli import main
-from specui.drafters.checkpoint import load_drafter, load_model, validate_checkpoint
 from specui.trace import SpecUIError
 from specui.training.config import TrainConfig
 from specui.training.loop import TrainHooks, train
@@ -107,7 +107,7 @@ def test_dspark_warm_start_copies_the_dflash_backbone(data, fixture_dir, fixture
 def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(temperature, data, fixture_verifier):
     """The head's BCE target: 1 - TV of draft and verifier distributions at the configured
     temperature; at 0 both are one-hot, so it is whether the argmaxes agree."""
-    from specui.training.dspark import DSparkObjective
+    from specui.algorithms.dspark import DSparkObjective
     from specui.training.objectives import TargetHead
 
     cfg = TrainConfig(algorithm="dspark", verifier=str(data["verifier"]), aux_layer_ids=[1, 3, 4], markov_rank=16,

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from specui.drafters.checkpoint import validate_checkpoint
+from specui.algorithms.checkpoint import validate_checkpoint
 from specui.store import JobStatus, Store
 from specui.training.state import latest_checkpoint
 from workers import queue

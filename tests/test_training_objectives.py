@@ -9,21 +9,19 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specui.algorithms.checkpoint import load_model
+from specui.algorithms.dflash.objective import decay_weights, dpace_weights, select_anchors
+from specui.algorithms.eagle3.objective import pack_shifted
 from specui.data.hidden import SampleTensors
-from specui.drafters.checkpoint import load_model
 from specui.trace import SpecUIError
 from specui.training.config import TrainConfig
 from specui.training.loop import batch_indices, lr_at
 from specui.training.objectives import (
     TargetHead,
     block_metrics,
-    decay_weights,
-    dpace_weights,
     most_frequent_tokens,
     objective_for,
     pack,
-    pack_shifted,
-    select_anchors,
 )
 
 ATOL = 1e-4

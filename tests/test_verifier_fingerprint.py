@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from specui.algorithms.simple import NgramDrafter, PlainDrafter
 from specui.benchmark import RunSpec, record_run, record_runs
 from specui.data.prompts import Prompt
-from specui.drafters.simple import NgramDrafter, PlainDrafter
 from specui.metrics import compare
 from specui.store import MIGRATIONS, SCHEMA_VERSION, RunStatus, Store
 from specui.trace import SpecUIError

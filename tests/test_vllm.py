@@ -189,7 +189,7 @@ def plain_server(request, work):
 
 @pytest.fixture(scope="module")
 def dflash_dir(work, embedded_verifier) -> Path:
-    from specui.drafters import create_drafter, save_drafter
+    from specui.algorithms import create_drafter, save_drafter
 
     # mask id 16 (<empty_output>): unused, inside the vocabulary, not pad/eos (REFERENCE.md 4).
     d = create_drafter("dflash", embedded_verifier, seed=0, num_layers=1, num_speculative_tokens=4, mask_token_id=16)
@@ -218,7 +218,7 @@ def _outputs(run) -> dict[int, list[int]]:
 @needs_vllm
 @pytest.mark.vllm
 def test_plain_vllm_greedy_matches_the_local_engine_token_for_token(store, runs, prompts, embedded_verifier) -> None:
-    from specui.drafters.simple import PlainDrafter
+    from specui.algorithms.simple import PlainDrafter
     from specui.engine import generate
 
     plain = runs["plain"]
@@ -314,7 +314,7 @@ def test_accepted_drafts_are_reconstructed_exactly(request, work, store, runs, p
 @needs_vllm
 @pytest.mark.vllm
 def test_dspark_on_vllm_cpu_is_refused_in_one_plain_message(work, embedded_verifier) -> None:
-    from specui.drafters import create_drafter, save_drafter
+    from specui.algorithms import create_drafter, save_drafter
     from specui.vllm.server import is_cpu_build
 
     if not is_cpu_build(vllm_python()):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from specui.drafters.resolve import shipped_drafters
+from specui.algorithms.resolve import shipped_drafters
 from tests.test_vllm import _launch, needs_vllm
 
 PROMPTS = 4
@@ -87,8 +87,8 @@ def plain_outputs(request, work, store, prompts) -> dict[int, list[int]]:
 
 def _local(store, verifier, folder: Path, prompts):
     """SpecUI's engine with the same drafter and prompts, through the same store and metrics."""
+    from specui.algorithms.resolve import resolve_drafter
     from specui.benchmark import RunSpec, record_run
-    from specui.drafters.resolve import resolve_drafter
     from specui.metrics import compare
 
     drafter = resolve_drafter(str(folder), verifier)

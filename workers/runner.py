@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from specui.registry import Registry
 from specui.store import Job, JobStatus, Store, is_user_error, user_error
 from workers import queue
 
@@ -72,30 +73,36 @@ class KindSpec:
     module: str  # what a child imports to find fn again
 
 
-_KINDS: dict[str, KindSpec] = {}
+def _same_fn(old: KindSpec, new: KindSpec) -> bool:
+    """A module imported twice registers the same function again: that is no clash."""
+    return (old.module, old.fn.__qualname__) == (new.module, new.fn.__qualname__)
+
+
+KINDS: Registry[KindSpec] = Registry(
+    "job kind", modules=KIND_MODULES, env="SPECUI_JOB_MODULES", skip_missing=True,
+    same=_same_fn, describe=lambda k: f"by {k.module}.{k.fn.__qualname__}",
+)  # fmt: skip
 
 
 def job_kind(kind: str) -> Callable[[JobFn], JobFn]:
     """Register ``fn(params, ctx)`` as the function that runs jobs of ``kind``."""
 
     def wrap(fn: JobFn) -> JobFn:
-        old = _KINDS.get(kind)
-        if old is not None and (old.module, old.fn.__qualname__) != (fn.__module__, fn.__qualname__):
-            raise ValueError(f"job kind {kind!r} is already registered by {old.module}.{old.fn.__qualname__}")
-        _KINDS[kind] = KindSpec(kind, fn, fn.__module__)
+        KINDS.register(kind, KindSpec(kind, fn, fn.__module__))
         return fn
 
     return wrap
 
 
 def load_kinds(extra_modules: Iterable[str] = ()) -> list[str]:
-    """Import the modules that register kinds; returns the registered kinds."""
-    env = [m.strip() for m in os.environ.get("SPECUI_JOB_MODULES", "").split(",") if m.strip()]
-    _import_modules([*KIND_MODULES, *env, *extra_modules])
-    return sorted(_KINDS)
+    """Import the modules that register kinds (KIND_MODULES, $SPECUI_JOB_MODULES,
+    ``extra_modules``); returns the registered kinds."""
+    KINDS.load(extra_modules)
+    return sorted(KINDS.names())
 
 
 def _import_modules(names: Iterable[str]) -> None:
+    """Only these (a child imports just its kind's module: some import torch)."""
     for name in names:
         try:
             importlib.import_module(name)
@@ -106,7 +113,8 @@ def _import_modules(names: Iterable[str]) -> None:
 
 
 def registered_kinds() -> list[str]:
-    return sorted(_KINDS)
+    """The kinds registered so far (importing nothing)."""
+    return sorted(KINDS.names(load=False))
 
 
 class JobCancelled(Exception):
@@ -232,7 +240,7 @@ def run_job(db_path: str | os.PathLike[str], job_id: int, modules: Iterable[str]
         log.warning("job %s is %s, not running; nothing to do", job_id, job.status)
         return JobStatus(job.status)
     queue.set_pid(store, job_id, os.getpid())
-    spec = _KINDS.get(job.kind)
+    spec = KINDS.get(job.kind, load=False)
     if spec is None:
         queue.finish(store, job_id, JobStatus.FAILED, error=f"unknown job kind {job.kind!r}")
         return JobStatus.FAILED
@@ -349,7 +357,7 @@ class Runner:
             queue.finish(self.store, job.id, JobStatus.FAILED, error=f"cannot create the job folder {job_dir}: {e}")
             return
         cmd = [sys.executable, "-m", "workers.runner", "--db", str(self.store.path), "--job", str(job.id), "--heartbeat", str(self.heartbeat_s)]
-        spec = _KINDS.get(job.kind)
+        spec = KINDS.get(job.kind, load=False)
         if spec is not None:
             cmd += ["--import", spec.module]
         env = dict(os.environ, PYTHONUNBUFFERED="1")

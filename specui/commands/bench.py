@@ -33,8 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from specui.algorithms.resolve import shipped_drafters
     from specui.benchmark import bench, bench_prompts, group_comparisons
-    from specui.drafters.resolve import shipped_drafters
     from specui.store import Store
 
     drafters = list(args.drafter)

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecUIError(f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from specui.drafters.resolve import resolve_drafter
+    from specui.algorithms.resolve import resolve_drafter
     from specui.engine import Decoding
     from specui.verifier import Verifier
 

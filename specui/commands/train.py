@@ -16,6 +16,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from specui.algorithms.spec import algorithm_names, algorithm_specs, labels
 from specui.trace import SpecUIError
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 #
 # speculators flag -> SpecUI flag, as another option string of the same argument:
 SPECULATORS_FLAG_ALIASES: dict[str, str] = {
-    "--speculator-type": "--algorithm",  # values: SPECULATOR_TYPES
+    "--speculator-type": "--algorithm",  # values: speculator_types()
     "--verifier-name-or-path": "--verifier",
     "--save-path": "--out",
     "--from-pretrained": "--init-from",  # warm start; SpecUI copies the tensors whose name and shape fit
@@ -98,7 +99,18 @@ SPECULATORS_FLAGS_WITHOUT_EQUIVALENT: dict[str, str] = {
     # hs_connectors' backend flags (--hidden-states-path, --mooncake-*) have none either.
 }
 # Values of aliased flags: speculators value -> SpecUI value (None: none in SpecUI).
-SPECULATOR_TYPES: dict[str, str | None] = {"eagle3": "eagle3", "dflash": "dflash", "dspark": "dspark", "peagle": "peagle", "mtp": None}
+# speculators' --speculator-type values are SpecUI's algorithm names (speculators_model_type);
+# the registry's are read when the flag is parsed.  MTP: speculators trains it, SpecUI does not.
+SPECULATOR_TYPES_WITHOUT_TRAINER: tuple[str, ...] = ("mtp",)
+
+
+def speculator_types() -> dict[str, str | None]:
+    """speculators --speculator-type value -> SpecUI algorithm (None: no SpecUI trainer)."""
+    specs = sorted((s for s in algorithm_specs() if s.trainable), key=lambda s: s.speculators_rank)  # stable
+    return {**{s.name: s.name for s in specs}, **dict.fromkeys(SPECULATOR_TYPES_WITHOUT_TRAINER)}
+
+
+
 SPECULATORS_SCHEDULES: dict[str, str] = {"linear": "linear", "cosine": "cosine", "none": "constant"}  # none: constant LR
 # kl_div is KL(p_target || q_draft), SpecUI's kl; rkl, jsd, tv, nla, lk_hybrid and JSON mixes have none.
 SPECULATORS_LOSSES: dict[str, str] = {"ce": "ce", "kl_div": "kl"}
@@ -126,11 +138,21 @@ class _IntsAction(argparse.Action):
 
 def _algorithm(text: str) -> str:
     key = text.strip().lower()
-    if key in SPECULATOR_TYPES and SPECULATOR_TYPES[key] is None:
-        known = ", ".join(v for v in SPECULATOR_TYPES.values() if v)
+    types = speculator_types()
+    if key in types and types[key] is None:
+        known = ", ".join(v for v in types.values() if v)
         raise argparse.ArgumentTypeError(f"speculators' {key!r} has no SpecUI trainer; use one of {known}")
     # Anything else as given: the config reports an unknown algorithm with the list, as the job API does.
-    return SPECULATOR_TYPES.get(key) or text
+    return types.get(key) or text
+
+
+def _default_layers() -> str:
+    """'dflash/dspark/peagle 2, eagle3 1': the algorithms grouped by their default depth."""
+    by_depth: dict[int, list[str]] = {}
+    for spec in algorithm_specs():
+        if spec.trainable:
+            by_depth.setdefault(spec.default_layers, []).append(spec.name)
+    return ", ".join(f"{'/'.join(names)} {depth}" for depth, names in by_depth.items())
 
 
 def _schedule(text: str) -> str:
@@ -150,7 +172,7 @@ def _position_weights(text: str) -> bool:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a drafter (DFlash, DSpark, P-EAGLE, EAGLE-3) on the verifier's own outputs")
     # Not argparse choices: the config reports an unknown algorithm with the list, as the job API does.
-    p.add_argument(*_spellings("--algorithm"), dest="algorithm", type=_algorithm, required=True, help="dflash | dspark | peagle | eagle3")
+    p.add_argument(*_spellings("--algorithm"), dest="algorithm", type=_algorithm, required=True, help=" | ".join(algorithm_names(trainable=True)))
     p.add_argument(*_spellings("--verifier"), dest="verifier", default="embedded", help="embedded | HF folder | .gguf file | hub id")
     p.add_argument("--prompts", default="gsm-symbolic", help="a prompt set (humaneval, gsm-symbolic, rg-math, demo), a JSONL file, or a mix a,b (alternating)")
     p.add_argument(*_spellings("--out"), dest="out", required=True, help="output folder (final drafter, checkpoints/, metrics.jsonl)")
@@ -188,9 +210,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --extractor vllm on a GPU: vLLM's share of its memory (the trainer holds the verifier there too)")
 
     m = p.add_argument_group("drafter")
-    m.add_argument(*_spellings("--layers"), dest="layers", type=int, default=None, help="draft decoder layers (default: dflash/dspark/peagle 2, eagle3 1)")
-    m.add_argument("--block-size", type=int, default=8, help="DFlash/DSpark block size B")
-    m.add_argument("--max-anchors", type=int, default=64, help="DFlash/DSpark anchors per sequence")
+    m.add_argument(*_spellings("--layers"), dest="layers", type=int, default=None, help=f"draft decoder layers (default: {_default_layers()})")
+    m.add_argument("--block-size", type=int, default=8, help=f"{labels('block_size')} block size B")
+    m.add_argument("--max-anchors", type=int, default=64, help=f"{labels('max_anchors')} anchors per sequence")
     m.add_argument(*_spellings("--depths"), dest="num_depths", type=int, default=4, help="P-EAGLE tokens per pass K")
     m.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3 training-time-test steps")
     m.add_argument(*_spellings("--aux-layers"), dest="aux_layer_ids", type=_int_list, nargs="+", action=_IntsAction, default=None,
@@ -206,7 +228,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument(*_spellings("--init-from"), dest="init_from", default=None, help="warm start from a checkpoint (DSpark from DFlash)")
 
     loss = p.add_argument_group("loss")
-    loss.add_argument(*_spellings("--gamma"), dest="gamma", type=float, default=4.0, help="DFlash/DSpark slot weight exp(-(k-1)/gamma)")
+    loss.add_argument(*_spellings("--gamma"), dest="gamma", type=float, default=4.0, help=f"{labels('gamma')} slot weight exp(-(k-1)/gamma)")
     loss.add_argument("--dpace", action="store_true", help="D-PACE adaptive slot weights instead")
     loss.add_argument("--per-position-loss-weight", dest="dpace", type=_position_weights, default=argparse.SUPPRESS,
                       metavar="{fixed-exp-decay,dpace}", help="speculators' spelling: dpace = --dpace")

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specui.registry import Registry
 from specui.trace import SpecUIError
 
 if TYPE_CHECKING:  # torch and transformers load with it; prompt files need neither
@@ -166,7 +167,10 @@ class PromptSet:
     evaluation_only: bool = False
 
 
-_SETS: dict[str, PromptSet] = {}
+# The built-in sets register when specui.data.sets is imported, on first use.
+PROMPT_SETS: Registry[PromptSet] = Registry(
+    "prompt set", modules=["specui.data.sets"], describe=lambda ps: f"by {ps.loader.__module__}.{ps.loader.__qualname__}"
+)
 
 
 def register_prompt_set(name: str, description: str, evaluation_only: bool = False) -> Callable[[Loader], Loader]:
@@ -177,9 +181,7 @@ def register_prompt_set(name: str, description: str, evaluation_only: bool = Fal
     """
 
     def wrap(fn: Loader) -> Loader:
-        if name in _SETS:
-            raise ValueError(f"prompt set {name!r} registered twice")
-        _SETS[name] = PromptSet(name, description, fn, evaluation_only)
+        PROMPT_SETS.register(name, PromptSet(name, description, fn, evaluation_only))
         return fn
 
     return wrap
@@ -187,9 +189,7 @@ def register_prompt_set(name: str, description: str, evaluation_only: bool = Fal
 
 def prompt_sets() -> dict[str, PromptSet]:
     """Every registered set by name (the built-in ones are registered on first use)."""
-    import specui.data.sets  # noqa: F401 - registers the built-in sets
-
-    return dict(_SETS)
+    return dict(PROMPT_SETS.items())
 
 
 def load_prompts(name_or_path: str | Path, split: str = "eval", limit: int | None = None) -> list[Prompt]:
@@ -242,7 +242,7 @@ def _evaluation_index() -> tuple[dict[str, list[tuple[str, str]]], frozenset[str
     """Every evaluation-only prompt, normalised: by its first words (for containment) and whole."""
     heads: dict[str, dict[str, str]] = {}
     short: set[str] = set()
-    for ps in _SETS.values():
+    for ps in PROMPT_SETS.values():
         if not ps.evaluation_only:
             continue
         for p in ps.loader("all", None):

@@ -1,20 +1,19 @@
-"""Training drafters by self-distillation: one loop (``loop.py``), one objective per
-algorithm (``dflash.py``, ``dspark.py``, ``peagle.py``, ``eagle3.py``).
+"""Training drafters by self-distillation: one loop (``loop.py``) for every algorithm,
+each bringing its objective (``specui/algorithms/<algo>/objective.py``).
 
     from specui.training import TrainConfig, train
     train(TrainConfig(algorithm="dflash", verifier="embedded", prompts="gsm-symbolic", out="runs/dflash"))
 
-Adding an algorithm: a module ``specui/training/<algorithm>.py`` with an
-``Objective`` subclass registered by ``@register_objective("<algorithm>")``
-(``build`` a fresh drafter, ``loss`` of a batch through the drafter's own
-training-layout forward), and the name in ``config.ALGORITHMS``.
+An algorithm's ``AlgorithmSpec`` names its ``Objective`` subclass (``build`` a fresh
+drafter, ``loss`` of a batch through the model's own training-layout forward);
+``objectives.py`` holds what they share.
 """
 
 
 from typing import Any
 
-__all__ = ["ALGORITHMS", "TrainConfig", "TrainHooks", "TrainResult", "train"]
-_HOME = {"ALGORITHMS": "config", "TrainConfig": "config", "TrainHooks": "loop", "TrainResult": "loop", "train": "loop"}
+__all__ = ["TrainConfig", "TrainHooks", "TrainResult", "train"]
+_HOME = {"TrainConfig": "config", "TrainHooks": "loop", "TrainResult": "loop", "train": "loop"}
 
 
 def __getattr__(name: str) -> Any:

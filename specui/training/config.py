@@ -6,17 +6,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from specui.algorithms.spec import ALGORITHMS, algorithm_names
 from specui.data.prompts import mix_sources, refuse_evaluation_sets
 from specui.trace import SpecUIError
 
-ALGORITHMS = ("dflash", "dspark", "peagle", "eagle3")
 SCHEDULES = ("cosine", "linear", "constant")
 EXTRACTION_MODES = ("offline", "online", "mixed")
 EXTRACTORS = ("local", "vllm")  # who computes the verifier's hidden states (see specui.training.loop)
 
-# Draft depth that trains in minutes on two CPU cores; the papers use 1 (EAGLE-3), 2-4
-# (P-EAGLE) and 5 (DFlash) layers on GPUs.
-DEFAULT_LAYERS = {"dflash": 2, "dspark": 2, "peagle": 2, "eagle3": 1}
+# The algorithms and their default draft depth (AlgorithmSpec.default_layers: one that
+# trains in minutes on two CPU cores; the papers use 1 (EAGLE-3), 2-4 (P-EAGLE) and 5
+# (DFlash) layers on GPUs) come from the registry, specui.algorithms.spec.
 
 
 @dataclass
@@ -56,7 +56,7 @@ class TrainConfig:
 
     # --- drafter shape
     layers: int | None = None  # draft decoder layers (default per algorithm)
-    block_size: int = 8  # DFlash/DSpark block B
+    block_size: int = 8  # DFlash/DSpark block B (who reads a field: AlgorithmSpec.train_fields)
     max_anchors: int = 64  # DFlash/DSpark anchors per sequence
     num_depths: int = 4  # P-EAGLE tokens per parallel pass (K)
     ttt_steps: int = 3  # EAGLE-3 training-time-test steps
@@ -91,8 +91,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.algorithm = str(self.algorithm).lower()
-        if self.algorithm not in ALGORITHMS:
-            raise SpecUIError(f"unknown algorithm {self.algorithm!r}; use one of {', '.join(ALGORITHMS)}")
+        spec = ALGORITHMS.get(self.algorithm)
+        if spec is None or not spec.trainable:
+            raise SpecUIError(f"unknown algorithm {self.algorithm!r}; use one of {', '.join(algorithm_names(trainable=True))}")
         if self.schedule not in SCHEDULES:
             raise SpecUIError(f"unknown schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
         if self.extraction not in EXTRACTION_MODES:
@@ -156,7 +157,7 @@ class TrainConfig:
 
     @property
     def num_layers(self) -> int:
-        return self.layers or DEFAULT_LAYERS[self.algorithm]
+        return self.layers or ALGORITHMS[self.algorithm].default_layers
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

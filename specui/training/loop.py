@@ -31,10 +31,10 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
+from specui.algorithms.layers import draft_target_ids
 from specui.data.distill import TokenSample, self_distill
 from specui.data.hidden import HiddenStateExtractor, HiddenStateStore, LocalExtractor, SampleTensors
 from specui.data.prompts import load_prompts
-from specui.drafters.layers import draft_target_ids
 from specui.trace import SpecUIError
 from specui.training import distributed
 from specui.training.config import TrainConfig
@@ -307,7 +307,7 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
         if step > 0 and (not have or have[-1].step != step):
             checkpoint(step)
         if status == "finished" and step >= cfg.steps:
-            from specui.drafters.checkpoint import save_drafter
+            from specui.algorithms.checkpoint import save_drafter
 
             try:
                 save_drafter(model, out)
@@ -440,7 +440,7 @@ def inherited_draft_vocab(path: Path, size: int) -> torch.Tensor | None:
     """
     from safetensors import safe_open
 
-    from specui.drafters.checkpoint import WEIGHTS_FILE
+    from specui.algorithms.checkpoint import WEIGHTS_FILE
 
     file = path / WEIGHTS_FILE
     try:
@@ -455,7 +455,7 @@ def inherited_draft_vocab(path: Path, size: int) -> torch.Tensor | None:
 
 def warm_start(model: nn.Module, path: Path, verifier, hooks: TrainHooks) -> None:
     """Copy every tensor of checkpoint ``path`` whose name and shape fit (DSpark from DFlash)."""
-    from specui.drafters.checkpoint import load_model
+    from specui.algorithms.checkpoint import load_model
 
     src = load_model(path, verifier).state_dict()
     own = model.state_dict()

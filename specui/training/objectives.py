@@ -1,11 +1,11 @@
-"""What every algorithm's training objective shares: the registry, the target
-head and the per-slot losses and metrics.
+"""What every algorithm's training objective shares: the base class, the target
+head, the per-slot losses, metrics and batch packing.
 
-An objective (one module per algorithm: ``dflash.py``, ``dspark.py``,
-``peagle.py``, ``eagle3.py``) knows how to build a fresh drafter and how to
-turn a batch of samples into a loss by calling the drafter's own
-training-layout forward (``specui.drafters.*``): the model math lives there,
-only sampling (anchors, sparsified depths) and the loss live here.
+An objective (``specui/algorithms/<algo>/objective.py``, named by the
+algorithm's ``AlgorithmSpec``) knows how to build a fresh drafter and how to
+turn a batch of samples into a loss by calling the model's own
+training-layout forward (``<algo>/model.py``): the model math lives there,
+only sampling (anchors, sparsified depths) and the loss live in the objective.
 
 Targets are self-distillation targets: the verifier's own next-token logits,
 ``lm_head(final_norm(tap[N]))``, recomputed from the stored pre-norm last layer
@@ -15,7 +15,6 @@ is reduced.
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,38 +23,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specui.algorithms.spec import ALGORITHMS
 from specui.data.hidden import SampleTensors
 from specui.trace import SpecUIError
 from specui.training.config import TrainConfig
 
 Metrics = dict[str, torch.Tensor]  # scalar tensors, averaged over samples and processes
 
-_OBJECTIVES: dict[str, type[Objective]] = {}
-
-
-def register_objective(algorithm: str) -> Callable[[type[Objective]], type[Objective]]:
-    def wrap(cls: type[Objective]) -> type[Objective]:
-        _OBJECTIVES[algorithm] = cls
-        cls.algorithm = algorithm
-        return cls
-
-    return wrap
-
-
 def objective_for(cfg: TrainConfig, verifier, target_head: TargetHead) -> Objective:
-    # Importing an algorithm's module registers its objective (and its drafter model).
-    try:
-        importlib.import_module(f"specui.training.{cfg.algorithm}")
-        cls = _OBJECTIVES[cfg.algorithm]
-    except (ModuleNotFoundError, KeyError):
-        raise SpecUIError(f"no training objective for algorithm {cfg.algorithm!r}") from None
-    return cls(cfg, verifier, target_head)
+    """The training objective of ``cfg.algorithm`` (its AlgorithmSpec's), ready to build and train."""
+    spec = ALGORITHMS.get(cfg.algorithm)
+    if spec is None or spec.objective is None:
+        raise SpecUIError(f"no training objective for algorithm {cfg.algorithm!r}")
+    return spec.objective_class(cfg, verifier, target_head)
 
 
 class Objective:
     """One algorithm's training recipe (subclasses fill in the three methods)."""
 
-    algorithm: str = ""
     num_positions: int  # drafted tokens per block/rollout: the per-position metrics' length
 
     def __init__(self, cfg: TrainConfig, verifier, target_head: TargetHead) -> None:
@@ -138,28 +123,7 @@ def slot_loss_fn(cfg: TrainConfig, default: str) -> Callable[[torch.Tensor, torc
     return LOSSES[name]
 
 
-# --- position weights ---------------------------------------------------------------------
-
-
-def decay_weights(num_slots: int, gamma: float, device=None) -> torch.Tensor:
-    """[S] DFlash weights ``exp(-(k-1)/gamma)`` for drafted slots k = 1..S."""
-    k = torch.arange(num_slots, device=device, dtype=torch.float32)
-    return torch.exp(-k / gamma)
-
-
-@torch.no_grad()
-def dpace_weights(slot_loss: torch.Tensor, mask: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
-    """D-PACE: weight slot k by the expected number of accepted tokens it gates.
-
-    ``slot_loss`` [A, S] per-slot CE, ``mask`` [A, S].  ``exp(-CE)`` estimates
-    the chance slot k is right; a slot matters in proportion to how often the
-    slots before it survive, summed over the slots it lets through:
-    ``w_k = sum_{j>=k} prod_{i<=j} c_i`` with smoothed ``c = (1-a) exp(-CE) + a``.
-    """
-    m = mask.float()
-    c = torch.where(m > 0, (1 - alpha) * torch.exp(-slot_loss.float()) + alpha, torch.ones_like(m))
-    reach = torch.cumprod(c, -1) * m
-    return torch.flip(torch.cumsum(torch.flip(reach, [-1]), -1), [-1]) * m
+# --- weighting ----------------------------------------------------------------------------
 
 
 def weighted_mean(values: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -261,31 +225,3 @@ def pack(batch: list[SampleTensors]) -> Packed:
     )
 
 
-def pack_shifted(batch: list[SampleTensors]) -> Packed:
-    """The EAGLE layout (speculators' ``shift_batch``), packed: row i of a document
-    holds token x[i+1], the verifier taps of position i, the pre-norm last layer
-    of position i+1 (its logits predict x[i+2]) and the loss mask of x[i+1]
-    (rows whose input token is a response token: the rows drafting starts from)."""
-    shifted = [
-        SampleTensors(
-            input_ids=s.input_ids[1:], hidden_states=s.hidden_states[:-1],
-            last_hidden=s.last_hidden[1:], loss_mask=s.loss_mask[1:],
-        )  # fmt: skip
-        for s in batch
-    ]
-    return pack(shifted)
-
-
-def select_anchors(packed: Packed, block_size: int, max_anchors: int, gen: torch.Generator) -> torch.Tensor:
-    """Sorted anchor positions: up to ``max_anchors`` per document, drawn at random among
-    response positions, leaving out each document's last ``block_size`` positions
-    (a block there would run past the data), as speculators' ``select_anchors``."""
-    chosen = []
-    mask = packed.loss_mask.bool().cpu()
-    for start, n in zip(packed.starts, packed.lengths, strict=True):
-        cand = torch.nonzero(mask[start : start + max(0, n - block_size)]).flatten() + start
-        if cand.numel() > max_anchors:
-            cand = cand[torch.randperm(cand.numel(), generator=gen)[:max_anchors]]
-        chosen.append(cand)
-    anchors = torch.sort(torch.cat(chosen)).values
-    return anchors.to(packed.input_ids.device)

@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from specui.drafters.checkpoint import WEIGHTS_FILE, save_drafter
+from specui.algorithms.checkpoint import WEIGHTS_FILE, save_drafter
 from specui.trace import SpecUIError
 
 CHECKPOINTS = "checkpoints"

@@ -14,6 +14,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from pandas.io.formats.style import Styler
 
+from specui.algorithms.simple import BUILTIN
+from specui.algorithms.spec import algorithm_names
 from specui.data import prompt_sets
 from specui.metrics import Column, Comparison, compare, confidence_report
 from specui.paths import data_dir, ui_drafter, ui_prompts
@@ -179,7 +181,7 @@ def build(store: Store) -> None:
     gr.Markdown("Select stored runs and compare them. Speedup is measured against the baseline run "
                 "(no drafter) of the same prompt set, verifier (its weights too) and backend.")
     with gr.Row():
-        algorithm = gr.Dropdown([ALL, "none", "ngram", "dflash", "dspark", "peagle", "eagle3"], value=ALL, label="Algorithm")
+        algorithm = gr.Dropdown([ALL, *BUILTIN, *algorithm_names()], value=ALL, label="Algorithm")
         verifier = gr.Dropdown([ALL, *verifier_choices(store)], value=ALL, label="Verifier", allow_custom_value=True)
         pset = gr.Dropdown([ALL, "playground", *prompt_sets()], value=ALL, label="Prompt set", allow_custom_value=True)
         backend = gr.Dropdown([ALL, "local", "vllm"], value=ALL, label="Backend")

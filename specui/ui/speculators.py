@@ -11,8 +11,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from specui.drafters import validate_checkpoint
-from specui.drafters.resolve import shipped_drafters
+from specui.algorithms import validate_checkpoint
+from specui.algorithms.resolve import shipped_drafters
 from specui.export import vllm_serve_command
 from specui.paths import confine, ui_verifier
 from specui.trace import SpecUIError

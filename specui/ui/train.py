@@ -9,6 +9,7 @@ import time
 import gradio as gr
 import plotly.graph_objects as go
 
+from specui.algorithms.spec import algorithm_names, labels
 from specui.data import prompt_sets
 from specui.paths import ui_prompts, ui_verifier
 from specui.store import Job, JobStatus, Store, admin_mode, check_owner
@@ -16,7 +17,12 @@ from specui.trace import SpecUIError
 from specui.workbench import trained_drafters_dir
 from workers import queue as jobs
 
-ALGORITHMS = ["dflash", "dspark", "peagle", "eagle3"]
+
+def algorithm_choices() -> list[str]:
+    """The Algorithm dropdown: every trainable algorithm in the registry, in list order."""
+    return algorithm_names(trainable=True)
+
+
 # Where the verifier's hidden states come from (TrainConfig.extractor): (label, value).
 EXTRACTORS = [("local (the training process)", "local"), ("vLLM (a server started and stopped by the job)", "vllm")]
 
@@ -53,7 +59,7 @@ def job_view(store: Store, choice: str | None):
 def start_training(store: Store, algorithm: str, verifier: str, prompts: str, steps: int, block_size: int,
                    max_anchors: int, layers: int, lr: float, name: str, owner: str | None,
                    extractor: str = "local") -> int:
-    if algorithm not in ALGORITHMS:
+    if algorithm not in algorithm_choices():
         raise SpecUIError(f"unknown algorithm {algorithm!r}")
     name = name.strip() or f"{algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
@@ -96,13 +102,14 @@ def resume_training(store: Store, job_id: int, requester: str | None) -> Job:
 def build(store: Store) -> None:
     with gr.Row():
         with gr.Column(scale=1):
-            algorithm = gr.Dropdown(ALGORITHMS, value="dflash", label="Algorithm", elem_id="train-algorithm")
+            choices = algorithm_choices()
+            algorithm = gr.Dropdown(choices, value=choices[0], label="Algorithm", elem_id="train-algorithm")
             verifier = gr.Dropdown(["embedded"], value="embedded", label="Verifier", allow_custom_value=True)
             prompts = gr.Dropdown(list(prompt_sets()), value="gsm-symbolic", label="Prompt set (train split)",
                                   allow_custom_value=True)
             steps = gr.Number(200, precision=0, label="Steps", elem_id="train-steps")
             block = gr.Number(8, precision=0, label="Block size / K")
-            anchors = gr.Number(64, precision=0, label="Anchors per sequence (DFlash/DSpark)")
+            anchors = gr.Number(64, precision=0, label=f"Anchors per sequence ({labels('max_anchors')})")
             layers = gr.Number(0, precision=0, label="Draft layers (0 = default)")
             lr = gr.Number(6e-4, label="Learning rate")
             extractor = gr.Dropdown(EXTRACTORS, value="local", label="Hidden states from", elem_id="train-extractor",

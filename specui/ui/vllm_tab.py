@@ -33,7 +33,7 @@ def resolve_speculator(choice: str | None) -> str | None:
         return None
     if choice == "ngram":
         return "ngram"
-    from specui.drafters.resolve import shipped_drafters
+    from specui.algorithms.resolve import shipped_drafters
 
     shipped = shipped_drafters()
     if choice in shipped:

@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from specui.algorithms.spec import algorithm_for_vllm
 from specui.data import Prompt, load_prompts
 from specui.metrics import Comparison, compare
 from specui.store import Backend, DecodingSettings, Run, RunRecorder, Store, collect_versions
@@ -662,10 +663,7 @@ def _server_version(client: httpx.Client) -> str:
 def _algorithm_of(spec_cfg: dict[str, Any] | None) -> str:
     if not spec_cfg:
         return "none"
-    method = spec_cfg.get("method")
-    if method == "eagle3" and spec_cfg.get("parallel_drafting"):
-        return "peagle"
-    return str(method)
+    return algorithm_for_vllm(spec_cfg) or str(spec_cfg.get("method"))  # ngram, or a method no spec claims
 
 
 def _drafter_name(spec_cfg: dict[str, Any] | None) -> str:

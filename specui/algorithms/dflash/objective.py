@@ -17,24 +17,60 @@ from __future__ import annotations
 
 import torch
 
-from specui.drafters.dflash import DFlashModel
+from specui.algorithms.dflash.model import DFlashModel
 from specui.training.objectives import (
     Metrics,
     Objective,
     Packed,
     block_metrics,
-    decay_weights,
-    dpace_weights,
     pack,
-    register_objective,
-    select_anchors,
     slot_loss_fn,
     slot_stats,
     weighted_mean,
 )
 
+# --- anchors and position weights ---------------------------------------------------------
 
-@register_objective("dflash")
+
+def select_anchors(packed: Packed, block_size: int, max_anchors: int, gen: torch.Generator) -> torch.Tensor:
+    """Sorted anchor positions: up to ``max_anchors`` per document, drawn at random among
+    response positions, leaving out each document's last ``block_size`` positions
+    (a block there would run past the data), as speculators' ``select_anchors``."""
+    chosen = []
+    mask = packed.loss_mask.bool().cpu()
+    for start, n in zip(packed.starts, packed.lengths, strict=True):
+        cand = torch.nonzero(mask[start : start + max(0, n - block_size)]).flatten() + start
+        if cand.numel() > max_anchors:
+            cand = cand[torch.randperm(cand.numel(), generator=gen)[:max_anchors]]
+        chosen.append(cand)
+    anchors = torch.sort(torch.cat(chosen)).values
+    return anchors.to(packed.input_ids.device)
+
+
+def decay_weights(num_slots: int, gamma: float, device=None) -> torch.Tensor:
+    """[S] DFlash weights ``exp(-(k-1)/gamma)`` for drafted slots k = 1..S."""
+    k = torch.arange(num_slots, device=device, dtype=torch.float32)
+    return torch.exp(-k / gamma)
+
+
+@torch.no_grad()
+def dpace_weights(slot_loss: torch.Tensor, mask: torch.Tensor, alpha: float = 0.5) -> torch.Tensor:
+    """D-PACE: weight slot k by the expected number of accepted tokens it gates.
+
+    ``slot_loss`` [A, S] per-slot CE, ``mask`` [A, S].  ``exp(-CE)`` estimates
+    the chance slot k is right; a slot matters in proportion to how often the
+    slots before it survive, summed over the slots it lets through:
+    ``w_k = sum_{j>=k} prod_{i<=j} c_i`` with smoothed ``c = (1-a) exp(-CE) + a``.
+    """
+    m = mask.float()
+    c = torch.where(m > 0, (1 - alpha) * torch.exp(-slot_loss.float()) + alpha, torch.ones_like(m))
+    reach = torch.cumprod(c, -1) * m
+    return torch.flip(torch.cumsum(torch.flip(reach, [-1]), -1), [-1]) * m
+
+
+# --- the objective ----------------------------------------------------------------------
+
+
 class DFlashObjective(Objective):
     model_class = DFlashModel
 

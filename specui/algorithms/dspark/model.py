@@ -18,63 +18,14 @@ Everything of DFlash is inherited; DSpark changes three things:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from specui.drafters.base import DraftContext, register
-from specui.drafters.checkpoint import DraftConfig, read_field
-from specui.drafters.dflash import BlockOutput, DFlashConfig, DFlashDrafter, DFlashModel
-from specui.drafters.layers import pick_tokens, to_target_vocab
-from specui.trace import Proposal, SpecUIError
-
-MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
-
-
-@dataclass(kw_only=True)
-class DSparkConfig(DFlashConfig):
-    model_type: ClassVar[str] = "dspark"
-    architecture: ClassVar[str] = "DSparkDraftModel"
-    config_class_name: ClassVar[str] = "DSparkSpeculatorConfig"
-
-    sample_from_anchor: bool = True
-    markov_rank: int = 256  # 0 = no Markov head
-    markov_head_type: str = "vanilla"
-    enable_confidence_head: bool = True
-    confidence_head_with_markov: bool = True  # confidence reads [h_k; W1[prev_k]] (else h_k)
-
-    create_options: ClassVar[tuple[str, ...]] = (
-        "sample_from_anchor", "markov_rank", "markov_head_type", "enable_confidence_head",
-        "confidence_head_with_markov",
-    )  # fmt: skip
-
-    @classmethod
-    def own_from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
-        return super().own_from_dict(d) | {
-            "markov_rank": read_field(d, "markov_rank", "int", 256),
-            "markov_head_type": read_field(d, "markov_head_type", "str", "vanilla"),
-            "enable_confidence_head": read_field(d, "enable_confidence_head", "bool", True),
-            "confidence_head_with_markov": read_field(d, "confidence_head_with_markov", "bool", True),
-        }
-
-    def own_to_dict(self) -> dict[str, Any]:
-        return super().own_to_dict() | {
-            "markov_rank": self.markov_rank,
-            "markov_head_type": self.markov_head_type,
-            "enable_confidence_head": self.enable_confidence_head,
-            "confidence_head_with_markov": self.confidence_head_with_markov,
-        }
-
-    def problems(self, verifier: Any) -> list[str]:
-        out = super().problems(verifier)
-        if self.markov_head_type not in MARKOV_HEAD_TYPES:
-            out.append(f"markov_head_type {self.markov_head_type!r} is not one of {', '.join(MARKOV_HEAD_TYPES)}")
-        if self.markov_rank < 0:
-            out.append(f"markov_rank must be >= 0, got {self.markov_rank}")
-        if self.enable_confidence_head and self.confidence_head_with_markov and self.markov_rank == 0:
-            out.append("confidence_head_with_markov needs markov_rank > 0")
-        return out
+from specui.algorithms.base import DraftConfig
+from specui.algorithms.dflash.model import BlockOutput, DFlashModel
+from specui.algorithms.dspark.config import DSparkConfig
 
 
 class MarkovHead(nn.Module):
@@ -213,113 +164,4 @@ class DSparkModel(DFlashModel):
         return SparkBlockOutput(
             hidden=out.hidden, logits=out.logits, layer_outputs=out.layer_outputs,
             markov_logits=logits, confidence_logits=conf, prev_token_ids=prev_token_ids,
-        )  # fmt: skip
-
-
-# --- inference ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ConfidencePolicy:
-    """How many drafted slots to send to the verifier, from the confidence head.
-
-    ``off``: all of them.  ``threshold``: the longest prefix whose estimated
-    survival ``cumprod(conf)`` stays >= ``threshold``.  ``cost``: the length n
-    maximising expected tokens per step over cost,
-    ``(1 + sum_{k<n} cumprod(conf)_k) / (draft_cost + verify_cost + verify_token_cost * n)``
-    -- the 1 is the verifier's own token every step emits; the costs are in
-    any common unit (e.g. ms).  At least ``min_tokens`` slots are kept.
-    """
-
-    mode: Literal["off", "threshold", "cost"] = "off"
-    threshold: float = 0.5
-    draft_cost: float = 0.1
-    verify_cost: float = 1.0
-    verify_token_cost: float = 0.05
-    min_tokens: int = 1
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("off", "threshold", "cost"):
-            raise SpecUIError(f"confidence policy mode must be off, threshold or cost, got {self.mode!r}")
-        if min(self.draft_cost, self.verify_cost, self.verify_token_cost) < 0 or self.min_tokens < 0:
-            raise SpecUIError("confidence policy costs and min_tokens must be >= 0")
-
-    def keep(self, confidences: list[float]) -> int:
-        """Number of leading slots to propose."""
-        n_max = len(confidences)
-        if self.mode == "off" or n_max == 0:
-            return n_max
-        survive = torch.tensor(confidences, dtype=torch.float64).cumprod(0)
-        lo = min(self.min_tokens, n_max)
-        if self.mode == "threshold":
-            return max(lo, int((survive >= self.threshold).long().cumprod(0).sum()))
-        n = torch.arange(n_max + 1, dtype=torch.float64)
-        expected = 1 + torch.cat([survive.new_zeros(1), survive.cumsum(0)])  # [n_max+1]
-        cost = self.draft_cost + self.verify_cost + self.verify_token_cost * n
-        score = (expected / cost)[lo:]
-        return lo + int(score.argmax())  # first maximum: the shorter block on ties
-
-
-@register("dspark")
-class DSparkDrafter(DFlashDrafter):
-    """DSpark for the decoding loop: one backbone pass, then the heads left to right."""
-
-    model_class: ClassVar[type] = DSparkModel
-    model: DSparkModel
-
-    def __init__(
-        self,
-        model: DSparkModel,
-        num_speculative_tokens: int | None = None,
-        name: str | None = None,
-        confidence_policy: ConfidencePolicy | dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(model, num_speculative_tokens, name)
-        if isinstance(confidence_policy, dict):
-            try:
-                confidence_policy = ConfidencePolicy(**confidence_policy)
-            except TypeError as e:
-                raise SpecUIError(f"bad confidence policy {confidence_policy}: {e}") from None
-        self.confidence_policy = confidence_policy or ConfidencePolicy()
-
-    @torch.inference_mode()
-    def draft_chain(
-        self, ctx: DraftContext, forced_tokens: list[int] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Draft the block slot by slot: (tokens [K], q [K, V], logits [K, Vd], confidence logits [K]).
-
-        ``forced_tokens`` replaces the drafted tokens (teacher forcing, for tests).
-        Confidence logits are NaN without a confidence head.
-        """
-        m = self.model
-        hidden, base = self.draft_block(ctx)  # [B, H], [B, Vd]
-        anchor = ctx.token_ids.reshape(-1)[-1].to(hidden.device)
-        first = 0 if m.config.sample_from_anchor else 1  # DFlash-style slot 0 predicts the anchor: skipped
-        prev, state = anchor, None
-        tokens, qs, logits_out, confs = [], [], [], []
-        for k in range(hidden.shape[0]):
-            bias, conf, state = m.heads(hidden[k], prev, state)
-            if k < first:  # runs only to advance an rnn state the way training does
-                continue
-            logits = base[k] + bias if bias is not None else base[k]
-            target = to_target_vocab(logits[None], m.d2t, m.config.layer.vocab_size)
-            token, q = pick_tokens(target, ctx.sampling, ctx.generator)
-            if forced_tokens is not None:
-                token = torch.tensor([forced_tokens[len(tokens)]], device=hidden.device)
-            tokens.append(token[0])
-            qs.append(q[0])
-            logits_out.append(logits)
-            confs.append(conf if conf is not None else torch.tensor(float("nan"), device=hidden.device))
-            prev = token[0]
-        return torch.stack(tokens), torch.stack(qs), torch.stack(logits_out), torch.stack(confs)
-
-    def propose(self, ctx: DraftContext) -> Proposal:
-        tokens, q, _, conf_logits = self.draft_chain(ctx)
-        if self.model.confidence_head is None:
-            return Proposal(token_ids=tokens.tolist(), probs=q)
-        conf = torch.sigmoid(conf_logits).tolist()
-        n = self.confidence_policy.keep(conf)
-        return Proposal(
-            token_ids=tokens[:n].tolist(), probs=q[:n], confidences=conf[:n],
-            truncated_confidences=conf[n:] or None,
         )  # fmt: skip

@@ -14,11 +14,13 @@ Training layout: ``Eagle3Model.forward_ttt`` -- training-time test (TTT)
 steps over a whole sequence; step s (s >= 1) re-runs every row on its own
 step-(s-1) output with the teacher token x[i+1+s] at position i+1+s, seeing
 the step-0 rows j <= i and its own earlier steps (a diagonal), nothing else.
-Inference: ``Eagle3Drafter.propose`` -- step-0 rows of committed positions
+Inference: ``Eagle3Drafter.propose`` (drafter.py) -- step-0 rows of committed positions
 are cached per layer and extended incrementally; the speculative steps'
 entries are dropped after each block.
 
-P-EAGLE (peagle.py) reuses this model's layers and adds ``mask_hidden``.
+P-EAGLE (``specui.algorithms.peagle``) reuses this model, its drafter and its
+objective's shifted layout, and adds ``mask_hidden``: this package is the one
+place the EAGLE family's shared code lives.
 """
 
 from __future__ import annotations
@@ -29,67 +31,22 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from specui.drafters.base import DraftContext, register
-from specui.drafters.checkpoint import DraftConfig, DraftModel, draft_vocab_rows, read_field
-from specui.drafters.layers import (
+from specui.algorithms.base import DraftConfig, DraftModel, seeded, verifier_identity
+from specui.algorithms.eagle3.config import Eagle3Config
+from specui.algorithms.layers import (
     KV,
     DecoderLayer,
-    Eagle3FirstLayer,
     LayerConfig,
-    LearnedDrafter,
-    PrefixCache,
     RMSNorm,
     Rotary,
+    draft_vocab_rows,
     extend_kv,
     init_weights,
-    pick_tokens,
     project_features,
     register_vocab_map,
-    seeded,
     set_draft_vocab,
-    to_target_vocab,
-    verifier_identity,
 )
-from specui.trace import Proposal, SpecUIError
-
-
-@dataclass(kw_only=True)
-class Eagle3Config(DraftConfig):
-    model_type: ClassVar[str] = "eagle3"
-    architecture: ClassVar[str] = "Eagle3DraftModel"
-    config_class_name: ClassVar[str] = "Eagle3SpeculatorConfig"
-    aux_key: ClassVar[str] = "eagle_aux_hidden_state_layer_ids"
-    create_options: ClassVar[tuple[str, ...]] = (
-        "norm_before_fc", "fc_norm", "norm_before_residual", "norm_output", "embed_requires_grad",
-    )  # fmt: skip
-
-    norm_before_fc: bool = False  # one RMSNorm (input_norm) over the concatenated taps before fc
-    fc_norm: bool = False  # one RMSNorm per tap instead
-    norm_before_residual: bool = False  # residual stream starts from hidden_norm(fc(.)), not fc(.)
-    norm_output: bool = False  # feed the *normed* output to the next step
-    embed_requires_grad: bool = False
-
-    @classmethod
-    def own_from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
-        return {
-            name: read_field(d, name, "bool", getattr(cls, name))
-            for name in ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output", "embed_requires_grad")
-        }
-
-    def own_to_dict(self) -> dict[str, Any]:
-        return {
-            "embed_requires_grad": self.embed_requires_grad,
-            "fc_norm": self.fc_norm,
-            "norm_before_fc": self.norm_before_fc,
-            "norm_before_residual": self.norm_before_residual,
-            "norm_output": self.norm_output,
-        }
-
-    def problems(self, verifier: Any) -> list[str]:
-        out = super().problems(verifier)
-        if self.norm_before_fc and self.fc_norm:
-            out.append("norm_before_fc and fc_norm cannot both be set")
-        return out
+from specui.trace import SpecUIError
 
 
 @dataclass
@@ -98,6 +55,26 @@ class TTTOutput:
 
     logits: torch.Tensor  # [S, T', Vd]; logits[s, i] predicts x[i+s+2] (target: verifier logits at i+s+1)
     hidden: torch.Tensor  # [S, T', H] last-layer output of each step (normed when norm_output)
+
+
+class Eagle3FirstLayer(DecoderLayer):
+    """EAGLE-3's first layer: q/k/v read ``[input_layernorm(embed); hidden_norm(feature)]`` (2H).
+
+    Its input is that concatenation, unnormed.  The residual stream starts from
+    the feature half only -- normed when ``norm_before_residual`` -- so the
+    token embedding steers attention but is not added to the stream.
+    """
+
+    def __init__(self, cfg: LayerConfig, qk_norm: bool, norm_before_residual: bool) -> None:
+        super().__init__(cfg, qk_norm, in_features=2 * cfg.hidden_size)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm_before_residual = norm_before_residual
+
+    def attn_input(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        embeds, feature = h.chunk(2, dim=-1)  # each [..., H]
+        normed = self.hidden_norm(feature)
+        residual = normed if self.norm_before_residual else feature
+        return torch.cat([self.input_layernorm(embeds), normed], dim=-1), residual
 
 
 class Eagle3Model(DraftModel):
@@ -295,108 +272,3 @@ class Eagle3Model(DraftModel):
             logits.append(step_logits[0, 0])
             hiddens.append(g[0, 0])
         return TTTOutput(logits=torch.stack(logits), hidden=torch.stack(hiddens))
-
-
-# --- inference ---------------------------------------------------------------------------------
-
-
-class EagleRowCache:
-    """Per-layer K/V of the step-0 rows (0..P-1) of committed positions, grown incrementally."""
-
-    def __init__(self) -> None:
-        self.prefix = PrefixCache()
-        self.kv: list[KV] | None = None  # per layer (k, v) [1, 1, Hkv, P, D]
-        self.rows = 0
-
-    def valid_rows(self, ids: torch.Tensor, max_rows: int) -> int:
-        """Rows still valid for committed ``ids`` (row i used tokens up to x[i+1]), at most ``max_rows``."""
-        if self.prefix.valid_length(ids, self.rows + 1) == 0:
-            self.kv, self.rows = None, 0
-        if self.rows > max_rows and self.kv is not None:  # asked again for the same anchor: redo its row
-            self.kv = [(k[..., :max_rows, :], v[..., :max_rows, :]) for k, v in self.kv]
-            self.rows = max_rows
-        return self.rows
-
-    def append(self, ids: torch.Tensor, kv: list[KV], n: int) -> None:
-        """Keep the first ``n`` new rows of ``kv`` (per layer [1, 1, Hkv, S, D])."""
-        self.kv = extend_kv(self.kv, [(k[..., :n, :], v[..., :n, :]) for k, v in kv])
-        self.rows += n
-        self.prefix.remember(ids)
-
-    def empty(self, model: nn.Module, device: torch.device) -> list[KV]:
-        cfg = model.config.layer
-        z = torch.zeros(1, 1, cfg.num_key_value_heads, 0, cfg.head_dim, device=device)
-        return [(z, z)] * cfg.num_hidden_layers
-
-
-@register("eagle3")
-class Eagle3Drafter(LearnedDrafter):
-    """EAGLE-3 for the decoding loop: K sequential single-row passes."""
-
-    model_class: ClassVar[type] = Eagle3Model
-    model: Eagle3Model
-
-    def reset(self) -> None:
-        self._cache = EagleRowCache()
-
-    @torch.inference_mode()
-    def draft_steps(
-        self, ctx: DraftContext, forced_tokens: list[int] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens [K], q [K, V], draft logits [K, Vd]).  ``forced_tokens`` (tests) replaces
-        the token fed to the next step."""
-        m = self.model
-        ids, feats = self.inputs(ctx)
-        a = ids.numel() - 2  # the anchor row: verifier processed position a, emitted x[a+1] = ids[-1]
-        dev = ids.device
-        have = self._cache.valid_rows(ids, max_rows=a)  # the anchor row is always recomputed
-        past = self._cache.kv or self._cache.empty(m, dev)
-
-        # Pass 0: the step-0 rows new since last time (the anchor row last), all cached afterwards.
-        rows = torch.arange(have, a + 1, device=dev)  # [n]
-        keys = torch.arange(a + 1, device=dev)  # [have + n]
-        vis0 = [self._visible(li, rows, keys) for li in range(len(m.layers))]
-        h, kv = m.run_layers(
-            m.embed_tokens(ids[rows + 1])[None, None], m.features(feats[rows])[None, None], (rows + 1)[None, None],
-            [v[None, None] for v in vis0], past,
-        )  # fmt: skip
-        self._cache.append(ids, kv, rows.numel())
-        step_logits, g = m.output(h[..., -1:, :])
-
-        tokens, qs, logits_out = [], [], []
-        spec: list[KV] | None = None  # this block's speculative rows, per layer; dropped at the end
-        for s in range(self.num_speculative_tokens):
-            logits = step_logits.reshape(-1)
-            token, q = pick_tokens(to_target_vocab(logits[None], m.d2t, m.config.layer.vocab_size), ctx.sampling, ctx.generator)
-            if forced_tokens is not None:
-                token = torch.tensor([forced_tokens[s]], device=dev)
-            tokens.append(token[0])
-            qs.append(q[0])
-            logits_out.append(logits)
-            if s == self.num_speculative_tokens - 1:
-                break
-            # Step s+1: the anchor row again, fed the drafted token and its own output, at position a+2+s.
-            # keys: every step-0 row (cached), this block's earlier speculative rows, this row
-            past_s = extend_kv(self._cache.kv, spec) if spec is not None else self._cache.kv
-            anchor = torch.tensor([a], device=dev)
-            vis = [self._visible(li, anchor, keys, extra=s + 1)[None, None] for li in range(len(m.layers))]
-            pos = torch.tensor([[[a + 2 + s]]], device=dev)
-            h, kv = m.run_layers(m.embed_tokens(token)[None, None], g, pos, vis, past_s)
-            spec = extend_kv(spec, kv)
-            step_logits, g = m.output(h)
-        return torch.stack(tokens), torch.stack(qs), torch.stack(logits_out)
-
-    def _visible(self, layer_idx: int, rows: torch.Tensor, keys: torch.Tensor, extra: int = 0) -> torch.Tensor:
-        """[len(rows), len(keys) + extra]: step-0 keys j <= row (within the window) plus ``extra``
-        speculative keys of the same row, all visible."""
-        vis = keys[None] <= rows[:, None]
-        w = self.model.config.layer.window(layer_idx)
-        if w is not None:
-            vis = vis & (keys[None] > rows[:, None] - w)
-        return torch.cat([vis, vis.new_ones(rows.numel(), extra)], dim=-1)
-
-    def propose(self, ctx: DraftContext) -> Proposal:
-        if ctx.token_ids.numel() < 2:  # the anchor row needs the verifier feature of the position before it
-            return self.empty_proposal()
-        tokens, q, _ = self.draft_steps(ctx)
-        return Proposal(token_ids=tokens.tolist(), probs=q)

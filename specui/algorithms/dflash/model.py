@@ -10,10 +10,10 @@ full-attention layers), never other blocks.  Slot k predicts position ``p+k``
 (slot 0 is the anchor itself and is unused), so one pass drafts B-1 tokens.
 
 Embedding and LM head are the verifier's (not stored in the checkpoint).
-DSpark (dspark.py) subclasses both classes here and adds two small heads.
+DSpark (``specui.algorithms.dspark``) subclasses both classes here and adds two small heads.
 
 Training layout: ``DFlashModel.forward_blocks`` (several anchored blocks over
-one packed sequence).  Inference: ``DFlashDrafter.propose``, which keeps each
+one packed sequence).  Inference: ``DFlashDrafter.propose`` (drafter.py), which keeps each
 layer's context K/V from step to step and extends it only by new positions.
 """
 
@@ -26,67 +26,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specui.drafters.base import DraftContext, register
-from specui.drafters.checkpoint import DraftConfig, DraftModel, draft_vocab_rows, read_field
-from specui.drafters.layers import (
+from specui.algorithms.base import Borrowed, DraftConfig, DraftModel, seeded, verifier_identity
+from specui.algorithms.dflash.config import DFlashConfig
+from specui.algorithms.layers import (
     KV,
-    Borrowed,
     DecoderLayer,
     LayerConfig,
-    LearnedDrafter,
-    PrefixCache,
     RMSNorm,
     Rotary,
-    extend_kv,
+    draft_vocab_rows,
     init_weights,
-    pick_tokens,
     register_vocab_map,
-    seeded,
     set_draft_vocab,
-    to_target_vocab,
-    verifier_identity,
 )
-from specui.trace import Proposal, SpecUIError
-
-
-@dataclass(kw_only=True)
-class DFlashConfig(DraftConfig):
-    model_type: ClassVar[str] = "dflash"
-    architecture: ClassVar[str] = "DFlashDraftModel"
-    config_class_name: ClassVar[str] = "DFlashSpeculatorConfig"
-
-    block_size: int = 8
-    mask_token_id: int | None = None
-    # False: slot k predicts p+k, slot 0 unused (B-1 drafts).  True: slot k predicts p+k+1 (B drafts).
-    sample_from_anchor: bool = False
-    # In-block causality of *sliding_attention* layers: causal unless this is True.
-    # full_attention layers are always bidirectional inside the block (speculators trainer).
-    sliding_window_non_causal: bool = False
-
-    create_options: ClassVar[tuple[str, ...]] = ("sample_from_anchor",)
-
-    @classmethod
-    def own_from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "block_size": read_field(d, "block_size", "int", 8),
-            "mask_token_id": read_field(d, "mask_token_id", "int?", None),
-            "sample_from_anchor": read_field(d, "sample_from_anchor", "bool", cls.sample_from_anchor),
-            "sliding_window_non_causal": read_field(d, "sliding_window_non_causal", "bool", False),
-        }
-
-    def own_to_dict(self) -> dict[str, Any]:
-        return {
-            "block_size": self.block_size,
-            "mask_token_id": self.mask_token_id,
-            "sample_from_anchor": self.sample_from_anchor,
-            "sliding_window_non_causal": self.sliding_window_non_causal,
-        }
-
-    def problems(self, verifier: Any) -> list[str]:
-        out = super().problems(verifier) + self.check_mask_token(self.mask_token_id)
-        if self.block_size < (1 if self.sample_from_anchor else 2):
-            out.append(f"block_size {self.block_size} is too small")
-        return out
+from specui.trace import SpecUIError
 
 
 @dataclass
@@ -315,78 +268,3 @@ class DFlashModel(DraftModel):
         if not self.config.sample_from_anchor:
             valid[:, 0] = False
         return tgt.clamp(0, seq_len - 1), valid
-
-
-# --- inference ---------------------------------------------------------------------------------
-
-
-@register("dflash")
-class DFlashDrafter(LearnedDrafter):
-    """DFlash for the decoding loop: one forward pass per block.
-
-    Keeps, per draft layer, the context K/V of every committed position that
-    has verifier features, and extends it only by the positions new since the
-    last step.  With K speculative tokens the block has K+1 slots (K with
-    sample_from_anchor) -- the block length the checkpoint was trained with
-    unless ``num_speculative_tokens`` overrides it.
-    """
-
-    model_class: ClassVar[type] = DFlashModel
-    model: DFlashModel
-
-    def reset(self) -> None:
-        self._prefix = PrefixCache()
-        self._ctx: list[KV] = []  # per layer (k, v) [1, Hkv, P, D] for positions 0..P-1
-        self._cached = 0
-
-    @property
-    def block_size(self) -> int:
-        return self.num_speculative_tokens + (0 if self.model.config.sample_from_anchor else 1)
-
-    @torch.inference_mode()
-    def update_context(self, ids: torch.Tensor, feats: torch.Tensor) -> None:
-        """Extend the per-layer context K/V to every position with features (0..L-2)."""
-        m = self.model
-        have = self._prefix.valid_length(ids, self._cached)
-        if have == 0:
-            self._ctx = []
-        new = feats[have:]  # [n, F]
-        if new.shape[0] or not self._ctx:
-            C = m.context(new)[None]  # [1, n, H]
-            pos = torch.arange(have, have + new.shape[0], device=feats.device)[None]
-            fresh = [m.context_kv(layer, C, pos) for layer in m.layers]
-            self._ctx = extend_kv(self._ctx or None, fresh)
-        self._cached = feats.shape[0]
-        self._prefix.remember(ids)
-
-    @torch.inference_mode()
-    def draft_block(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """One block from the committed state: (hidden [B, H], draft logits [B, Vd]).
-
-        Slot 0 is the anchor (the last committed token) at position L-1; the
-        context is every committed position before it.
-        """
-        m = self.model
-        ids, feats = self.inputs(ctx)
-        self.update_context(ids, feats)
-        p, B, dev = ids.numel() - 1, self.block_size, ids.device
-        block = torch.full((1, 1, B), m.config.mask_token_id, dtype=torch.long, device=dev)
-        block[..., 0] = ids[-1]
-        block_pos = p + torch.arange(B, device=dev)[None, None]  # [1, 1, B]
-        j = torch.arange(p, device=dev)
-        ctx_vis = []
-        for i in range(len(m.layers)):
-            window = m.config.layer.window(i)
-            vis = j >= p - window if window is not None else torch.ones_like(j, dtype=torch.bool)
-            ctx_vis.append(vis[None, None, None, :].expand(1, 1, B, p))
-        hidden, _ = m.run_block(m.embed(block), block_pos, self._ctx, ctx_vis)
-        hidden = hidden[0, 0]
-        return hidden, m.lm_head(hidden)
-
-    def propose(self, ctx: DraftContext) -> Proposal:
-        _, logits = self.draft_block(ctx)
-        if not self.model.config.sample_from_anchor:
-            logits = logits[1:]  # slot 0 would predict the anchor itself
-        logits = to_target_vocab(logits, self.model.d2t, self.model.config.layer.vocab_size)
-        tokens, q = pick_tokens(logits, ctx.sampling, ctx.generator)
-        return Proposal(token_ids=tokens.tolist(), probs=q)

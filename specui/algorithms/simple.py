@@ -1,9 +1,15 @@
-"""Drafters that need no training: plain decoding (the baseline) and n-gram prompt lookup."""
+"""Drafters that need no training: plain decoding (the baseline) and n-gram prompt lookup.
+
+They have no checkpoint, config, objective or vLLM export of their own, so no
+AlgorithmSpec: ``BUILTIN`` is their list, next to the registry's learned ones.
+"""
 
 from __future__ import annotations
 
-from specui.drafters.base import DraftContext
+from specui.algorithms.base import DraftContext
 from specui.trace import Proposal
+
+BUILTIN = ("none", "ngram")  # the algorithm names runs store for them
 
 
 class PlainDrafter:

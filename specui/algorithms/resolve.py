@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specui.drafters.base import Drafter
-from specui.drafters.simple import NgramDrafter, PlainDrafter
+from specui.algorithms.base import Drafter
+from specui.algorithms.checkpoint import load_drafter
+from specui.algorithms.simple import BUILTIN, NgramDrafter, PlainDrafter
+from specui.algorithms.spec import ALGORITHMS
 from specui.paths import shipped_drafters_dir
 from specui.trace import SpecUIError
 from specui.verifier import Verifier
 
-BUILTIN = ("none", "ngram")
+__all__ = ["BUILTIN", "resolve_drafter", "shipped_drafters"]
 
 
 def shipped_drafters() -> dict[str, Path]:
@@ -34,10 +36,10 @@ def resolve_drafter(spec: str, verifier: Verifier, num_speculative_tokens: int |
     if not path.exists():
         known = ", ".join([*BUILTIN, *shipped]) or "none"
         raise SpecUIError(f"unknown drafter {spec!r}: not a known name ({known}) nor an existing folder")
-    from specui.drafters import load_drafter
-
-    if options.get("confidence_policy") is not None and _model_type(path) != "dspark":
-        options = {k: v for k, v in options.items() if k != "confidence_policy"}  # DSpark-only option
+    # An option only other algorithms' drafters take (DSpark's confidence_policy) is dropped.
+    algo = ALGORITHMS.get(_model_type(path) or "")
+    others = {o for a in ALGORITHMS.values() for o in a.drafter_options} - set(algo.drafter_options if algo else ())
+    options = {k: v for k, v in options.items() if not (k in others and v is not None)}
     drafter = load_drafter(path, verifier, num_speculative_tokens=num_speculative_tokens, **options)
     if getattr(verifier, "precision", "fp32") == "bf16":
         from specui.batch_invariant import bf16_matmuls

@@ -3,7 +3,7 @@
 The batch is packed in the shifted EAGLE layout.  Every row is a depth-0 row
 (it is also the context the deeper rows read); depth d >= 1 keeps about
 ``max(r^d, r_min)`` of the rows, drawn from the chains that survived depth
-d-1 (``specui.drafters.peagle.cod_rows``, applied per document), so a long
+d-1 (``cod_rows``, applied per document), so a long
 sequence costs ~3-4x its length in rows instead of K times.
 ``PEagleModel.forward_rows`` runs all kept rows in one pass with the rollout
 mask; row (a, d) predicts x[a+d+2] against the verifier's distribution there
@@ -14,19 +14,44 @@ from __future__ import annotations
 
 import torch
 
-from specui.drafters.peagle import PEagleModel, cod_rows
-from specui.training.objectives import (
-    Metrics,
-    Objective,
-    block_metrics,
-    pack_shifted,
-    register_objective,
-    slot_loss_fn,
-    slot_stats,
-)
+from specui.algorithms.eagle3.objective import pack_shifted
+from specui.algorithms.peagle.model import PEagleModel
+from specui.training.objectives import Metrics, Objective, block_metrics, slot_loss_fn, slot_stats
 
 
-@register_objective("peagle")
+def cod_rows(
+    loss_mask: torch.Tensor,
+    num_depths: int,
+    ratio: float = 0.7,
+    ratio_min: float = 0.2,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draft block sparsification: which (anchor, depth) rows to train, as (row_anchor, row_depth).
+
+    ``loss_mask`` [T'] (shifted layout) marks the rows whose targets count.
+    Depth 0 keeps every row.  Depth d keeps about ``max(ratio^d, ratio_min)``
+    of the trainable rows, drawn from the chains that survived depth d-1 and
+    whose position a+d is trainable -- so every kept row has its whole rollout
+    (the speculators sampler, written out).
+    """
+    mask = loss_mask.reshape(-1).bool().cpu()
+    T = mask.numel()
+    valid = torch.nonzero(mask).reshape(-1)
+    anchors, depths = [torch.arange(T)], [torch.zeros(T, dtype=torch.long)]
+    pos = valid[valid >= 1]  # depth-1 positions a+1 of chains with an anchor a >= 0
+    for depth in range(1, num_depths):
+        want = int(max(valid.numel() - depth, 0) * max(ratio**depth, ratio_min))
+        if want <= 0 or pos.numel() == 0:
+            break
+        if pos.numel() > want:
+            pos = pos[torch.randperm(pos.numel(), generator=generator)[:want]].sort().values
+        anchors.append(pos - depth)
+        depths.append(torch.full_like(pos, depth))
+        nxt = pos + 1  # the same chain one depth further
+        pos = nxt[(nxt < T) & torch.isin(nxt, valid)]
+    return torch.cat(anchors), torch.cat(depths)
+
+
 class PEagleObjective(Objective):
     @property
     def num_positions(self) -> int:  # type: ignore[override]

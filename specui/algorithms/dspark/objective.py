@@ -19,18 +19,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specui.drafters.dspark import DSparkModel
-from specui.training.dflash import DFlashObjective
-from specui.training.objectives import (
-    Metrics,
-    block_metrics,
-    register_objective,
-    tv_distance,
-    weighted_mean,
-)
+from specui.algorithms.dflash.objective import DFlashObjective
+from specui.algorithms.dspark.model import DSparkModel
+from specui.training.objectives import Metrics, block_metrics, tv_distance, weighted_mean
 
 
-@register_objective("dspark")
 class DSparkObjective(DFlashObjective):
     model_class = DSparkModel
 

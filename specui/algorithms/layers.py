@@ -1,4 +1,6 @@
-"""Building blocks shared by the four learned drafters (DFlash, DSpark, P-EAGLE, EAGLE-3).
+"""Building blocks shared by the learned drafters (DFlash, DSpark, P-EAGLE, EAGLE-3, ...):
+the decoder layer config, RMSNorm, RoPE, the SwiGLU MLP, attention, the decoder
+layer, weight init and the draft-vocabulary maps.
 
 Everything computes in float32.  The maths follows the transformers Llama /
 Qwen3 decoder exactly (the speculators checkpoints are trained with those
@@ -15,8 +17,6 @@ Shape letters used throughout:
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specui.sampling import process_logits
-from specui.trace import SamplingParams, SpecUIError
+from specui.trace import SpecUIError
 
 # --- config of the decoder layers ("transformer_layer_config") ---------------------------
 
@@ -296,7 +295,8 @@ def attend(
 class Attention(nn.Module):
     """GQA self-attention (Llama; Qwen3 adds per-head q_norm/k_norm before RoPE).
 
-    ``in_features`` is H for ordinary layers and 2H for the EAGLE-3 first layer,
+    ``in_features`` is H for ordinary layers and 2H for the EAGLE-3 first layer
+    (``eagle3/model.py``),
     whose input is ``[embedding; projected verifier feature]``.
     """
 
@@ -390,26 +390,6 @@ class DecoderLayer(nn.Module):
         return h, kv
 
 
-class Eagle3FirstLayer(DecoderLayer):
-    """EAGLE-3's first layer: q/k/v read ``[input_layernorm(embed); hidden_norm(feature)]`` (2H).
-
-    Its input is that concatenation, unnormed.  The residual stream starts from
-    the feature half only -- normed when ``norm_before_residual`` -- so the
-    token embedding steers attention but is not added to the stream.
-    """
-
-    def __init__(self, cfg: LayerConfig, qk_norm: bool, norm_before_residual: bool) -> None:
-        super().__init__(cfg, qk_norm, in_features=2 * cfg.hidden_size)
-        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.norm_before_residual = norm_before_residual
-
-    def attn_input(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        embeds, feature = h.chunk(2, dim=-1)  # each [..., H]
-        normed = self.hidden_norm(feature)
-        residual = normed if self.norm_before_residual else feature
-        return torch.cat([self.input_layernorm(embeds), normed], dim=-1), residual
-
-
 # --- weights -------------------------------------------------------------------------------
 
 
@@ -437,19 +417,7 @@ def project_features(
     return fc(x)
 
 
-# --- the verifier parts a drafter borrows ---------------------------------------------------
-
-
-@dataclass
-class Borrowed:
-    """Frozen verifier modules a drafter uses but does not own (nor save).
-
-    Held in a plain dataclass so ``nn.Module`` does not register them: they stay
-    out of the drafter's ``state_dict()``/``parameters()`` and the optimizer.
-    """
-
-    embed_tokens: nn.Embedding
-    lm_head: nn.Module
+# --- the draft vocabulary (speculators' d2t / t2d) -----------------------------------------
 
 
 def register_vocab_map(module: nn.Module, vocab_size: int, draft_vocab_size: int) -> None:
@@ -490,119 +458,8 @@ def to_target_vocab(logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: 
     return out.index_copy(-1, draft_target_ids(d2t), logits)
 
 
-# --- drafting helpers shared by the inference classes ---------------------------------------
-
-
-def pick_tokens(
-    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Target-vocabulary logits [k, V] -> (tokens [k], q [k, V]).
-
-    q is the drafter's distribution after the same processing as the verifier's
-    (temperature / top-k / top-p); greedy drafts the argmax (q one-hot on it).
-    """
-    q = process_logits(logits, sampling)
-    if sampling.greedy:
-        return logits.argmax(-1), q
-    return torch.multinomial(q, 1, generator=generator).squeeze(-1), q
-
-
-class PrefixCache:
-    """Bookkeeping for a drafter's incremental cache over committed positions.
-
-    The engine only ever appends committed tokens between steps of one
-    generation; anything else (a new prompt without ``reset()``) is detected
-    here by comparing token prefixes, and the caller rebuilds from scratch.
-    """
-
-    def __init__(self) -> None:
-        self.tokens = torch.zeros(0, dtype=torch.long)
-
-    def valid_length(self, token_ids: torch.Tensor, cached: int) -> int:
-        """How many cached positions are still valid for ``token_ids`` (0 = rebuild)."""
-        n = min(cached, self.tokens.numel(), token_ids.numel())
-        if n < cached or not torch.equal(self.tokens[:n], token_ids[:n].cpu()):
-            return 0
-        return cached
-
-    def remember(self, token_ids: torch.Tensor) -> None:
-        self.tokens = token_ids.detach().cpu().clone()
-
-
-class LearnedDrafter:
-    """What the four learned drafters share on the inference side (the Drafter protocol).
-
-    Subclasses set ``model_class`` and implement ``reset`` and ``propose``.
-    ``self.model`` is the ``nn.Module`` (training uses it directly).
-    """
-
-    model_class: type
-
-    def __init__(
-        self, model: nn.Module, num_speculative_tokens: int | None = None, name: str | None = None, **options: Any
-    ) -> None:
-        if options:
-            raise SpecUIError(f"the {model.config.model_type} drafter has no option(s) {', '.join(sorted(options))}")
-        self.model = model.eval()
-        cfg = model.config
-        self.algorithm: str = cfg.model_type
-        self.name: str = name or cfg.model_type
-        self.aux_layer_ids: list[int] | None = list(cfg.aux_layer_ids)
-        k = cfg.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
-        if k < 1:
-            raise SpecUIError(f"num_speculative_tokens must be >= 1, got {k}")
-        self.num_speculative_tokens: int = k
-        self.reset()
-
-    @classmethod
-    def create(cls, verifier: Any, **sizes: Any) -> LearnedDrafter:
-        """A freshly initialised drafter for ``verifier`` (see the model's ``create``)."""
-        return cls(cls.model_class.create(verifier, **sizes))
-
-    def reset(self) -> None:
-        raise NotImplementedError
-
-    def inputs(self, ctx: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Validated (token_ids [L], features [L-1, F]) on the model's device, float32."""
-        device = next(self.model.parameters()).device
-        ids = ctx.token_ids.reshape(-1).to(device)
-        if ids.numel() == 0:
-            raise SpecUIError("a drafter needs at least one committed token")
-        width = len(self.model.config.aux_layer_ids) * self.model.config.layer.hidden_size
-        feats = ctx.features
-        if feats is None:
-            raise SpecUIError(f"the {self.algorithm} drafter needs verifier features (aux layers {self.aux_layer_ids})")
-        feats = feats.reshape(-1, feats.shape[-1]).to(device, torch.float32)
-        if feats.shape[-1] != width or feats.shape[0] < ids.numel() - 1:
-            raise SpecUIError(
-                f"verifier features have shape {list(feats.shape)}; the {self.algorithm} drafter needs "
-                f"[{ids.numel() - 1}, {width}] (aux layers {self.aux_layer_ids})"
-            )
-        return ids, feats[: ids.numel() - 1]
-
-    def empty_proposal(self) -> Any:
-        from specui.trace import Proposal
-
-        return Proposal(token_ids=[], probs=torch.zeros(0, self.model.config.layer.vocab_size))
-
-
-def verifier_identity(verifier: Any) -> dict[str, Any]:
-    """The verifier fields a new checkpoint records (speculators_config.verifier)."""
-    from specui.verifier import EMBEDDED_HUB_ID, EMBEDDED_NAME
-
-    cfg = verifier.config
-    path = getattr(cfg, "_name_or_path", None) or getattr(cfg, "name_or_path", None) or verifier.name
-    if verifier.name == EMBEDDED_NAME:  # its folder is a cache path on this machine: record the hub id
-        path = EMBEDDED_HUB_ID
-    return {"verifier_name_or_path": str(path), "verifier_architectures": list(getattr(cfg, "architectures", None) or [])}
-
-
-@contextlib.contextmanager
-def seeded(seed: int | None) -> Iterator[None]:
-    """Initialise a fresh model from ``seed`` without disturbing the global RNG."""
-    if seed is None:
-        yield
-        return
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
+def draft_vocab_rows(weight: torch.Tensor, d2t: torch.Tensor | None) -> torch.Tensor:
+    """Rows of a [V, H] verifier matrix for the draft vocabulary (all rows when full)."""
+    if d2t is None:
+        return weight
+    return weight[torch.arange(d2t.numel(), device=d2t.device) + d2t.to(weight.device)]

@@ -14,19 +14,34 @@ from __future__ import annotations
 
 import torch
 
-from specui.drafters.eagle3 import Eagle3Model
+from specui.algorithms.eagle3.model import Eagle3Model
+from specui.data.hidden import SampleTensors
 from specui.training.objectives import (
     Metrics,
     Objective,
+    Packed,
     block_metrics,
-    pack_shifted,
-    register_objective,
+    pack,
     slot_loss_fn,
     slot_stats,
 )
 
 
-@register_objective("eagle3")
+def pack_shifted(batch: list[SampleTensors]) -> Packed:
+    """The EAGLE layout (speculators' ``shift_batch``), packed: row i of a document
+    holds token x[i+1], the verifier taps of position i, the pre-norm last layer
+    of position i+1 (its logits predict x[i+2]) and the loss mask of x[i+1]
+    (rows whose input token is a response token: the rows drafting starts from)."""
+    shifted = [
+        SampleTensors(
+            input_ids=s.input_ids[1:], hidden_states=s.hidden_states[:-1],
+            last_hidden=s.last_hidden[1:], loss_mask=s.loss_mask[1:],
+        )  # fmt: skip
+        for s in batch
+    ]
+    return pack(shifted)
+
+
 class Eagle3Objective(Objective):
     @property
     def num_positions(self) -> int:  # type: ignore[override]

@@ -1,0 +1,380 @@
+"""What every algorithm builds on: the Drafter interface, the checkpoint config,
+the model base class and the inference helpers the learned drafters share.
+
+* ``DraftContext`` / ``Drafter``: the one small interface the decoding loop
+  (``specui.engine``) talks to;
+* ``DraftConfig``: the fields every speculators ``config.json`` has (an
+  algorithm's ``config.py`` subclasses it);
+* ``DraftModel``: the ``nn.Module`` base with the checkpoint hooks (an
+  algorithm's ``model.py``);
+* ``LearnedDrafter``: the inference side every learned drafter shares (an
+  algorithm's ``drafter.py``).
+
+The building blocks of the models are in ``layers.py``; reading and writing
+checkpoints in ``checkpoint.py``.
+
+The decoding loop (``specui.engine``) owns the verifier and the committed
+sequence.  Before each step it hands the drafter a ``DraftContext``:
+
+* ``token_ids`` -- every committed token, prompt included.  The last one is the
+  token the verifier emitted last (the bonus/corrected token) and has no
+  verifier hidden state yet: it is the anchor of the next block.
+* ``features`` -- the verifier's aux-layer hidden states for every committed
+  position except the last, ``[L-1, n_aux * H]`` (``cat`` of the taps in the
+  order of ``aux_layer_ids``), or ``None`` when the drafter asks for none.
+
+Both only ever grow by appending between steps of one generation (rejected
+tokens never reach them), so a drafter may keep incremental caches keyed by
+their length.  ``reset()`` is called before each new generation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from specui.algorithms.layers import LayerConfig
+from specui.sampling import process_logits
+from specui.trace import MAX_SPECULATIVE_TOKENS, Proposal, SamplingParams, SpecUIError
+
+if TYPE_CHECKING:
+    from specui.verifier import Verifier
+
+SPECULATORS_VERSION = "0.9.0"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # storage dtypes
+
+
+@dataclass
+class DraftContext:
+    token_ids: torch.Tensor  # [L] int64, committed tokens
+    features: torch.Tensor | None  # [L-1, n_aux*H] verifier aux taps, or None
+    sampling: SamplingParams
+    generator: torch.Generator | None  # drafter-side randomness (sampling q)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """What the decoding loop needs from a drafter."""
+
+    name: str  # shown in the UI and stored with runs
+    algorithm: str  # an AlgorithmSpec name (speculators_model_type), or "none" / "ngram"
+    # Verifier hidden-state layer ids this drafter conditions on (transformers
+    # convention: 0 = embeddings, L = after L decoder layers), or None.
+    aux_layer_ids: list[int] | None
+    num_speculative_tokens: int  # K: the most tokens one proposal may hold
+
+    def reset(self) -> None: ...
+
+    def propose(self, ctx: DraftContext) -> Proposal: ...
+
+
+# --- reading config.json fields with messages a user can act on --------------------------
+
+_REQUIRED = object()
+
+
+def read_field(d: dict[str, Any], key: str, kind: str, default: Any = _REQUIRED) -> Any:
+    """``d[key]`` checked against ``kind`` (int, bool, float, str, int-list, str-list; '?' = may be null)."""
+    optional = kind.endswith("?")
+    kind = kind.rstrip("?")
+    if key not in d:
+        if default is _REQUIRED:
+            raise SpecUIError(f"config.json has no {key!r}")
+        return default
+    v = d[key]
+    if v is None and optional:
+        return None
+    ok = {
+        "int": isinstance(v, int) and not isinstance(v, bool),
+        "bool": isinstance(v, bool),
+        "float": isinstance(v, int | float) and not isinstance(v, bool),
+        "str": isinstance(v, str),
+        "int-list": isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+        "str-list": isinstance(v, list) and all(isinstance(x, str) for x in v),
+    }[kind]
+    if not ok:
+        raise SpecUIError(f"config.json field {key!r} must be {kind}{' or null' if optional else ''}, got {v!r}")
+    return float(v) if kind == "float" else v
+
+
+# --- the config every drafter shares ------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class DraftConfig:
+    """Fields every speculators checkpoint has; algorithms subclass and add theirs.
+
+    Subclasses set the ClassVars and implement ``own_from_dict`` / ``own_to_dict``
+    for their per-algorithm fields.
+    """
+
+    model_type: ClassVar[str]  # speculators_model_type
+    architecture: ClassVar[str]  # "DFlashDraftModel", ...
+    config_class_name: ClassVar[str]  # for auto_map
+    aux_key: ClassVar[str] = "aux_hidden_state_layer_ids"
+    create_options: ClassVar[tuple[str, ...]] = ()  # config fields a model's create(**options) accepts
+
+    layer: LayerConfig
+    aux_layer_ids: list[int]
+    draft_vocab_size: int
+    num_speculative_tokens: int  # speculators_config.proposal_methods[0].speculative_tokens
+    verifier_name_or_path: str | None = None
+    verifier_architectures: list[str] = field(default_factory=list)
+    dtype: str = "float32"  # storage dtype of model.safetensors
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DraftConfig:
+        if "transformer_layer_config" not in d:
+            raise SpecUIError("config.json has no 'transformer_layer_config'")
+        layer = LayerConfig.from_dict(d["transformer_layer_config"])
+        aux = read_field(d, cls.aux_key, "int-list?", None)
+        spec = d.get("speculators_config")
+        if not isinstance(spec, dict):
+            raise SpecUIError("config.json has no 'speculators_config' object")
+        methods = spec.get("proposal_methods")
+        if not isinstance(methods, list) or not methods or not isinstance(methods[0], dict):
+            raise SpecUIError("config.json speculators_config.proposal_methods must be a non-empty list")
+        k = read_field(methods[0], "speculative_tokens", "int")
+        verifier = spec.get("verifier") if isinstance(spec.get("verifier"), dict) else {}
+        dtype = read_field(d, "dtype", "str?", "float32") or read_field(d, "torch_dtype", "str?", "float32") or "float32"
+        if dtype not in DTYPES:
+            raise SpecUIError(f"config.json dtype {dtype!r} is not supported ({', '.join(DTYPES)})")
+        return cls(
+            layer=layer,
+            aux_layer_ids=list(aux) if aux is not None else [],  # [] = the verifier's default, filled at load
+            draft_vocab_size=read_field(d, "draft_vocab_size", "int?", None) or layer.vocab_size,
+            num_speculative_tokens=k,
+            verifier_name_or_path=read_field(verifier, "name_or_path", "str?", None),
+            verifier_architectures=list(read_field(verifier, "architectures", "str-list?", None) or []),
+            dtype=dtype,
+            **cls.own_from_dict(d),
+        )
+
+    @classmethod
+    def own_from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def own_to_dict(self) -> dict[str, Any]:
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
+        import transformers
+
+        d: dict[str, Any] = {
+            "architectures": [self.architecture],
+            "auto_map": {"": f"config.{self.config_class_name}"},
+            self.aux_key: list(self.aux_layer_ids),
+            "draft_vocab_size": self.draft_vocab_size,
+            "dtype": self.dtype,
+            "speculators_config": {
+                "algorithm": self.model_type,
+                "default_proposal_method": "greedy",
+                "proposal_methods": [
+                    {
+                        "accept_tolerance": 0.0,
+                        "proposal_type": "greedy",
+                        "speculative_tokens": self.num_speculative_tokens,
+                        "verifier_accept_k": 1,
+                    }
+                ],
+                "verifier": {
+                    "architectures": list(self.verifier_architectures),
+                    "name_or_path": self.verifier_name_or_path,
+                },
+            },
+            "speculators_model_type": self.model_type,
+            "speculators_version": SPECULATORS_VERSION,
+            "target_hidden_size": None,
+            "tie_word_embeddings": False,
+            "transformer_layer_config": self.layer.to_dict(),
+            "transformers_version": transformers.__version__,
+        }
+        d.update(self.own_to_dict())
+        return dict(sorted(d.items()))
+
+    def problems(self, verifier: Verifier) -> list[str]:
+        """Every way this config does not fit ``verifier`` (empty when it fits)."""
+        out: list[str] = []
+        layer = self.layer
+        if layer.hidden_size != verifier.hidden_size:
+            out.append(f"hidden size {layer.hidden_size} does not match the verifier's {verifier.hidden_size}")
+        if layer.vocab_size != verifier.vocab_size:
+            out.append(f"vocab size {layer.vocab_size} does not match the verifier's {verifier.vocab_size}")
+        if not 0 < self.draft_vocab_size <= layer.vocab_size:
+            out.append(f"draft_vocab_size {self.draft_vocab_size} must be in 1..{layer.vocab_size}")
+        bad = [i for i in self.aux_layer_ids if not 0 <= i <= verifier.num_layers]
+        if bad:
+            out.append(
+                f"aux hidden-state layer ids {bad} out of range for a verifier with "
+                f"{verifier.num_layers} layers (0..{verifier.num_layers})"
+            )
+        if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            out.append(f"speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
+        return out
+
+    def check_mask_token(self, mask_token_id: int | None) -> list[str]:
+        if mask_token_id is None:
+            return ["mask_token_id is not set"]
+        if not 0 <= mask_token_id < self.layer.vocab_size:
+            return [f"mask_token_id {mask_token_id} is outside the vocabulary (0..{self.layer.vocab_size - 1})"]
+        return []
+
+
+# --- what a drafter model class provides (see dflash/model.py for the pattern) ---------
+
+
+class DraftModel(nn.Module):
+    """Base of the four drafter ``nn.Module``s: a config plus the checkpoint hooks.
+
+    ``state_dict()`` holds exactly the tensors the checkpoint stores (borrowed
+    verifier modules are kept out of the module tree).  Keys in
+    ``verifier_fallback`` may be absent from a checkpoint and are then copied
+    from the verifier (the library does the same).
+    """
+
+    config_class: ClassVar[type[DraftConfig]]
+    verifier_fallback: ClassVar[tuple[str, ...]] = ()
+    config: DraftConfig
+
+    def bind_verifier(self, verifier: Verifier) -> None:
+        """Borrow the frozen verifier parts this model uses but does not store."""
+
+    def fallback_tensor(self, key: str, verifier: Verifier) -> torch.Tensor:
+        """The verifier's tensor standing in for a missing ``key``."""
+        raise KeyError(key)
+
+
+# --- the verifier parts a drafter borrows ---------------------------------------------------
+
+
+@dataclass
+class Borrowed:
+    """Frozen verifier modules a drafter uses but does not own (nor save).
+
+    Held in a plain dataclass so ``nn.Module`` does not register them: they stay
+    out of the drafter's ``state_dict()``/``parameters()`` and the optimizer.
+    """
+
+    embed_tokens: nn.Embedding
+    lm_head: nn.Module
+
+
+# --- drafting helpers shared by the inference classes ---------------------------------------
+
+
+def pick_tokens(
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target-vocabulary logits [k, V] -> (tokens [k], q [k, V]).
+
+    q is the drafter's distribution after the same processing as the verifier's
+    (temperature / top-k / top-p); greedy drafts the argmax (q one-hot on it).
+    """
+    q = process_logits(logits, sampling)
+    if sampling.greedy:
+        return logits.argmax(-1), q
+    return torch.multinomial(q, 1, generator=generator).squeeze(-1), q
+
+
+class PrefixCache:
+    """Bookkeeping for a drafter's incremental cache over committed positions.
+
+    The engine only ever appends committed tokens between steps of one
+    generation; anything else (a new prompt without ``reset()``) is detected
+    here by comparing token prefixes, and the caller rebuilds from scratch.
+    """
+
+    def __init__(self) -> None:
+        self.tokens = torch.zeros(0, dtype=torch.long)
+
+    def valid_length(self, token_ids: torch.Tensor, cached: int) -> int:
+        """How many cached positions are still valid for ``token_ids`` (0 = rebuild)."""
+        n = min(cached, self.tokens.numel(), token_ids.numel())
+        if n < cached or not torch.equal(self.tokens[:n], token_ids[:n].cpu()):
+            return 0
+        return cached
+
+    def remember(self, token_ids: torch.Tensor) -> None:
+        self.tokens = token_ids.detach().cpu().clone()
+
+
+class LearnedDrafter:
+    """What the four learned drafters share on the inference side (the Drafter protocol).
+
+    Subclasses set ``model_class`` and implement ``reset`` and ``propose``.
+    ``self.model`` is the ``nn.Module`` (training uses it directly).
+    """
+
+    model_class: type
+
+    def __init__(
+        self, model: nn.Module, num_speculative_tokens: int | None = None, name: str | None = None, **options: Any
+    ) -> None:
+        if options:
+            raise SpecUIError(f"the {model.config.model_type} drafter has no option(s) {', '.join(sorted(options))}")
+        self.model = model.eval()
+        cfg = model.config
+        self.algorithm: str = cfg.model_type
+        self.name: str = name or cfg.model_type
+        self.aux_layer_ids: list[int] | None = list(cfg.aux_layer_ids)
+        k = cfg.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
+        if k < 1:
+            raise SpecUIError(f"num_speculative_tokens must be >= 1, got {k}")
+        self.num_speculative_tokens: int = k
+        self.reset()
+
+    @classmethod
+    def create(cls, verifier: Any, **sizes: Any) -> LearnedDrafter:
+        """A freshly initialised drafter for ``verifier`` (see the model's ``create``)."""
+        return cls(cls.model_class.create(verifier, **sizes))
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def inputs(self, ctx: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validated (token_ids [L], features [L-1, F]) on the model's device, float32."""
+        device = next(self.model.parameters()).device
+        ids = ctx.token_ids.reshape(-1).to(device)
+        if ids.numel() == 0:
+            raise SpecUIError("a drafter needs at least one committed token")
+        width = len(self.model.config.aux_layer_ids) * self.model.config.layer.hidden_size
+        feats = ctx.features
+        if feats is None:
+            raise SpecUIError(f"the {self.algorithm} drafter needs verifier features (aux layers {self.aux_layer_ids})")
+        feats = feats.reshape(-1, feats.shape[-1]).to(device, torch.float32)
+        if feats.shape[-1] != width or feats.shape[0] < ids.numel() - 1:
+            raise SpecUIError(
+                f"verifier features have shape {list(feats.shape)}; the {self.algorithm} drafter needs "
+                f"[{ids.numel() - 1}, {width}] (aux layers {self.aux_layer_ids})"
+            )
+        return ids, feats[: ids.numel() - 1]
+
+    def empty_proposal(self) -> Any:
+        return Proposal(token_ids=[], probs=torch.zeros(0, self.model.config.layer.vocab_size))
+
+
+def verifier_identity(verifier: Any) -> dict[str, Any]:
+    """The verifier fields a new checkpoint records (speculators_config.verifier)."""
+    from specui.verifier import EMBEDDED_HUB_ID, EMBEDDED_NAME
+
+    cfg = verifier.config
+    path = getattr(cfg, "_name_or_path", None) or getattr(cfg, "name_or_path", None) or verifier.name
+    if verifier.name == EMBEDDED_NAME:  # its folder is a cache path on this machine: record the hub id
+        path = EMBEDDED_HUB_ID
+    return {"verifier_name_or_path": str(path), "verifier_architectures": list(getattr(cfg, "architectures", None) or [])}
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """Initialise a fresh model from ``seed`` without disturbing the global RNG."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield

@@ -1,0 +1,26 @@
+"""DFlash: block-diffusion drafting, a whole block in one forward pass (arXiv 2602.06036).
+
+config.py (DFlashConfig), model.py (DFlashModel), drafter.py (DFlashDrafter),
+objective.py (DFlashObjective); the registry entry below.
+"""
+
+from specui.algorithms.spec import AlgorithmSpec, lazy_exports, register_algorithm
+
+SPEC = register_algorithm(
+    AlgorithmSpec(
+        name="dflash",
+        label="DFlash",
+        drafter=f"{__name__}.drafter:DFlashDrafter",
+        objective=f"{__name__}.objective:DFlashObjective",
+        default_layers=2,
+        train_fields=("block_size", "max_anchors", "gamma", "dpace"),
+        vllm_method="dflash",
+        rank=10,
+        speculators_rank=1,
+    )
+)
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "DFlashConfig": "config", "BlockOutput": "model", "DFlashModel": "model",
+    "DFlashDrafter": "drafter", "DFlashObjective": "objective",
+})  # fmt: skip

@@ -1,0 +1,84 @@
+"""DFlash in the decoding loop: one forward pass drafts a whole block, over a
+per-layer context K/V cache that grows only by the newly committed positions."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, pick_tokens
+from specui.algorithms.dflash.model import DFlashModel
+from specui.algorithms.layers import KV, extend_kv, to_target_vocab
+from specui.trace import Proposal
+
+
+class DFlashDrafter(LearnedDrafter):
+    """DFlash for the decoding loop: one forward pass per block.
+
+    Keeps, per draft layer, the context K/V of every committed position that
+    has verifier features, and extends it only by the positions new since the
+    last step.  With K speculative tokens the block has K+1 slots (K with
+    sample_from_anchor) -- the block length the checkpoint was trained with
+    unless ``num_speculative_tokens`` overrides it.
+    """
+
+    model_class: ClassVar[type] = DFlashModel
+    model: DFlashModel
+
+    def reset(self) -> None:
+        self._prefix = PrefixCache()
+        self._ctx: list[KV] = []  # per layer (k, v) [1, Hkv, P, D] for positions 0..P-1
+        self._cached = 0
+
+    @property
+    def block_size(self) -> int:
+        return self.num_speculative_tokens + (0 if self.model.config.sample_from_anchor else 1)
+
+    @torch.inference_mode()
+    def update_context(self, ids: torch.Tensor, feats: torch.Tensor) -> None:
+        """Extend the per-layer context K/V to every position with features (0..L-2)."""
+        m = self.model
+        have = self._prefix.valid_length(ids, self._cached)
+        if have == 0:
+            self._ctx = []
+        new = feats[have:]  # [n, F]
+        if new.shape[0] or not self._ctx:
+            C = m.context(new)[None]  # [1, n, H]
+            pos = torch.arange(have, have + new.shape[0], device=feats.device)[None]
+            fresh = [m.context_kv(layer, C, pos) for layer in m.layers]
+            self._ctx = extend_kv(self._ctx or None, fresh)
+        self._cached = feats.shape[0]
+        self._prefix.remember(ids)
+
+    @torch.inference_mode()
+    def draft_block(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block from the committed state: (hidden [B, H], draft logits [B, Vd]).
+
+        Slot 0 is the anchor (the last committed token) at position L-1; the
+        context is every committed position before it.
+        """
+        m = self.model
+        ids, feats = self.inputs(ctx)
+        self.update_context(ids, feats)
+        p, B, dev = ids.numel() - 1, self.block_size, ids.device
+        block = torch.full((1, 1, B), m.config.mask_token_id, dtype=torch.long, device=dev)
+        block[..., 0] = ids[-1]
+        block_pos = p + torch.arange(B, device=dev)[None, None]  # [1, 1, B]
+        j = torch.arange(p, device=dev)
+        ctx_vis = []
+        for i in range(len(m.layers)):
+            window = m.config.layer.window(i)
+            vis = j >= p - window if window is not None else torch.ones_like(j, dtype=torch.bool)
+            ctx_vis.append(vis[None, None, None, :].expand(1, 1, B, p))
+        hidden, _ = m.run_block(m.embed(block), block_pos, self._ctx, ctx_vis)
+        hidden = hidden[0, 0]
+        return hidden, m.lm_head(hidden)
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        _, logits = self.draft_block(ctx)
+        if not self.model.config.sample_from_anchor:
+            logits = logits[1:]  # slot 0 would predict the anchor itself
+        logits = to_target_vocab(logits, self.model.d2t, self.model.config.layer.vocab_size)
+        tokens, q = pick_tokens(logits, ctx.sampling, ctx.generator)
+        return Proposal(token_ids=tokens.tolist(), probs=q)

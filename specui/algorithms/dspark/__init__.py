@@ -1,0 +1,35 @@
+"""DSpark: DFlash plus a Markov head and a confidence head (DeepSeek, DeepSpec).
+
+Each part subclasses DFlash's: config.py (DSparkConfig), model.py (DSparkModel),
+drafter.py (DSparkDrafter, ConfidencePolicy), objective.py (DSparkObjective);
+the registry entry below.
+"""
+
+from specui.algorithms.spec import AlgorithmSpec, lazy_exports, register_algorithm
+
+SPEC = register_algorithm(
+    AlgorithmSpec(
+        name="dspark",
+        label="DSpark",
+        drafter=f"{__name__}.drafter:DSparkDrafter",
+        objective=f"{__name__}.objective:DSparkObjective",
+        default_layers=2,
+        train_fields=("block_size", "max_anchors", "gamma", "dpace", "markov_rank", "tv_weight",
+                      "confidence_weight", "confidence_temperature"),  # fmt: skip
+        vllm_method="dspark",
+        vllm_cpu=False,
+        vllm_cpu_refusal=(
+            "DSpark drafters run only on vLLM's GPU model runner; this vLLM is the CPU build (vllm-cpu), "
+            "which cannot serve them. Serve a DFlash, EAGLE-3 or P-EAGLE speculator here, "
+            "or serve this one on a machine with an NVIDIA GPU."
+        ),
+        drafter_options=("confidence_policy",),
+        rank=20,
+        speculators_rank=2,
+    )
+)
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "DSparkConfig": "config", "MARKOV_HEAD_TYPES": "config", "DSparkModel": "model", "SparkBlockOutput": "model",
+    "ConfidencePolicy": "drafter", "DSparkDrafter": "drafter", "DSparkObjective": "objective",
+})  # fmt: skip

@@ -1,0 +1,120 @@
+"""DSpark in the decoding loop: DFlash's one backbone pass, then the heads slot by slot,
+and the confidence policy that may cut the block before verification."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from specui.algorithms.base import DraftContext, pick_tokens
+from specui.algorithms.dflash.drafter import DFlashDrafter
+from specui.algorithms.dspark.model import DSparkModel
+from specui.algorithms.layers import to_target_vocab
+from specui.trace import Proposal, SpecUIError
+
+
+@dataclass(frozen=True)
+class ConfidencePolicy:
+    """How many drafted slots to send to the verifier, from the confidence head.
+
+    ``off``: all of them.  ``threshold``: the longest prefix whose estimated
+    survival ``cumprod(conf)`` stays >= ``threshold``.  ``cost``: the length n
+    maximising expected tokens per step over cost,
+    ``(1 + sum_{k<n} cumprod(conf)_k) / (draft_cost + verify_cost + verify_token_cost * n)``
+    -- the 1 is the verifier's own token every step emits; the costs are in
+    any common unit (e.g. ms).  At least ``min_tokens`` slots are kept.
+    """
+
+    mode: Literal["off", "threshold", "cost"] = "off"
+    threshold: float = 0.5
+    draft_cost: float = 0.1
+    verify_cost: float = 1.0
+    verify_token_cost: float = 0.05
+    min_tokens: int = 1
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("off", "threshold", "cost"):
+            raise SpecUIError(f"confidence policy mode must be off, threshold or cost, got {self.mode!r}")
+        if min(self.draft_cost, self.verify_cost, self.verify_token_cost) < 0 or self.min_tokens < 0:
+            raise SpecUIError("confidence policy costs and min_tokens must be >= 0")
+
+    def keep(self, confidences: list[float]) -> int:
+        """Number of leading slots to propose."""
+        n_max = len(confidences)
+        if self.mode == "off" or n_max == 0:
+            return n_max
+        survive = torch.tensor(confidences, dtype=torch.float64).cumprod(0)
+        lo = min(self.min_tokens, n_max)
+        if self.mode == "threshold":
+            return max(lo, int((survive >= self.threshold).long().cumprod(0).sum()))
+        n = torch.arange(n_max + 1, dtype=torch.float64)
+        expected = 1 + torch.cat([survive.new_zeros(1), survive.cumsum(0)])  # [n_max+1]
+        cost = self.draft_cost + self.verify_cost + self.verify_token_cost * n
+        score = (expected / cost)[lo:]
+        return lo + int(score.argmax())  # first maximum: the shorter block on ties
+
+
+class DSparkDrafter(DFlashDrafter):
+    """DSpark for the decoding loop: one backbone pass, then the heads left to right."""
+
+    model_class: ClassVar[type] = DSparkModel
+    model: DSparkModel
+
+    def __init__(
+        self,
+        model: DSparkModel,
+        num_speculative_tokens: int | None = None,
+        name: str | None = None,
+        confidence_policy: ConfidencePolicy | dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(model, num_speculative_tokens, name)
+        if isinstance(confidence_policy, dict):
+            try:
+                confidence_policy = ConfidencePolicy(**confidence_policy)
+            except TypeError as e:
+                raise SpecUIError(f"bad confidence policy {confidence_policy}: {e}") from None
+        self.confidence_policy = confidence_policy or ConfidencePolicy()
+
+    @torch.inference_mode()
+    def draft_chain(
+        self, ctx: DraftContext, forced_tokens: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draft the block slot by slot: (tokens [K], q [K, V], logits [K, Vd], confidence logits [K]).
+
+        ``forced_tokens`` replaces the drafted tokens (teacher forcing, for tests).
+        Confidence logits are NaN without a confidence head.
+        """
+        m = self.model
+        hidden, base = self.draft_block(ctx)  # [B, H], [B, Vd]
+        anchor = ctx.token_ids.reshape(-1)[-1].to(hidden.device)
+        first = 0 if m.config.sample_from_anchor else 1  # DFlash-style slot 0 predicts the anchor: skipped
+        prev, state = anchor, None
+        tokens, qs, logits_out, confs = [], [], [], []
+        for k in range(hidden.shape[0]):
+            bias, conf, state = m.heads(hidden[k], prev, state)
+            if k < first:  # runs only to advance an rnn state the way training does
+                continue
+            logits = base[k] + bias if bias is not None else base[k]
+            target = to_target_vocab(logits[None], m.d2t, m.config.layer.vocab_size)
+            token, q = pick_tokens(target, ctx.sampling, ctx.generator)
+            if forced_tokens is not None:
+                token = torch.tensor([forced_tokens[len(tokens)]], device=hidden.device)
+            tokens.append(token[0])
+            qs.append(q[0])
+            logits_out.append(logits)
+            confs.append(conf if conf is not None else torch.tensor(float("nan"), device=hidden.device))
+            prev = token[0]
+        return torch.stack(tokens), torch.stack(qs), torch.stack(logits_out), torch.stack(confs)
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        tokens, q, _, conf_logits = self.draft_chain(ctx)
+        if self.model.confidence_head is None:
+            return Proposal(token_ids=tokens.tolist(), probs=q)
+        conf = torch.sigmoid(conf_logits).tolist()
+        n = self.confidence_policy.keep(conf)
+        return Proposal(
+            token_ids=tokens[:n].tolist(), probs=q[:n], confidences=conf[:n],
+            truncated_confidences=conf[n:] or None,
+        )  # fmt: skip

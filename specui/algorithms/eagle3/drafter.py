@@ -1,0 +1,115 @@
+"""EAGLE-3 in the decoding loop: K sequential single-row passes over a cache of the
+step-0 rows of committed positions (P-EAGLE's drafter reuses the cache)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, pick_tokens
+from specui.algorithms.eagle3.model import Eagle3Model
+from specui.algorithms.layers import KV, extend_kv, to_target_vocab
+from specui.trace import Proposal
+
+
+class EagleRowCache:
+    """Per-layer K/V of the step-0 rows (0..P-1) of committed positions, grown incrementally."""
+
+    def __init__(self) -> None:
+        self.prefix = PrefixCache()
+        self.kv: list[KV] | None = None  # per layer (k, v) [1, 1, Hkv, P, D]
+        self.rows = 0
+
+    def valid_rows(self, ids: torch.Tensor, max_rows: int) -> int:
+        """Rows still valid for committed ``ids`` (row i used tokens up to x[i+1]), at most ``max_rows``."""
+        if self.prefix.valid_length(ids, self.rows + 1) == 0:
+            self.kv, self.rows = None, 0
+        if self.rows > max_rows and self.kv is not None:  # asked again for the same anchor: redo its row
+            self.kv = [(k[..., :max_rows, :], v[..., :max_rows, :]) for k, v in self.kv]
+            self.rows = max_rows
+        return self.rows
+
+    def append(self, ids: torch.Tensor, kv: list[KV], n: int) -> None:
+        """Keep the first ``n`` new rows of ``kv`` (per layer [1, 1, Hkv, S, D])."""
+        self.kv = extend_kv(self.kv, [(k[..., :n, :], v[..., :n, :]) for k, v in kv])
+        self.rows += n
+        self.prefix.remember(ids)
+
+    def empty(self, model: nn.Module, device: torch.device) -> list[KV]:
+        cfg = model.config.layer
+        z = torch.zeros(1, 1, cfg.num_key_value_heads, 0, cfg.head_dim, device=device)
+        return [(z, z)] * cfg.num_hidden_layers
+
+
+class Eagle3Drafter(LearnedDrafter):
+    """EAGLE-3 for the decoding loop: K sequential single-row passes."""
+
+    model_class: ClassVar[type] = Eagle3Model
+    model: Eagle3Model
+
+    def reset(self) -> None:
+        self._cache = EagleRowCache()
+
+    @torch.inference_mode()
+    def draft_steps(
+        self, ctx: DraftContext, forced_tokens: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens [K], q [K, V], draft logits [K, Vd]).  ``forced_tokens`` (tests) replaces
+        the token fed to the next step."""
+        m = self.model
+        ids, feats = self.inputs(ctx)
+        a = ids.numel() - 2  # the anchor row: verifier processed position a, emitted x[a+1] = ids[-1]
+        dev = ids.device
+        have = self._cache.valid_rows(ids, max_rows=a)  # the anchor row is always recomputed
+        past = self._cache.kv or self._cache.empty(m, dev)
+
+        # Pass 0: the step-0 rows new since last time (the anchor row last), all cached afterwards.
+        rows = torch.arange(have, a + 1, device=dev)  # [n]
+        keys = torch.arange(a + 1, device=dev)  # [have + n]
+        vis0 = [self._visible(li, rows, keys) for li in range(len(m.layers))]
+        h, kv = m.run_layers(
+            m.embed_tokens(ids[rows + 1])[None, None], m.features(feats[rows])[None, None], (rows + 1)[None, None],
+            [v[None, None] for v in vis0], past,
+        )  # fmt: skip
+        self._cache.append(ids, kv, rows.numel())
+        step_logits, g = m.output(h[..., -1:, :])
+
+        tokens, qs, logits_out = [], [], []
+        spec: list[KV] | None = None  # this block's speculative rows, per layer; dropped at the end
+        for s in range(self.num_speculative_tokens):
+            logits = step_logits.reshape(-1)
+            token, q = pick_tokens(to_target_vocab(logits[None], m.d2t, m.config.layer.vocab_size), ctx.sampling, ctx.generator)
+            if forced_tokens is not None:
+                token = torch.tensor([forced_tokens[s]], device=dev)
+            tokens.append(token[0])
+            qs.append(q[0])
+            logits_out.append(logits)
+            if s == self.num_speculative_tokens - 1:
+                break
+            # Step s+1: the anchor row again, fed the drafted token and its own output, at position a+2+s.
+            # keys: every step-0 row (cached), this block's earlier speculative rows, this row
+            past_s = extend_kv(self._cache.kv, spec) if spec is not None else self._cache.kv
+            anchor = torch.tensor([a], device=dev)
+            vis = [self._visible(li, anchor, keys, extra=s + 1)[None, None] for li in range(len(m.layers))]
+            pos = torch.tensor([[[a + 2 + s]]], device=dev)
+            h, kv = m.run_layers(m.embed_tokens(token)[None, None], g, pos, vis, past_s)
+            spec = extend_kv(spec, kv)
+            step_logits, g = m.output(h)
+        return torch.stack(tokens), torch.stack(qs), torch.stack(logits_out)
+
+    def _visible(self, layer_idx: int, rows: torch.Tensor, keys: torch.Tensor, extra: int = 0) -> torch.Tensor:
+        """[len(rows), len(keys) + extra]: step-0 keys j <= row (within the window) plus ``extra``
+        speculative keys of the same row, all visible."""
+        vis = keys[None] <= rows[:, None]
+        w = self.model.config.layer.window(layer_idx)
+        if w is not None:
+            vis = vis & (keys[None] > rows[:, None] - w)
+        return torch.cat([vis, vis.new_ones(rows.numel(), extra)], dim=-1)
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        if ctx.token_ids.numel() < 2:  # the anchor row needs the verifier feature of the position before it
+            return self.empty_proposal()
+        tokens, q, _ = self.draft_steps(ctx)
+        return Proposal(token_ids=tokens.tolist(), probs=q)

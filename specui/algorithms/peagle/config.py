@@ -1,0 +1,30 @@
+"""P-EAGLE's checkpoint config: EAGLE-3's, plus the mask token of the deeper rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from specui.algorithms.base import read_field
+from specui.algorithms.eagle3.config import Eagle3Config
+
+
+@dataclass(kw_only=True)
+class PEagleConfig(Eagle3Config):
+    model_type: ClassVar[str] = "peagle"
+    architecture: ClassVar[str] = "PEagleDraftModel"
+    config_class_name: ClassVar[str] = "PEagleSpeculatorConfig"
+    create_options: ClassVar[tuple[str, ...]] = (*Eagle3Config.create_options, "mask_token_id")
+
+    mask_token_id: int | None = None
+    embed_requires_grad: bool = True
+
+    @classmethod
+    def own_from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
+        return super().own_from_dict(d) | {"mask_token_id": read_field(d, "mask_token_id", "int?", None)}
+
+    def own_to_dict(self) -> dict[str, Any]:
+        return super().own_to_dict() | {"mask_token_id": self.mask_token_id}
+
+    def problems(self, verifier: Any) -> list[str]:
+        return super().problems(verifier) + self.check_mask_token(self.mask_token_id)
