@@ -3,12 +3,15 @@
     python scripts/build_corpus.py magpie --root ROOT [--samples N]
     python scripts/build_corpus.py prompts --root ROOT          # writes data/corpus/general.jsonl
     python scripts/build_corpus.py responses --root ROOT [--limit N]
+    python scripts/build_corpus.py export --root ROOT          # data/corpus/responses-*.jsonl.gz
 
 ``magpie`` samples user turns from the verifier's own chat template (see
 ``specui.data.magpie``) into ROOT/magpie-raw.jsonl; ``prompts`` mixes the kept
 turns with the templated tasks and the other sets' training splits into the
 shipped prompt file; ``responses`` self-distils the verifier's greedy answers
-into ROOT/cache (the cache ``specui train`` reads).  Each stage appends batch by
+into ROOT/cache (the cache ``specui train`` reads); ``export`` ships those of the
+corpus's training prompts as data/corpus/responses-*.jsonl.gz, which ``specui
+train`` reads before its own cache, so nobody regenerates them.  Each stage appends batch by
 batch: kill it at any time and run it again to continue.  One torch thread
 unless THREADS says otherwise (two threads on this 2-core machine's shared cores
 are slower than one).
@@ -118,6 +121,17 @@ def responses(a: argparse.Namespace) -> None:
     print(f"responses: {len(samples)} samples, {tokens} response tokens, {time.time() - t0:.0f} s this run", flush=True)
 
 
+def export(a: argparse.Namespace) -> None:
+    from specui.data import load_prompts
+    from specui.data.distill import export_cache, prompt_key
+    from specui.verifier import Verifier
+
+    verifier = Verifier.load("embedded")
+    keep = {prompt_key(p.encode(verifier)) for p in load_prompts(a.prompts, split="train")}
+    for path in export_cache(Path(a.root) / "cache", REPO / "data" / "corpus", keep):
+        print(f"export: {path} ({path.stat().st_size / 2**20:.1f} MiB)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="stage", required=True)
@@ -137,8 +151,11 @@ def main() -> None:
     r.add_argument("--max-new-tokens", type=int, default=128)
     r.add_argument("--max-prompt-tokens", type=int, default=None)
     r.add_argument("--batch-size", type=int, default=64)
+    e = sub.add_parser("export")
+    e.add_argument("--root", required=True)
+    e.add_argument("--prompts", default="general")
     a = ap.parse_args()
-    {"magpie": magpie, "prompts": prompts, "responses": responses}[a.stage](a)
+    {"magpie": magpie, "prompts": prompts, "responses": responses, "export": export}[a.stage](a)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import Counter
 
@@ -80,3 +81,25 @@ def test_the_shipped_corpus_is_broad():
     # At least five kinds of task, none of them most of the corpus.
     assert len([k for k, n in kinds.items() if n >= 100]) >= 5, kinds
     assert max(kinds.values()) < 0.5 * len(rows), kinds
+
+
+def test_shipped_responses_are_read_first_and_nothing_is_generated_again(tmp_path, monkeypatch):
+    from specui.data.distill import export_cache, prompt_key, self_distill, synthetic_prompts
+    from tests.conftest import make_tiny_verifier
+
+    verifier = make_tiny_verifier(vocab_size=16, eos=None)
+    prompts = synthetic_prompts(3, 16)
+    first = self_distill(verifier, prompts, 4, batch_size=2, cache_dir=tmp_path / "run1")
+    assert all(len(s.response_ids) == 4 for s in first)
+    shipped = tmp_path / "shipped"
+    [gz] = export_cache(tmp_path / "run1", shipped / "corpus")
+    assert export_cache(tmp_path / "run1", tmp_path / "again") and (tmp_path / "again" / gz.name).read_bytes() == gz.read_bytes()
+    monkeypatch.setenv("SPECUI_SHIPPED_DIR", str(shipped))
+    totals: list[int] = []
+    second = self_distill(verifier, prompts, 4, batch_size=2, cache_dir=tmp_path / "run2",
+                          progress=lambda done, total: totals.append(total))  # fmt: skip
+    assert totals == [0]  # every response came from the shipped file
+    assert [s.response_ids for s in second] == [s.response_ids for s in first]
+    # Only the kept prompts are exported.
+    [part] = export_cache(tmp_path / "run1", tmp_path / "part", keep={prompt_key(first[0].prompt_ids)})
+    assert len(gzip.decompress(part.read_bytes()).decode().splitlines()) == 1

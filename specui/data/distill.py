@@ -9,6 +9,7 @@ interrupted run keeps what it finished.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from specui.data.prompts import Prompt
+from specui.paths import shipped_data_dir
 from specui.trace import SpecUIError
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,11 @@ def _hash_ids(*seqs: Sequence[int]) -> str:
     for s in seqs:
         h.update(b"|" + ",".join(map(str, s)).encode())
     return h.hexdigest()
+
+
+def prompt_key(prompt_ids: Sequence[int]) -> str:
+    """The response cache's key of a prompt: the hash of its token ids."""
+    return _hash_ids(prompt_ids)
 
 
 def verifier_fingerprint(verifier) -> str:
@@ -100,11 +107,14 @@ def self_distill(
             raise SpecUIError(f"prompt {p.id}: token ids {bad[:5]} outside the verifier's vocabulary ({verifier.vocab_size})")
         encoded.append((p, tuple(ids)))
 
-    cache: dict[str, tuple[int, ...]] = {}
+    name = f"responses-{verifier_fingerprint(verifier)}-n{max_new_tokens}.jsonl"
+    # The responses the repository ships (data/corpus/, for the embedded verifier) first: hours
+    # of generation nobody has to repeat; the run's own cache adds to them.
+    cache: dict[str, tuple[int, ...]] = _read_cache(shipped_data_dir() / "corpus" / f"{name}.gz")
     path = None
     if cache_dir is not None:
-        path = Path(cache_dir) / f"responses-{verifier_fingerprint(verifier)}-n{max_new_tokens}.jsonl"
-        cache = _read_cache(path)
+        path = Path(cache_dir) / name
+        cache.update(_read_cache(path))
 
     todo = [(p, ids) for p, ids in encoded if p.response_ids is None and _hash_ids(ids) not in cache]
     # Similar lengths in one batch waste less compute on padding.
@@ -175,7 +185,8 @@ def _read_cache(path: Path) -> dict[str, tuple[int, ...]]:
     cache: dict[str, tuple[int, ...]] = {}
     if not path.is_file():
         return cache
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    for lineno, line in enumerate(text.splitlines(), start=1):
         try:
             row = json.loads(line)
             cache[row["key"]] = tuple(int(t) for t in row["response_ids"])
@@ -203,4 +214,21 @@ def synthetic_prompts(n: int, vocab_size: int, min_len: int = 8, max_len: int = 
         length = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
         ids = allowed[torch.randint(len(allowed), (length,), generator=g)].tolist()
         out.append(Prompt(f"synthetic-{seed}-{i}", "synthetic", token_ids=tuple(ids)))
+    return out
+
+
+def export_cache(cache_dir: str | Path, dest_dir: str | Path, keep: set[str] | None = None) -> list[Path]:
+    """Gzip the response caches of ``cache_dir`` into ``dest_dir`` (what ``self_distill`` reads
+    first), only the keys in ``keep`` when given, in a stable order (same content, same bytes)."""
+    out = []
+    for src in sorted(Path(cache_dir).glob("responses-*.jsonl")):
+        rows = _read_cache(src)
+        lines = "".join(json.dumps({"key": k, "response_ids": list(v)}) + "\n" for k, v in sorted(rows.items())
+                        if keep is None or k in keep)  # fmt: skip
+        dest = Path(dest_dir) / f"{src.name}.gz"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_suffix(".tmp")
+        tmp.write_bytes(gzip.compress(lines.encode(), mtime=0))
+        tmp.replace(dest)
+        out.append(dest)
     return out
