@@ -103,3 +103,21 @@ def test_shipped_responses_are_read_first_and_nothing_is_generated_again(tmp_pat
     # Only the kept prompts are exported.
     [part] = export_cache(tmp_path / "run1", tmp_path / "part", keep={prompt_key(first[0].prompt_ids)})
     assert len(gzip.decompress(part.read_bytes()).decode().splitlines()) == 1
+
+
+def test_response_cache_key_follows_the_weights_not_the_folder(tmp_path, fixture_dir):
+    import shutil
+
+    import torch
+
+    from specui.data.distill import verifier_fingerprint
+    from specui.verifier import Verifier
+
+    shutil.copytree(fixture_dir / "verifier", tmp_path / "elsewhere")
+    here, there = Verifier.load(str(fixture_dir / "verifier")), Verifier.load(str(tmp_path / "elsewhere"))
+    assert verifier_fingerprint(here) == verifier_fingerprint(there)  # shipped caches work on any machine
+    changed = Verifier.load(str(tmp_path / "elsewhere"))
+    with torch.no_grad():
+        changed.lm_head.weight[0, 0] += 1.0
+    changed.__dict__.pop("fingerprint", None)  # computed once per load; this load's weights changed after
+    assert verifier_fingerprint(changed) != verifier_fingerprint(here)

@@ -66,12 +66,16 @@ def prompt_key(prompt_ids: Sequence[int]) -> str:
     return _hash_ids(prompt_ids)
 
 
+# Config fields that say where and how a model was loaded, not what it computes: a cache must
+# survive another folder (another machine's cache path) and a transformers upgrade.
+_PROVENANCE_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
+
+
 def verifier_fingerprint(verifier) -> str:
-    """A short id of the verifier's weights and config: caches of another model never match."""
-    h = hashlib.sha256(verifier.config.to_json_string(use_diff=False).encode())
-    # A slice of the embedding and of the LM head tells fine-tunes of one architecture apart.
-    for w in (verifier.embed_tokens.weight, verifier.lm_head.weight):
-        h.update(w.detach().flatten()[:4096].float().numpy().tobytes())
+    """A short id of the verifier's weights and architecture: caches of another model never match."""
+    cfg = {k: v for k, v in verifier.config.to_dict().items() if k not in _PROVENANCE_KEYS}
+    h = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
+    h.update(verifier.fingerprint.encode())
     return h.hexdigest()[:16]
 
 
