@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from specui.algorithms.layers import LayerConfig
+from specui.algorithms.layers import LayerConfig, init_weights, set_draft_vocab
 from specui.sampling import process_logits
 from specui.trace import MAX_SPECULATIVE_TOKENS, Proposal, SamplingParams, SpecUIError
 
@@ -240,6 +240,25 @@ class DraftModel(nn.Module):
     config_class: ClassVar[type[DraftConfig]]
     verifier_fallback: ClassVar[tuple[str, ...]] = ()
     config: DraftConfig
+
+    @classmethod
+    def initialised(cls, config: DraftConfig, verifier: Verifier, seed: int | None,
+                    draft_vocab: torch.Tensor | list[int] | None) -> DraftModel:
+        """The shared tail of every ``create``: check ``config`` against the verifier, then a
+        seeded initialisation and the reduced draft vocabulary (if any)."""
+        problems = config.problems(verifier)
+        if problems:
+            raise SpecUIError("; ".join(problems))
+        with seeded(seed):
+            model = cls(config)
+            init_weights(model, config.layer.initializer_range)
+            model.init_extra()
+        if draft_vocab is not None:
+            set_draft_vocab(model, draft_vocab)
+        return model
+
+    def init_extra(self) -> None:
+        """Subclass hook: initialisation beyond init_weights."""
 
     def bind_verifier(self, verifier: Verifier) -> None:
         """Borrow the frozen verifier parts this model uses but does not store."""

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specui.algorithms.base import Borrowed, DraftConfig, DraftModel, seeded, verifier_identity
+from specui.algorithms.base import Borrowed, DraftConfig, DraftModel, verifier_identity
 from specui.algorithms.dflash.config import DFlashConfig
 from specui.algorithms.layers import (
     KV,
@@ -35,9 +35,7 @@ from specui.algorithms.layers import (
     RMSNorm,
     Rotary,
     draft_vocab_rows,
-    init_weights,
     register_vocab_map,
-    set_draft_vocab,
 )
 from specui.trace import SpecUIError
 
@@ -134,20 +132,9 @@ class DFlashModel(DraftModel):
         )
         if not config.sample_from_anchor:  # slot 0 only echoes the anchor
             config.num_speculative_tokens = block_size - 1
-        problems = config.problems(verifier)
-        if problems:
-            raise SpecUIError("; ".join(problems))
-        with seeded(seed):
-            model = cls(config)
-            init_weights(model, layer.initializer_range)
-            model.init_extra()
-        if draft_vocab is not None:
-            set_draft_vocab(model, draft_vocab)
+        model = cls.initialised(config, verifier, seed, draft_vocab)
         model.bind_verifier(verifier)
         return model.to(next(verifier.model.parameters()).device)
-
-    def init_extra(self) -> None:
-        """Subclass hook: initialisation beyond init_weights."""
 
     def bind_verifier(self, verifier: Any) -> None:
         lm_head = verifier.lm_head

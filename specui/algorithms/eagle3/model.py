@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from specui.algorithms.base import DraftConfig, DraftModel, seeded, verifier_identity
+from specui.algorithms.base import DraftConfig, DraftModel, verifier_identity
 from specui.algorithms.eagle3.config import Eagle3Config
 from specui.algorithms.layers import (
     KV,
@@ -41,10 +41,8 @@ from specui.algorithms.layers import (
     Rotary,
     draft_vocab_rows,
     extend_kv,
-    init_weights,
     project_features,
     register_vocab_map,
-    set_draft_vocab,
 )
 from specui.trace import SpecUIError
 
@@ -153,15 +151,7 @@ class Eagle3Model(DraftModel):
             **verifier_identity(verifier),
             **(cls.default_options | cls.create_defaults(verifier) | options),
         )
-        problems = config.problems(verifier)
-        if problems:
-            raise SpecUIError("; ".join(problems))
-        with seeded(seed):
-            model = cls(config)
-            init_weights(model, layer.initializer_range)
-            model.init_extra()
-        if draft_vocab is not None:
-            set_draft_vocab(model, draft_vocab)
+        model = cls.initialised(config, verifier, seed, draft_vocab)
         with torch.no_grad():
             for key in cls.verifier_fallback:
                 model.get_parameter(key).copy_(model.fallback_tensor(key, verifier))
@@ -170,9 +160,6 @@ class Eagle3Model(DraftModel):
     @classmethod
     def create_defaults(cls, verifier: Any) -> dict[str, Any]:
         return {}
-
-    def init_extra(self) -> None:
-        """Subclass hook: initialisation beyond init_weights."""
 
     def fallback_tensor(self, key: str, verifier: Any) -> torch.Tensor:
         if key == "embed_tokens.weight":
