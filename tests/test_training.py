@@ -161,6 +161,23 @@ def test_warm_start_keeps_the_source_draft_vocabulary(data, fixture_verifier, tm
     assert fresh.model is not None
 
 
+def test_warm_start_onto_another_draft_vocabulary_moves_the_shared_tokens_rows():
+    """General data after math: a larger draft vocabulary keeps the head rows of the tokens
+    both vocabularies hold (at their new slots); the new tokens keep their fresh init."""
+    from specui.training.loop import _remapped_vocab_rows
+
+    def d2t(ids):
+        return torch.tensor(ids) - torch.arange(len(ids))
+
+    old = {"d2t": d2t([5, 7, 9]), "lm_head.weight": torch.tensor([[5.0, 5], [7, 7], [9, 9]]), "fc.weight": torch.ones(2, 2)}
+    own = {"d2t": d2t([5, 7, 11, 13]), "lm_head.weight": torch.zeros(4, 2), "fc.weight": torch.zeros(3, 2)}
+    moved = _remapped_vocab_rows(old, own)
+    assert set(moved) == {"lm_head.weight"}  # d2t stays the run's own; fc is not a vocabulary tensor
+    assert moved["lm_head.weight"].tolist() == [[5, 5], [7, 7], [0, 0], [0, 0]]
+    same = _remapped_vocab_rows(old, {**own, "d2t": old["d2t"]})
+    assert torch.equal(same["d2t"], old["d2t"])
+
+
 # --- bad input --------------------------------------------------------------------------------
 
 

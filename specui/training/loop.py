@@ -453,15 +453,49 @@ def inherited_draft_vocab(path: Path, size: int) -> torch.Tensor | None:
     return draft_target_ids(d2t) if d2t.numel() == size else None
 
 
+_VOCAB_MAPS = ("d2t", "t2d")  # the run's own draft vocabulary, set by build(); never copied
+
+
+def _remapped_vocab_rows(src: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Draft-vocabulary rows of ``src`` moved to where the same tokens sit in ``own``.
+
+    A warm start onto another draft vocabulary (general data after math) would
+    otherwise re-initialise the whole draft head; the tokens both vocabularies
+    hold keep what they learned, the others keep their fresh init.  The maps
+    themselves (``d2t``, ``t2d``) stay the run's own.
+    """
+    if "d2t" not in src or "d2t" not in own:
+        return {}
+    if torch.equal(src["d2t"], own["d2t"]):
+        return {k: v for k, v in src.items() if k in _VOCAB_MAPS and k in own}
+    old_ids, new_ids = draft_target_ids(src["d2t"].long()), draft_target_ids(own["d2t"].long())
+    old_slot = {int(t): i for i, t in enumerate(old_ids.tolist())}
+    pairs = [(j, old_slot[int(t)]) for j, t in enumerate(new_ids.tolist()) if int(t) in old_slot]
+    if not pairs:
+        return {}
+    new_rows, old_rows = (torch.tensor(c) for c in zip(*pairs))
+    out = {}
+    for k, v in src.items():
+        mine = own.get(k)
+        if k in _VOCAB_MAPS or mine is None or v.dim() == 0 or mine.shape == v.shape:
+            continue
+        if v.shape[0] == old_ids.numel() and mine.shape[0] == new_ids.numel() and v.shape[1:] == mine.shape[1:]:
+            w = mine.clone()
+            w[new_rows] = v[old_rows].to(w.dtype)
+            out[k] = w
+    return out
+
+
 def warm_start(model: nn.Module, path: Path, verifier, hooks: TrainHooks) -> None:
     """Copy every tensor of checkpoint ``path`` whose name and shape fit (DSpark from DFlash)."""
     from specui.algorithms.checkpoint import load_model
 
     src = load_model(path, verifier).state_dict()
     own = model.state_dict()
-    taken = {k: v for k, v in src.items() if k in own and own[k].shape == v.shape}
+    taken = {k: v for k, v in src.items() if k in own and own[k].shape == v.shape and k not in _VOCAB_MAPS}
+    taken.update(_remapped_vocab_rows(src, own))
     if not taken:
         raise SpecUIError(f"nothing in {path} fits this drafter (different verifier or shape)")
     model.load_state_dict(taken, strict=False)
-    fresh = sorted(set(own) - set(taken))
+    fresh = sorted(set(own) - set(taken) - set(_VOCAB_MAPS))
     hooks.say(f"warm start from {path}: {len(taken)} tensors copied" + (f", new: {', '.join(fresh)}" if fresh else ""))
