@@ -38,9 +38,15 @@ def data(tmp_path_factory, fixture_dir):
     rng = random.Random(0)
     with open(root / "prompts.jsonl", "w") as f:
         for i in range(16):
-            ids = [rng.randrange(0, 500) for _ in range(rng.randint(6, 16))]  # never the mask id 511
+            ids = [
+                rng.randrange(0, 500) for _ in range(rng.randint(6, 16))
+            ]  # never the mask id 511
             f.write(json.dumps({"id": f"p{i}", "prompt_ids": ids}) + "\n")
-    return {"prompts": root / "prompts.jsonl", "cache": root / "cache", "verifier": fixture_dir / "verifier"}
+    return {
+        "prompts": root / "prompts.jsonl",
+        "cache": root / "cache",
+        "verifier": fixture_dir / "verifier",
+    }
 
 
 def args(data, out: Path, *extra: str, steps: int = 20) -> list[str]:
@@ -66,7 +72,9 @@ ALGORITHM_ARGS = {
 
 
 @pytest.mark.parametrize("algorithm", list(ALGORITHM_ARGS))
-def test_train_lowers_the_loss_and_saves_a_loadable_drafter(algorithm, data, fixture_dir, fixture_verifier, tmp_path, capsys):
+def test_train_lowers_the_loss_and_saves_a_loadable_drafter(
+    algorithm, data, fixture_dir, fixture_verifier, tmp_path, capsys
+):
     out = tmp_path / algorithm
     extra = [a.replace("FIXTURES", str(fixture_dir)) for a in ALGORITHM_ARGS[algorithm]]
     assert main(args(data, out, "--algorithm", algorithm, *extra)) == 0
@@ -84,7 +92,10 @@ def test_train_lowers_the_loss_and_saves_a_loadable_drafter(algorithm, data, fix
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["speculators_model_type"] == algorithm
     # The final drafter is the last checkpoint's weights.
-    final, last = load_file(str(out / "model.safetensors")), load_file(str(latest_checkpoint(out).path / "model.safetensors"))
+    final, last = (
+        load_file(str(out / "model.safetensors")),
+        load_file(str(latest_checkpoint(out).path / "model.safetensors")),
+    )
     assert latest_checkpoint(out).step == 20
     assert all(torch.equal(final[k], last[k]) for k in final)
 
@@ -93,8 +104,12 @@ def test_dspark_warm_start_copies_the_dflash_backbone(data, fixture_dir, fixture
     from specui.training.loop import warm_start
     from specui.training.objectives import TargetHead, objective_for
 
-    cfg = TrainConfig(algorithm="dspark", verifier=str(data["verifier"]), aux_layer_ids=[1, 3, 4], markov_rank=16)
-    model = objective_for(cfg, fixture_verifier, TargetHead(fixture_verifier, None, torch.device("cpu"))).build()
+    cfg = TrainConfig(
+        algorithm="dspark", verifier=str(data["verifier"]), aux_layer_ids=[1, 3, 4], markov_rank=16
+    )
+    model = objective_for(
+        cfg, fixture_verifier, TargetHead(fixture_verifier, None, torch.device("cpu"))
+    ).build()
     said = []
     warm_start(model, fixture_dir / "dflash", fixture_verifier, TrainHooks(log=said.append))
     ref = load_model(fixture_dir / "dflash", fixture_verifier).state_dict()
@@ -104,7 +119,9 @@ def test_dspark_warm_start_copies_the_dflash_backbone(data, fixture_dir, fixture
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0, 2.0])
-def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(temperature, data, fixture_verifier):
+def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(
+    temperature, data, fixture_verifier
+):
     """The head's BCE target: 1 - TV of draft and verifier distributions at the configured
     temperature; at 0 both are one-hot, so it is whether the argmaxes agree."""
     from specui.algorithms.dspark import DSparkObjective
@@ -112,9 +129,14 @@ def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(te
 
     cfg = TrainConfig(algorithm="dspark", verifier=str(data["verifier"]), aux_layer_ids=[1, 3, 4], markov_rank=16,
                       confidence_temperature=temperature)  # fmt: skip
-    objective = DSparkObjective(cfg, fixture_verifier, TargetHead(fixture_verifier, None, torch.device("cpu")))
+    objective = DSparkObjective(
+        cfg, fixture_verifier, TargetHead(fixture_verifier, None, torch.device("cpu"))
+    )
     gen = torch.Generator().manual_seed(0)
-    logits, targets = torch.randn(3, 4, 50, generator=gen) * 3, torch.randn(3, 4, 50, generator=gen) * 3
+    logits, targets = (
+        torch.randn(3, 4, 50, generator=gen) * 3,
+        torch.randn(3, 4, 50, generator=gen) * 3,
+    )
     targets[0, :2] = logits[0, :2]  # some slots agree, so a greedy target has both outcomes
     tv1 = 1 - torch.minimum(logits.softmax(-1), targets.softmax(-1)).sum(-1)
     hit = logits.argmax(-1) == targets.argmax(-1)
@@ -123,7 +145,9 @@ def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(te
         expected = hit.float()
         assert 0 < expected.mean() < 1
     else:
-        expected = torch.minimum((logits / temperature).softmax(-1), (targets / temperature).softmax(-1)).sum(-1)
+        expected = torch.minimum(
+            (logits / temperature).softmax(-1), (targets / temperature).softmax(-1)
+        ).sum(-1)
     torch.testing.assert_close(got, expected)
     if temperature not in (0.0, 1.0):
         assert not torch.allclose(got, 1 - tv1)  # the temperature changes the target
@@ -141,7 +165,12 @@ def test_warm_start_keeps_the_source_draft_vocabulary(data, fixture_verifier, tm
     rng = random.Random(1)
     with open(other, "w") as f:
         for i in range(16):
-            f.write(json.dumps({"id": f"q{i}", "prompt_ids": [rng.randrange(250, 500) for _ in range(12)]}) + "\n")
+            f.write(
+                json.dumps(
+                    {"id": f"q{i}", "prompt_ids": [rng.randrange(250, 500) for _ in range(12)]}
+                )
+                + "\n"
+            )
 
     def run(out: Path, prompts: Path, init_from: Path | None = None):
         return train(TrainConfig(
@@ -157,7 +186,9 @@ def test_warm_start_keeps_the_source_draft_vocabulary(data, fixture_verifier, tm
     # The other prompts' most frequent tokens differ, so only the inherited vocabulary matches.
     assert not torch.equal(load_file(str(tmp_path / "fresh" / "model.safetensors"))["d2t"], src_d2t)
     assert torch.equal(load_file(str(tmp_path / "warm" / "model.safetensors"))["d2t"], src_d2t)
-    assert torch.equal(warm.model.lm_head.weight, source.model.lm_head.weight)  # frozen head rows, same tokens
+    assert torch.equal(
+        warm.model.lm_head.weight, source.model.lm_head.weight
+    )  # frozen head rows, same tokens
     assert fresh.model is not None
 
 
@@ -169,10 +200,20 @@ def test_warm_start_onto_another_draft_vocabulary_moves_the_shared_tokens_rows()
     def d2t(ids):
         return torch.tensor(ids) - torch.arange(len(ids))
 
-    old = {"d2t": d2t([5, 7, 9]), "lm_head.weight": torch.tensor([[5.0, 5], [7, 7], [9, 9]]), "fc.weight": torch.ones(2, 2)}
-    own = {"d2t": d2t([5, 7, 11, 13]), "lm_head.weight": torch.zeros(4, 2), "fc.weight": torch.zeros(3, 2)}
+    old = {
+        "d2t": d2t([5, 7, 9]),
+        "lm_head.weight": torch.tensor([[5.0, 5], [7, 7], [9, 9]]),
+        "fc.weight": torch.ones(2, 2),
+    }
+    own = {
+        "d2t": d2t([5, 7, 11, 13]),
+        "lm_head.weight": torch.zeros(4, 2),
+        "fc.weight": torch.zeros(3, 2),
+    }
     moved = _remapped_vocab_rows(old, own)
-    assert set(moved) == {"lm_head.weight"}  # d2t stays the run's own; fc is not a vocabulary tensor
+    assert set(moved) == {
+        "lm_head.weight"
+    }  # d2t stays the run's own; fc is not a vocabulary tensor
     assert moved["lm_head.weight"].tolist() == [[5, 5], [7, 7], [0, 0], [0, 0]]
     same = _remapped_vocab_rows(old, {**own, "d2t": old["d2t"]})
     assert torch.equal(same["d2t"], old["d2t"])
@@ -203,7 +244,9 @@ def test_verifier_that_cannot_be_loaded_is_refused(verifier, data, tmp_path, cap
         verifier = str(tmp_path / "v")
     elif verifier == "BROKEN":  # config.json but no usable weights
         (tmp_path / "v").mkdir()
-        (tmp_path / "v" / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 8}))
+        (tmp_path / "v" / "config.json").write_text(
+            json.dumps({"model_type": "qwen3", "hidden_size": 8})
+        )
         verifier = str(tmp_path / "v")
     a = args(data, tmp_path / "o", "--algorithm", "dflash")
     a[a.index("--verifier") + 1] = verifier
@@ -253,7 +296,14 @@ def test_failed_checkpoint_write_keeps_the_previous_one_loadable(data, fixture_v
     assert validate_checkpoint(before.path, fixture_verifier) == []
     load_drafter(before.path, fixture_verifier)
     # And training goes on from it once the disk has room again.
-    assert main(args(data, out, "--algorithm", "dflash", "--checkpoint-every", "5", "--resume", steps=15)) == 0
+    assert (
+        main(
+            args(
+                data, out, "--algorithm", "dflash", "--checkpoint-every", "5", "--resume", steps=15
+            )
+        )
+        == 0
+    )
     assert latest_checkpoint(out).step == 15
 
 
@@ -261,7 +311,13 @@ def test_resume_after_sigkill_continues_from_the_last_checkpoint(data, tmp_path)
     out = tmp_path / "o"
     a = args(data, out, "--algorithm", "dflash", "--checkpoint-every", "5", steps=100000)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "specui", *a], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specui", *a],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 90
         while latest_checkpoint(out) is None or latest_checkpoint(out).step < 10:
@@ -282,7 +338,7 @@ def test_resume_after_sigkill_continues_from_the_last_checkpoint(data, tmp_path)
     ))  # fmt: skip
     assert r.resumed_from == killed_at and r.step == killed_at + 5
     steps = [row["step"] for row in logged(out)]
-    assert steps[len(logged_before):] == [killed_at + 5]  # the step count went on, not from 0
+    assert steps[len(logged_before) :] == [killed_at + 5]  # the step count went on, not from 0
     assert [c.step for c in list_checkpoints(out)][-1] == killed_at + 5
 
 
@@ -315,7 +371,9 @@ def test_cancel_saves_a_checkpoint_and_stops(data, tmp_path):
     )  # fmt: skip
     assert r.status == "cancelled" and r.step == 3
     assert latest_checkpoint(tmp_path / "o").step == 3
-    assert not (tmp_path / "o" / "model.safetensors").exists()  # no "final" drafter for a cancelled run
+    assert not (
+        tmp_path / "o" / "model.safetensors"
+    ).exists()  # no "final" drafter for a cancelled run
 
 
 # --- several processes ---------------------------------------------------------------------------

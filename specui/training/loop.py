@@ -57,7 +57,9 @@ VLLM_LOG = "vllm-extract.log"  # the vLLM extraction server's log, in the run's 
 class TrainHooks:
     """How a caller (CLI, job worker, test) watches and steers a run.  All optional."""
 
-    progress: Callable[[int, int, dict[str, float]], None] | None = None  # (step, total, last metrics)
+    progress: Callable[[int, int, dict[str, float]], None] | None = (
+        None  # (step, total, last metrics)
+    )
     log: Callable[[str], None] | None = None
     metric: Callable[[int, str, float], None] | None = None
     cancelled: Callable[[], bool] | None = None
@@ -79,7 +81,9 @@ class TrainResult:
     status: str  # "finished" | "cancelled"
     metrics: dict[str, float] = field(default_factory=dict)  # the last logged
     resumed_from: int | None = None
-    model: nn.Module | None = field(default=None, repr=False)  # the trained drafter (this process's copy)
+    model: nn.Module | None = field(
+        default=None, repr=False
+    )  # the trained drafter (this process's copy)
 
 
 class StepModule(nn.Module):
@@ -112,7 +116,9 @@ def step_seed(seed: int, step: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 7919 + rank * 104_729) % (2**63 - 1)
 
 
-def batch_indices(step: int, num_samples: int, batch_size: int, world: int, rank: int, seed: int) -> list[int]:
+def batch_indices(
+    step: int, num_samples: int, batch_size: int, world: int, rank: int, seed: int
+) -> list[int]:
     """This process's share of global batch ``step``: epochs of seeded permutations."""
     gb = batch_size * world
     perms: dict[int, torch.Tensor] = {}
@@ -120,7 +126,9 @@ def batch_indices(step: int, num_samples: int, batch_size: int, world: int, rank
     for j in range(rank, gb, world):
         epoch, i = divmod(step * gb + j, num_samples)
         if epoch not in perms:
-            perms[epoch] = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + 7 * epoch))
+            perms[epoch] = torch.randperm(
+                num_samples, generator=torch.Generator().manual_seed(seed + 7 * epoch)
+            )
         out.append(int(perms[epoch][i]))
     return out
 
@@ -128,7 +136,9 @@ def batch_indices(step: int, num_samples: int, batch_size: int, world: int, rank
 # --- data ------------------------------------------------------------------------------------
 
 
-def prepare_samples(cfg: TrainConfig, verifier, cache_dir: Path, d: distributed.Dist, hooks: TrainHooks) -> list[TokenSample]:
+def prepare_samples(
+    cfg: TrainConfig, verifier, cache_dir: Path, d: distributed.Dist, hooks: TrainHooks
+) -> list[TokenSample]:
     """Train-split prompts -> self-distilled token samples, cut to ``max_seq_len``."""
     prompts = load_prompts(cfg.prompts, split="train", limit=cfg.num_prompts)
     if not prompts:
@@ -140,8 +150,12 @@ def prepare_samples(cfg: TrainConfig, verifier, cache_dir: Path, d: distributed.
 
     # The first process generates (and caches); the others then read the cache.
     if d.is_main:
-        hooks.say(f"self-distillation: {len(prompts)} prompts, up to {cfg.max_new_tokens} new tokens each")
-        samples = self_distill(verifier, prompts, cfg.max_new_tokens, cfg.gen_batch_size, cache_dir, progress=progress)
+        hooks.say(
+            f"self-distillation: {len(prompts)} prompts, up to {cfg.max_new_tokens} new tokens each"
+        )
+        samples = self_distill(
+            verifier, prompts, cfg.max_new_tokens, cfg.gen_batch_size, cache_dir, progress=progress
+        )
     d.barrier()
     if not d.is_main:
         samples = self_distill(verifier, prompts, cfg.max_new_tokens, cfg.gen_batch_size, cache_dir)
@@ -170,7 +184,9 @@ def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> TrainResult:
         distributed.teardown(d)
 
 
-def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: contextlib.ExitStack) -> TrainResult:
+def _train(
+    cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: contextlib.ExitStack
+) -> TrainResult:
     from specui.verifier import Verifier
 
     if cfg.threads:
@@ -178,7 +194,9 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
     out = Path(cfg.out).expanduser()
     ckpt = latest_checkpoint(out)
     if ckpt is not None and not cfg.resume:
-        raise SpecUIError(f"{out} already holds training checkpoints (step {ckpt.step}); pass --resume to continue, or choose another --out")
+        raise SpecUIError(
+            f"{out} already holds training checkpoints (step {ckpt.step}); pass --resume to continue, or choose another --out"
+        )
     if d.is_main:
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -197,9 +215,15 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
     samples = prepare_samples(cfg, verifier, cache_dir, d, hooks)
     kept = None
     if cfg.draft_vocab_size is not None and cfg.draft_vocab_size < verifier.vocab_size:
-        kept = inherited_draft_vocab(Path(cfg.init_from), cfg.draft_vocab_size) if cfg.init_from else None
+        kept = (
+            inherited_draft_vocab(Path(cfg.init_from), cfg.draft_vocab_size)
+            if cfg.init_from
+            else None
+        )
         if kept is not None:
-            hooks.say(f"draft vocabulary of {cfg.draft_vocab_size} tokens kept from {cfg.init_from}")
+            hooks.say(
+                f"draft vocabulary of {cfg.draft_vocab_size} tokens kept from {cfg.init_from}"
+            )
         else:
             kept = most_frequent_tokens(samples, verifier.vocab_size, cfg.draft_vocab_size)
     objective = objective_for(cfg, verifier, TargetHead(verifier, kept, d.device))
@@ -225,7 +249,9 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(trainable, cfg)
     n_params = sum(p.numel() for p in trainable)
-    hooks.say(f"{cfg.algorithm} drafter: {cfg.num_layers} layers, {n_params / 1e6:.2f} M trainable parameters, {len(samples)} samples")
+    hooks.say(
+        f"{cfg.algorithm} drafter: {cfg.num_layers} layers, {n_params / 1e6:.2f} M trainable parameters, {len(samples)} samples"
+    )
 
     start, resumed_from = 0, None
     if ckpt is not None:
@@ -235,8 +261,18 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
     if start >= cfg.steps:
         hooks.say(f"already trained {start} steps (asked for {cfg.steps})")
 
-    store = hidden_state_store(cfg, verifier, model.config.aux_layer_ids, samples, cache_dir / "hidden", out, d, hooks,
-                               cleanup, prepare=start < cfg.steps)
+    store = hidden_state_store(
+        cfg,
+        verifier,
+        model.config.aux_layer_ids,
+        samples,
+        cache_dir / "hidden",
+        out,
+        d,
+        hooks,
+        cleanup,
+        prepare=start < cfg.steps,
+    )
 
     step_module = StepModule(model, objective)
     runner: nn.Module = step_module
@@ -244,10 +280,18 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         # Some heads (e.g. a confidence head with no valid slot in a batch) may get no gradient.
-        runner = DDP(step_module, device_ids=[d.device.index] if d.device.type == "cuda" else None, find_unused_parameters=True)
+        runner = DDP(
+            step_module,
+            device_ids=[d.device.index] if d.device.type == "cuda" else None,
+            find_unused_parameters=True,
+        )
 
     if d.is_main:
-        (out / RUN_FILE).write_text(json.dumps({"config": cfg.to_dict(), "world_size": d.world, "status": "running"}, indent=2))
+        (out / RUN_FILE).write_text(
+            json.dumps(
+                {"config": cfg.to_dict(), "world_size": d.world, "status": "running"}, indent=2
+            )
+        )
     metrics_path = out / METRICS_FILE
     last: dict[str, float] = {}
     window: list[dict[str, torch.Tensor]] = []
@@ -257,7 +301,9 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
     def checkpoint(at: int) -> Path:
         if hooks.checkpoint:
             hooks.checkpoint(at)
-        return save_checkpoint(out, at, model, optimizer, {"algorithm": cfg.algorithm}, cfg.keep_checkpoints)
+        return save_checkpoint(
+            out, at, model, optimizer, {"algorithm": cfg.algorithm}, cfg.keep_checkpoints
+        )
 
     step = start
     gen = torch.Generator(device="cpu")
@@ -283,11 +329,21 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
         step += 1
 
         tokens_window += sum(len(s) for s in batch)
-        window.append({"loss": loss.detach(), "grad_norm": grad_norm.detach(), **{k: v.detach() for k, v in metrics.items()}})
+        window.append(
+            {
+                "loss": loss.detach(),
+                "grad_norm": grad_norm.detach(),
+                **{k: v.detach() for k, v in metrics.items()},
+            }
+        )
         if step % cfg.log_every == 0 or step == cfg.steps:
             elapsed = time.perf_counter() - t_window
             last = summarize(window, d)
-            last.update(lr=lr, step_time_s=elapsed / len(window), tokens_per_s=tokens_window * d.world / max(elapsed, 1e-9))
+            last.update(
+                lr=lr,
+                step_time_s=elapsed / len(window),
+                tokens_per_s=tokens_window * d.world / max(elapsed, 1e-9),
+            )
             window, t_window, tokens_window = [], time.perf_counter(), 0
             if d.is_main:
                 with metrics_path.open("a") as f:
@@ -295,7 +351,9 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
                 if hooks.metric:
                     for k, v in last.items():
                         hooks.metric(step, k, v)
-                hooks.say(f"step {step}/{cfg.steps} loss {last['loss']:.4f} accept_len {last.get('accept_len', float('nan')):.2f} lr {lr:.2e}")
+                hooks.say(
+                    f"step {step}/{cfg.steps} loss {last['loss']:.4f} accept_len {last.get('accept_len', float('nan')):.2f} lr {lr:.2e}"
+                )
         if d.is_main and hooks.progress:
             hooks.progress(step, cfg.steps, last)
         if step % cfg.checkpoint_every == 0 and step < cfg.steps and d.is_main:
@@ -313,16 +371,27 @@ def _train(cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: co
                 save_drafter(model, out)
             except (OSError, SafetensorError) as e:
                 reason = getattr(e, "strerror", None) or e
-                raise SpecUIError(f"could not save the final drafter in {out}: {reason} (the last checkpoint is kept)") from None
+                raise SpecUIError(
+                    f"could not save the final drafter in {out}: {reason} (the last checkpoint is kept)"
+                ) from None
             hooks.say(f"saved drafter to {out}")
         run = json.loads((out / RUN_FILE).read_text())
         run.update(status=status, step=step, metrics=strict(last))
         (out / RUN_FILE).write_text(json.dumps(run, indent=2))
     d.barrier()
-    return TrainResult(out=out, step=step, status=status, metrics=last, resumed_from=resumed_from, model=model.eval())
+    return TrainResult(
+        out=out,
+        step=step,
+        status=status,
+        metrics=last,
+        resumed_from=resumed_from,
+        model=model.eval(),
+    )
 
 
-def make_extractor(cfg: TrainConfig, verifier, aux_layer_ids: list[int], out: Path, hooks: TrainHooks) -> HiddenStateExtractor:
+def make_extractor(
+    cfg: TrainConfig, verifier, aux_layer_ids: list[int], out: Path, hooks: TrainHooks
+) -> HiddenStateExtractor:
     """The extractor ``cfg.extractor`` names.  A vLLM one starts its server on first use
     (never, when the cache is already full) and must be closed."""
     if cfg.extractor == "local":
@@ -342,9 +411,18 @@ def make_extractor(cfg: TrainConfig, verifier, aux_layer_ids: list[int], out: Pa
     concurrency = 4 if is_cpu_build(vllm_python(cfg.vllm_python)) else 32
 
     def launched(s: VLLMServer) -> None:
-        hooks.say(f"vLLM extraction server on {s.base_url} (pid {s.server_pid}), ready after {s.ready_after_s or 0:.0f} s; log {s.log_path}")
+        hooks.say(
+            f"vLLM extraction server on {s.base_url} (pid {s.server_pid}), ready after {s.ready_after_s or 0:.0f} s; log {s.log_path}"
+        )
 
-    return VLLMExtractor.from_verifier(cfg.verifier, verifier, aux_layer_ids, server_config=server, concurrency=concurrency, on_launch=launched)
+    return VLLMExtractor.from_verifier(
+        cfg.verifier,
+        verifier,
+        aux_layer_ids,
+        server_config=server,
+        concurrency=concurrency,
+        on_launch=launched,
+    )
 
 
 def check_vllm_extraction(cfg: TrainConfig, d: distributed.Dist) -> None:
@@ -353,15 +431,26 @@ def check_vllm_extraction(cfg: TrainConfig, d: distributed.Dist) -> None:
 
     if cfg.extraction == "online" and d.enabled:
         # Every process would launch a server of its own (on the same GPU, or the same cores).
-        raise SpecUIError("online extraction with the vLLM extractor runs in one process only; "
-                          "use --extraction offline (the default for vLLM) under torchrun")
+        raise SpecUIError(
+            "online extraction with the vLLM extractor runs in one process only; "
+            "use --extraction offline (the default for vLLM) under torchrun"
+        )
     resolve_model(cfg.verifier)  # vLLM serves Hugging Face folders and hub ids, not .gguf files
     check_installed(vllm_python(cfg.vllm_python))
 
 
 def hidden_state_store(
-    cfg: TrainConfig, verifier, aux_layer_ids: list[int], samples: list[TokenSample], cache_dir: Path, out: Path,
-    d: distributed.Dist, hooks: TrainHooks, cleanup: contextlib.ExitStack, *, prepare: bool = True,
+    cfg: TrainConfig,
+    verifier,
+    aux_layer_ids: list[int],
+    samples: list[TokenSample],
+    cache_dir: Path,
+    out: Path,
+    d: distributed.Dist,
+    hooks: TrainHooks,
+    cleanup: contextlib.ExitStack,
+    *,
+    prepare: bool = True,
 ) -> HiddenStateStore:
     """The trainer's source of hidden states; offline mode extracts everything now (``prepare``).
 
@@ -380,8 +469,14 @@ def hidden_state_store(
     if cfg.extractor == "vllm":
         if mode == "mixed":
             mode = "offline"
-        hooks.say("hidden states from vLLM: " + ("online, the server runs through training" if mode == "online"
-                                                 else "extracted first, the server stops before training"))
+        hooks.say(
+            "hidden states from vLLM: "
+            + (
+                "online, the server runs through training"
+                if mode == "online"
+                else "extracted first, the server stops before training"
+            )
+        )
     store = HiddenStateStore(extractor, samples, mode, cache_dir)
     if mode != "offline" or not prepare:
         return store
@@ -392,7 +487,9 @@ def hidden_state_store(
         chunk = 4 * getattr(extractor, "concurrency", 1)  # requests vLLM can batch
     else:
         mine, chunk = range(d.rank, len(samples), d.world), 8
-    hooks.say(f"extracting hidden states of {len(store.missing(mine))} of {len(samples)} samples (offline, {cfg.extractor})")
+    hooks.say(
+        f"extracting hidden states of {len(store.missing(mine))} of {len(samples)} samples (offline, {cfg.extractor})"
+    )
 
     def progress(done: int, total: int) -> None:
         if hooks.stage and d.is_main:
@@ -417,7 +514,9 @@ def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.
 def summarize(window: list[dict[str, torch.Tensor]], d: distributed.Dist) -> dict[str, float]:
     """Mean of each metric over the window's steps and over processes (NaN = absent)."""
     names = sorted(window[0])
-    local = torch.stack([torch.stack([w[k].float().cpu() for w in window]).nanmean() for k in names])
+    local = torch.stack(
+        [torch.stack([w[k].float().cpu() for w in window]).nanmean() for k in names]
+    )
     return {k: float(v) for k, v in zip(names, d.mean(local).tolist(), strict=True)}
 
 
@@ -429,7 +528,12 @@ def strict(metrics: dict[str, float]) -> dict[str, float | None]:
 def _to(s: SampleTensors, device: torch.device) -> SampleTensors:
     if device.type == "cpu":
         return s
-    return SampleTensors(*(t.to(device, non_blocking=True) for t in (s.input_ids, s.hidden_states, s.last_hidden, s.loss_mask)))
+    return SampleTensors(
+        *(
+            t.to(device, non_blocking=True)
+            for t in (s.input_ids, s.hidden_states, s.last_hidden, s.loss_mask)
+        )
+    )
 
 
 def inherited_draft_vocab(path: Path, size: int) -> torch.Tensor | None:
@@ -456,7 +560,9 @@ def inherited_draft_vocab(path: Path, size: int) -> torch.Tensor | None:
 _VOCAB_MAPS = ("d2t", "t2d")  # the run's own draft vocabulary, set by build(); never copied
 
 
-def _remapped_vocab_rows(src: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _remapped_vocab_rows(
+    src: dict[str, torch.Tensor], own: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """Draft-vocabulary rows of ``src`` moved to where the same tokens sit in ``own``.
 
     A warm start onto another draft vocabulary (general data after math) would
@@ -473,13 +579,17 @@ def _remapped_vocab_rows(src: dict[str, torch.Tensor], own: dict[str, torch.Tens
     pairs = [(j, old_slot[int(t)]) for j, t in enumerate(new_ids.tolist()) if int(t) in old_slot]
     if not pairs:
         return {}
-    new_rows, old_rows = (torch.tensor(c) for c in zip(*pairs))
+    new_rows, old_rows = (torch.tensor(c) for c in zip(*pairs, strict=True))
     out = {}
     for k, v in src.items():
         mine = own.get(k)
         if k in _VOCAB_MAPS or mine is None or v.dim() == 0 or mine.shape == v.shape:
             continue
-        if v.shape[0] == old_ids.numel() and mine.shape[0] == new_ids.numel() and v.shape[1:] == mine.shape[1:]:
+        if (
+            v.shape[0] == old_ids.numel()
+            and mine.shape[0] == new_ids.numel()
+            and v.shape[1:] == mine.shape[1:]
+        ):
             w = mine.clone()
             w[new_rows] = v[old_rows].to(w.dtype)
             out[k] = w
@@ -492,10 +602,17 @@ def warm_start(model: nn.Module, path: Path, verifier, hooks: TrainHooks) -> Non
 
     src = load_model(path, verifier).state_dict()
     own = model.state_dict()
-    taken = {k: v for k, v in src.items() if k in own and own[k].shape == v.shape and k not in _VOCAB_MAPS}
+    taken = {
+        k: v
+        for k, v in src.items()
+        if k in own and own[k].shape == v.shape and k not in _VOCAB_MAPS
+    }
     taken.update(_remapped_vocab_rows(src, own))
     if not taken:
         raise SpecUIError(f"nothing in {path} fits this drafter (different verifier or shape)")
     model.load_state_dict(taken, strict=False)
     fresh = sorted(set(own) - set(taken) - set(_VOCAB_MAPS))
-    hooks.say(f"warm start from {path}: {len(taken)} tensors copied" + (f", new: {', '.join(fresh)}" if fresh else ""))
+    hooks.say(
+        f"warm start from {path}: {len(taken)} tensors copied"
+        + (f", new: {', '.join(fresh)}" if fresh else "")
+    )
