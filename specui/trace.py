@@ -2,7 +2,7 @@
 one decoding step's trace and a finished generation's summary.
 
 The decoding loop (``specui.engine``) produces them; the store, the CLI and the
-dashboard consume them.  Metric definitions follow REFERENCE.md section 3.
+dashboard consume them.  Metric definitions: docs/algorithms.md, "Metrics".
 """
 
 from __future__ import annotations

