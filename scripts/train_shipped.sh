@@ -3,7 +3,7 @@
 # on a CPU, resumably.  Kill it at any time; run it again and it continues:
 #
 #   setsid nohup nice -n 19 scripts/train_shipped.sh >> "${SPECUI_TRAIN_ROOT:-/work/train-runs}/recipe.log" 2>&1 &
-#   scripts/train_shipped.sh STAGE...       # only those stages (distill dflash dspark peagle eagle3 ship bench calibrate card)
+#   scripts/train_shipped.sh STAGE...       # only those stages (distill dflash dspark peagle eagle3 ship bench math calibrate card)
 #
 # Stages (each skips what is done; training stages continue from their last checkpoint):
 # RUNS (the training runs and their results) is ROOT in round 1 and ROOT/round2 in round 2 (below).
@@ -113,6 +113,7 @@ CALIB_LIMIT=${CALIB_LIMIT:-12}          # the next N held-out prompts: DSpark te
 BENCH_MAX_NEW=${BENCH_MAX_NEW:-128}
 PRECISION=${PRECISION:-auto}            # the verifier's precision in the bench stages (auto | bf16 | fp32)
 ALGOS=${ALGOS:-"dflash dspark peagle eagle3"}
+MATH_LIMIT=${MATH_LIMIT:-36}            # ROUND=general's math stage: gsm-symbolic held-out prompts
 
 # Per algorithm: layers, steps, lr and the algorithm's own options.
 DFLASH_ARGS=${DFLASH_ARGS:-"--layers 3 --block-size 8 --max-anchors 64 --steps 2400 --lr 6e-4 --warmup-steps 100"}
@@ -211,6 +212,18 @@ stage_bench() {
   for t in $BENCH_TEMPS; do "$PY" "$REPO/scripts/train_shipped_tools.py" summary "$RUNS/bench-T$t.json"; done
 }
 
+stage_math() {  # ROUND=general: held-out math must not regress (the drafters replaced were trained on math)
+  local f=$RUNS/bench-math-T0.json names; names=$(shipped_algos | xargs)
+  if [ -f "$f" ] && [ "$(cat "$f.drafters" 2>/dev/null)" = "$names" ]; then say "math: done"; return; fi
+  # The replaced drafters' run of the same command (greedy tau is deterministic: an exact pair).
+  [ -f "$RUNS/bench-math-old-T0.json" ] || cp "$REPO/docs/shipped/math/bench36-T0.json" "$RUNS/bench-math-old-T0.json"
+  say "math: specui bench --shipped ($names) on $MATH_LIMIT held-out gsm-symbolic prompts"
+  "$SPECUI" bench --shipped --prompts gsm-symbolic --limit "$MATH_LIMIT" --max-new-tokens "$BENCH_MAX_NEW" \
+    --temperature 0 --seed 0 --threads "$THREADS" --precision "$PRECISION" --db "$RUNS/bench.db" --json > "$f.tmp"
+  mv "$f.tmp" "$f"; echo "$names" > "$f.drafters"
+  "$PY" "$REPO/scripts/train_shipped_tools.py" summary "$f"
+}
+
 stage_calibrate() {
   [ -f "$REPO/data/drafters/dspark/model.safetensors" ] || { say "calibrate: no shipped dspark"; return 1; }
   [ -f "$RUNS/bench-T0.json" ] || { say "calibrate: run bench first"; return 1; }
@@ -239,6 +252,7 @@ run_stage() {
     dflash|dspark|peagle|eagle3) stage_train "$1" ;;
     ship) stage_ship ;;
     bench) stage_bench ;;
+    math) stage_math ;;
     calibrate) stage_calibrate ;;
     card) stage_card ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
