@@ -372,7 +372,7 @@ def test_compare_chart_draws_each_interval_as_whiskers(three_runs) -> None:
     store, ids, _, _ = three_runs
     run_ids = [ids["base"], ids["conf"]]
     c = compare(store, run_ids)
-    _, bars, _, _ = charts(store, c, run_ids)
+    _, bars, _, _ = charts(c)
     conf_row = c.rows[1]
     trace = next(t for t in bars.data if t.name.startswith(f"{ids['conf']}:"))
     assert trace.error_y.array[0] == pytest.approx(conf_row["acceptance_length_ci_high"] - conf_row["acceptance_length"])
