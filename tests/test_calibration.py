@@ -33,7 +33,11 @@ def test_ece_matches_a_loop_over_equal_width_bins() -> None:
     total = 0.0
     for b in range(10):
         lo, hi = b / 10, (b + 1) / 10
-        in_bin = [(c, y) for c, y in zip(scores, labels, strict=True) if lo <= c < hi or (b == 9 and c == 1.0)]
+        in_bin = [
+            (c, y)
+            for c, y in zip(scores, labels, strict=True)
+            if lo <= c < hi or (b == 9 and c == 1.0)
+        ]
         if in_bin:
             conf = sum(c for c, _ in in_bin) / len(in_bin)
             acc = sum(y for _, y in in_bin) / len(in_bin)
@@ -45,7 +49,9 @@ def _prompts(seed: int, n: int = 30) -> tuple[np.ndarray, np.ndarray]:
     """Per-prompt (accepted tokens, drafts) with prompts of differing difficulty."""
     rng = np.random.default_rng(seed)
     drafts = rng.integers(20, 80, size=n).astype(float)
-    accepted = rng.binomial(drafts.astype(int) * 3, np.clip(rng.normal(0.5, 0.15, n), 0.05, 0.95)).astype(float)
+    accepted = rng.binomial(
+        drafts.astype(int) * 3, np.clip(rng.normal(0.5, 0.15, n), 0.05, 0.95)
+    ).astype(float)
     return accepted, drafts
 
 
@@ -80,7 +86,9 @@ def test_paired_speedup_interval_agrees_with_scipy_bootstrap() -> None:
     base_wall = tokens * rng.uniform(0.02, 0.04, size=25)  # prompts differ in cost per token
     wall = base_wall / rng.normal(1.6, 0.2, size=25)  # and in how much the drafter helps
 
-    def speedup(w: np.ndarray, t: np.ndarray, bw: np.ndarray, bt: np.ndarray, axis: int) -> np.ndarray:
+    def speedup(
+        w: np.ndarray, t: np.ndarray, bw: np.ndarray, bt: np.ndarray, axis: int
+    ) -> np.ndarray:
         return (bw.sum(axis=axis) / bt.sum(axis=axis)) / (w.sum(axis=axis) / t.sum(axis=axis))
 
     ref = bootstrap(
@@ -92,5 +100,7 @@ def test_paired_speedup_interval_agrees_with_scipy_bootstrap() -> None:
         method="percentile",
         rng=np.random.default_rng(9),
     ).confidence_interval
-    ours = ratio_interval(wall, tokens, base_num=base_wall, base_den=tokens, resamples=RESAMPLES, seed=3)
+    ours = ratio_interval(
+        wall, tokens, base_num=base_wall, base_den=tokens, resamples=RESAMPLES, seed=3
+    )
     _close(ours, (ref.low, ref.high))

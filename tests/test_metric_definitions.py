@@ -25,15 +25,33 @@ from tests.store_helpers import record
 def _step(i: int, drafted: int, accepted: int) -> StepTrace:
     emitted = list(range(accepted + 1))
     kind = FinalTokenKind.BONUS if accepted == drafted else FinalTokenKind.CORRECTED
-    return StepTrace(i, 10 + i, [1] * drafted, ["a"] * drafted, [0.5] * drafted, [0.5] * drafted, None,
-                     accepted, 7, "x", kind, emitted, 0.01, 0.02)
+    return StepTrace(
+        i,
+        10 + i,
+        [1] * drafted,
+        ["a"] * drafted,
+        [0.5] * drafted,
+        [0.5] * drafted,
+        None,
+        accepted,
+        7,
+        "x",
+        kind,
+        emitted,
+        0.01,
+        0.02,
+    )
 
 
 def _stored(tmp_path, algorithm: str, steps: list[StepTrace], k: int) -> dict:
     """The comparison row of a one-prompt run of these steps."""
     store = Store(tmp_path / "m.db")
-    run = store.create_run(verifier="v", prompt_set="p", algorithm=algorithm,
-                           settings=DecodingSettings(num_speculative_tokens=k))
+    run = store.create_run(
+        verifier="v",
+        prompt_set="p",
+        algorithm=algorithm,
+        settings=DecodingSettings(num_speculative_tokens=k),
+    )
     record(store, run.id, [steps], [1.0], k)
     row = compare(store, [run.id]).rows[0]
     store.close()
@@ -56,9 +74,16 @@ def test_trace_comparison_and_vllm_counters_agree(tmp_path) -> None:
     result = GenerationResult([1, 2], [], "", steps=steps, num_speculative_tokens=3)
     row = _stored(tmp_path, "dflash", steps, 3)
     # The same drafts as vLLM counts them: per slot, 0-based.
-    counters = SpecCounters(drafts=4, draft_tokens=11, accepted=6, per_position={0: 3, 1: 2, 2: 1}, present=True)
+    counters = SpecCounters(
+        drafts=4, draft_tokens=11, accepted=6, per_position={0: 3, 1: 2, 2: 1}, present=True
+    )
     tau = 1 + 6 / 4
-    assert result.acceptance_length == row["acceptance_length"] == counters.acceptance_length == pytest.approx(tau)
+    assert (
+        result.acceptance_length
+        == row["acceptance_length"]
+        == counters.acceptance_length
+        == pytest.approx(tau)
+    )
     a = [3 / 4, 2 / 4, 1 / 4]
     assert result.per_position_acceptance == pytest.approx(a) == counters.per_position_acceptance
     assert [row[f"acceptance_pos_{k}"] for k in (1, 2, 3)] == pytest.approx(a)
@@ -79,14 +104,20 @@ def test_plain_decoding_has_tau_one_everywhere_and_only_the_live_rate_prints_zer
 def test_the_definitions_import_neither_the_store_nor_numpy() -> None:
     """specui.trace imports them and sits below the store: importing the package's
     definitions must not load the store-reading modules."""
-    code = ("import sys, specui.trace; "
-            "print(sorted(m for m in ('specui.store', 'numpy', 'specui.metrics.compare') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    code = (
+        "import sys, specui.trace; "
+        "print(sorted(m for m in ('specui.store', 'numpy', 'specui.metrics.compare') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
 def test_the_package_compare_is_the_function_even_after_importing_its_module() -> None:
-    code = ("import specui.metrics.compare, specui.metrics.csv; from specui.metrics import compare, Comparison; "
-            "assert callable(compare) and compare.__module__ == 'specui.metrics.compare', compare; print('ok')")
+    code = (
+        "import specui.metrics.compare, specui.metrics.csv; from specui.metrics import compare, Comparison; "
+        "assert callable(compare) and compare.__module__ == 'specui.metrics.compare', compare; print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
