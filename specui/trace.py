@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from specui.errors import SpecUIError
+from specui.metrics.definitions import AcceptanceCounts
 
 if TYPE_CHECKING:  # torch costs seconds to import; the store and CLI need none of it
     import torch
@@ -170,22 +171,27 @@ class GenerationResult:
         return len(self.steps)
 
     @property
+    def acceptance_counts(self) -> AcceptanceCounts:
+        return AcceptanceCounts.of_steps(self.steps)
+
+    @property
     def acceptance_length(self) -> float:
-        """tau = 1 + accepted draft tokens / drafts (steps that drafted anything)."""
-        drafts = [s for s in self.steps if s.num_drafted > 0]
-        if not drafts:
-            return 1.0
-        return 1.0 + sum(s.num_accepted for s in drafts) / len(drafts)
+        """tau (``specui.metrics.definitions``); 1.0 before the first step, as the live
+        stats show a number from the start."""
+        tau = self.acceptance_counts.acceptance_length
+        return 1.0 if tau is None else tau
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        """a_k = drafts whose slot k was accepted / drafts, k = 1..K."""
-        return per_position_acceptance(self.steps, self.num_speculative_tokens)
+        """a_k, k = 1..K (``specui.metrics.definitions``); [] without drafts."""
+        return self.acceptance_counts.per_position_acceptance(self.num_speculative_tokens)
 
     @property
     def draft_acceptance_rate(self) -> float:
-        drafted = sum(s.num_drafted for s in self.steps)
-        return sum(s.num_accepted for s in self.steps) / drafted if drafted else 0.0
+        """Accepted / drafted tokens (``specui.metrics.definitions``); 0.0 when nothing
+        was drafted, as the live stats print a number (the comparison leaves it blank)."""
+        rate = self.acceptance_counts.draft_acceptance_rate
+        return 0.0 if rate is None else rate
 
     @property
     def tokens_per_s(self) -> float:
@@ -207,10 +213,3 @@ class GenerationResult:
             "stop_reason": self.stop_reason,
         }
 
-
-def per_position_acceptance(steps: list[StepTrace], num_positions: int) -> list[float]:
-    """a_k for k = 1..num_positions over the steps that drafted anything."""
-    drafts = [s for s in steps if s.num_drafted > 0]
-    if not drafts or num_positions <= 0:
-        return []
-    return [sum(1 for s in drafts if s.num_accepted >= k) / len(drafts) for k in range(1, num_positions + 1)]

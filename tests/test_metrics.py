@@ -372,10 +372,33 @@ def test_compare_chart_draws_each_interval_as_whiskers(three_runs) -> None:
     store, ids, _, _ = three_runs
     run_ids = [ids["base"], ids["conf"]]
     c = compare(store, run_ids)
-    _, bars, _, _ = charts(store, c, run_ids)
+    _, bars, _, _ = charts(c)
     conf_row = c.rows[1]
     trace = next(t for t in bars.data if t.name.startswith(f"{ids['conf']}:"))
     assert trace.error_y.array[0] == pytest.approx(conf_row["acceptance_length_ci_high"] - conf_row["acceptance_length"])
     assert trace.error_y.arrayminus[1] == pytest.approx(conf_row["speedup"] - conf_row["speedup_ci_low"])
     base_trace = next(t for t in bars.data if t.name.startswith(f"{ids['base']}:"))
     assert base_trace.error_y.array[0] is None  # the baseline's tau is 1 by definition: no whisker
+
+
+def test_compare_returns_the_charts_data_so_drawing_reads_no_steps(three_runs) -> None:
+    """The tokens-per-step histogram and the reliability bins come with the comparison and
+    equal what a reload of every step (the tab's old way) gives."""
+    from collections import Counter
+
+    from specui.ui.compare import charts
+
+    store, ids, _, _ = three_runs
+    run_ids = [ids["base"], ids["conf"], ids["plain"]]
+    c = compare(store, run_ids)
+    for rid in run_ids:
+        reloaded = Counter(1 + s.num_accepted for s in store.get_steps(rid) if s.num_drafted)
+        assert c.tokens_per_step[rid] == dict(reloaded)
+    assert c.tokens_per_step[ids["base"]] == {}  # nothing drafted: no bars
+    report = confidence_report(store, [ids["conf"]])
+    assert report is not None and c.reliability[ids["conf"]] == report.reliability
+    assert set(c.reliability) == {ids["conf"]}  # only the run with a confidence head
+    _, _, hist, rel = charts(c)
+    drawn = {int(t.name): dict(zip(t.x, t.y, strict=True)) for t in hist.data}
+    assert drawn == {rid: c.tokens_per_step[rid] for rid in (ids["conf"], ids["plain"])}
+    assert [t.name for t in rel.data] == ["perfect", f"run {ids['conf']}"]

@@ -83,6 +83,52 @@ def test_counters_are_parsed_and_subtracted_into_tau_and_per_position_acceptance
     assert not SpecCounters.parse("vllm:num_requests_running 0.0\n").present
 
 
+# What prometheus_client writes and a line regex misreads: escaped quotes, backslashes and
+# newlines in label values (one holding a fake position label and "} 99"), exponents, NaN,
+# +Inf buckets of a histogram, and a label name that merely ends in "position".
+TRICKY_METRICS = r"""# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="a \"quoted\" } 99 name"} 1.2e+01
+vllm:spec_decode_num_drafts_total{engine="1",model_name="C:\\models\nnew line"} 3e0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.79e+09
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 6.0E1
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 30
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="x,position=\"7\"",position="0"} 12
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",xposition="5",position="1"} 1.0e1
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 8e0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} NaN
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3"} 1.0
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf"} 4.0
+vllm:e2e_request_latency_seconds_count{engine="0"} 4.0
+vllm:e2e_request_latency_seconds_sum{engine="0"} +Inf
+"""
+
+
+def test_counters_are_read_with_the_prometheus_format_escapes_nan_inf_and_exponents() -> None:
+    c = SpecCounters.parse(TRICKY_METRICS)
+    assert c.present
+    assert (c.drafts, c.draft_tokens, c.accepted) == (15.0, 60.0, 30.0)  # 1.2e+01 + 3e0 over engines
+    assert c.per_position == {0: 12.0, 1: 10.0, 2: 8.0}  # the real position label, not a look-alike
+    assert c.acceptance_length == pytest.approx(1 + 30 / 15)
+    assert c.per_position_acceptance == pytest.approx([12 / 15, 10 / 15, 8 / 15])
+    assert c.summary()["draft_acceptance_rate"] == pytest.approx(0.5)
+
+
+def test_counters_without_drafts_have_no_tau_and_bad_text_is_one_clear_error() -> None:
+    idle = SpecCounters.parse(METRICS) - SpecCounters.parse(METRICS)
+    assert idle.present and idle.drafts == 0
+    assert idle.acceptance_length is None  # vLLM counts drafts, not steps: nothing to say
+    assert idle.per_position_acceptance == []
+    assert idle.summary()["draft_acceptance_rate"] is None
+    with pytest.raises(SpecUIError, match="not Prometheus text"):
+        SpecCounters.parse('vllm:spec_decode_num_drafts_total{engine="0} 1\n')
+
+
 def test_per_step_metrics_become_steps_that_reassemble_the_output() -> None:
     res = RequestResult(0, [5, 6, 7], output_token_ids=[10, 11, 12, 13, 14, 15, 16, 17], finish_reason="length",
                         spec={"per_step_accepted": [2, 0, 3], "per_step_drafted": [3, 3, 3], "num_spec_steps": 3,

@@ -17,7 +17,7 @@ from pandas.io.formats.style import Styler
 from specui.algorithms.simple import BUILTIN
 from specui.algorithms.spec import algorithm_names
 from specui.data import prompt_sets
-from specui.metrics import Column, Comparison, compare, confidence_report
+from specui.metrics import Column, Comparison, compare
 from specui.paths import data_dir, ui_drafter, ui_prompts
 from specui.store import Store
 from specui.trace import SpecUIError
@@ -128,7 +128,9 @@ def definitions_markdown(c: Comparison) -> str:
     return "\n".join(lines)
 
 
-def charts(store: Store, c: Comparison, run_ids: list[int]) -> tuple[go.Figure, go.Figure, go.Figure, go.Figure]:
+def charts(c: Comparison) -> tuple[go.Figure, go.Figure, go.Figure, go.Figure]:
+    """a_k curves, tau and speedup bars, the tokens-per-step histogram and the reliability
+    diagram, all from the comparison (it read the steps once, in SQL)."""
     pos_keys = sorted((col.key for col in c.columns if col.key.startswith("acceptance_pos_")),
                       key=lambda k: int(k.rsplit("_", 1)[1]))
     curves = go.Figure()
@@ -148,18 +150,14 @@ def charts(store: Store, c: Comparison, run_ids: list[int]) -> tuple[go.Figure, 
     curves.update_layout(title="Per-position acceptance a_k", xaxis_title="slot k", yaxis_title="a_k", yaxis_range=[0, 1])
     bars.update_layout(title="Acceptance length τ and speedup (whiskers: 95% interval over prompts)", barmode="group")
     hist = go.Figure()
-    for rid in run_ids:
-        lengths = [1 + s.num_accepted for s in store.get_steps(rid) if s.num_drafted]
-        if lengths:
-            hist.add_trace(go.Histogram(x=lengths, name=str(rid), opacity=0.6))
+    for rid, counts in c.tokens_per_step.items():
+        if counts:  # one bar per step length, its height the drafts of that length
+            hist.add_trace(go.Bar(x=list(counts), y=list(counts.values()), name=str(rid), opacity=0.6))
     hist.update_layout(title="Tokens per step (1 + accepted)", barmode="overlay", xaxis_title="tokens", yaxis_title="steps")
     rel = go.Figure()
     rel.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect", line={"dash": "dot"}))
-    for rid in run_ids:
-        rep = confidence_report(store, [rid])
-        if rep is None:
-            continue
-        bins = [b for b in rep.reliability if b.count]
+    for rid, reliability in c.reliability.items():
+        bins = [b for b in reliability if b.count]
         rel.add_trace(go.Scatter(x=[b.mean_confidence for b in bins], y=[b.accuracy for b in bins],
                                  mode="lines+markers", name=f"run {rid}"))
     rel.update_layout(title="Confidence reliability (DSpark)", xaxis_title="predicted acceptance",
@@ -167,13 +165,12 @@ def charts(store: Store, c: Comparison, run_ids: list[int]) -> tuple[go.Figure, 
     return curves, bars, hist, rel
 
 
-def export_csv(store: Store, run_ids: list[int]) -> str:
-    if not run_ids:
-        raise SpecUIError("select at least one run")
+def export_csv(c: Comparison) -> str:
+    """Write the comparison's CSV under the data folder; the path the download serves."""
     out_dir = data_dir() / "exports"
     out_dir.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkstemp(prefix="specui-compare-", suffix=".csv", dir=out_dir)[1])
-    compare(store, run_ids).to_csv(path)
+    c.to_csv(path)
     return str(path)
 
 
@@ -225,9 +222,9 @@ def build(store: Store) -> None:
         if not ids:
             raise gr.Error("select at least one run")
         c = compare(store, ids)
-        # The CSV is written with the table, so "Download CSV" serves exactly what is shown.
-        csv_path = export_csv(store, ids)
-        return (comparison_frame(c), definitions_markdown(c), *charts(store, c, ids), gr.update(value=csv_path, interactive=True))
+        # The CSV is written from the table's comparison, so "Download CSV" serves what is shown.
+        csv_path = export_csv(c)
+        return (comparison_frame(c), definitions_markdown(c), *charts(c), gr.update(value=csv_path, interactive=True))
 
     go_btn.click(do_compare, runs, [table, defs, curves, bars, hist, rel, csv_btn], api_visibility="private")
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 import threading
 import time
@@ -39,10 +38,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from specui.algorithms.spec import algorithm_for_vllm
 from specui.data import Prompt, load_prompts
 from specui.metrics import Comparison, compare
+from specui.metrics.definitions import (
+    acceptance_length,
+    draft_acceptance_rate,
+    per_position_acceptance,
+)
 from specui.store import Backend, DecodingSettings, Run, RunRecorder, Store, collect_versions
 from specui.trace import FinalTokenKind, GenerationResult, SpecUIError, StepTrace
 from specui.vllm.server import (
@@ -117,14 +122,12 @@ class RequestResult:
 
 # --- Prometheus counters ----------------------------------------------------------------
 
-SPEC_COUNTERS = (
-    "vllm:spec_decode_num_drafts_total",
-    "vllm:spec_decode_num_draft_tokens_total",
-    "vllm:spec_decode_num_accepted_tokens_total",
-)
+SPEC_COUNTERS = {  # sample name -> SpecCounters field
+    "vllm:spec_decode_num_drafts_total": "drafts",
+    "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens_total": "accepted",
+}
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)')
-_POSITION = re.compile(r'position="(\d+)"')
 
 
 @dataclass
@@ -140,23 +143,22 @@ class SpecCounters:
 
     @classmethod
     def parse(cls, text: str) -> SpecCounters:
+        """The counters in a Prometheus text exposition (vLLM's ``/metrics``), read with
+        prometheus_client's parser: label values may hold escaped quotes, and values
+        exponents, NaN or +Inf, which a line regex gets wrong."""
         out = cls()
-        for line in text.splitlines():
-            if not line.startswith("vllm:spec_decode"):
-                continue
-            m = _SAMPLE.match(line)
-            if m is None:
-                continue
-            name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
-            if name == PER_POS:
-                pos = _POSITION.search(labels)
-                if pos:
-                    k = int(pos.group(1))
-                    out.per_position[k] = out.per_position.get(k, 0.0) + value
-            elif name in SPEC_COUNTERS:
+        try:
+            samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        except ValueError as e:  # the parser's error for text that is not the format
+            raise SpecUIError(f"the server's /metrics is not Prometheus text: {e}") from None
+        for sample in samples:
+            if sample.name == PER_POS and sample.labels.get("position", "").isdigit():
+                k = int(sample.labels["position"])
+                out.per_position[k] = out.per_position.get(k, 0.0) + sample.value
+            elif sample.name in SPEC_COUNTERS:
                 out.present = True
-                attr = {SPEC_COUNTERS[0]: "drafts", SPEC_COUNTERS[1]: "draft_tokens", SPEC_COUNTERS[2]: "accepted"}[name]
-                setattr(out, attr, getattr(out, attr) + value)
+                attr = SPEC_COUNTERS[sample.name]
+                setattr(out, attr, getattr(out, attr) + sample.value)
         return out
 
     def __sub__(self, before: SpecCounters) -> SpecCounters:
@@ -171,15 +173,14 @@ class SpecCounters:
 
     @property
     def acceptance_length(self) -> float | None:
-        """tau = 1 + accepted / drafts (REFERENCE.md section 3)."""
-        return 1.0 + self.accepted / self.drafts if self.drafts > 0 else None
+        """tau (``specui.metrics.definitions``); None without drafts, as the counters do
+        not count the steps that drafted nothing."""
+        return acceptance_length(self.accepted, self.drafts, steps=None)
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        """a_k = accepted at slot k / drafts, k = 1..K."""
-        if self.drafts <= 0:
-            return []
-        return [self.per_position[k] / self.drafts for k in sorted(self.per_position)]
+        """a_k, k = 1..K (``specui.metrics.definitions``); [] without drafts."""
+        return per_position_acceptance([self.per_position[k] for k in sorted(self.per_position)], self.drafts)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -189,7 +190,7 @@ class SpecCounters:
             "accepted_per_position": [int(self.per_position[k]) for k in sorted(self.per_position)],
             "acceptance_length": self.acceptance_length,
             "per_position_acceptance": self.per_position_acceptance,
-            "draft_acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens > 0 else None,
+            "draft_acceptance_rate": draft_acceptance_rate(self.accepted, self.draft_tokens),
         }
 
 
