@@ -129,10 +129,10 @@ if [ "$ROUND" = 2 ]; then  # half the learning rate, short warm-up; one epoch of
   EAGLE3_ARGS="--layers 1 --ttt-steps 4 --batch-size 2 --steps 1500 $FT --init-from $ROOT/eagle3"
 elif [ "$ROUND" = general ]; then  # steps: what two shared cores allow in one session (~45 min each)
   GEN="--lr ${GEN_LR:-5e-4} --warmup-steps 40 --schedule cosine"
-  DFLASH_ARGS=${GEN_DFLASH_ARGS:-"--layers 3 --block-size 8 --max-anchors 64 --steps 600 $GEN --init-from $REPO/data/drafters/dflash"}
-  DSPARK_ARGS=${GEN_DSPARK_ARGS:-"--layers 3 --block-size 8 --max-anchors 64 --steps 450 $GEN --markov-rank 256 --init-from $REPO/data/drafters/dspark"}
-  PEAGLE_ARGS=${GEN_PEAGLE_ARGS:-"--layers 2 --depths 8 --batch-size 2 --steps 1000 $GEN --freeze-embeddings --init-from $REPO/data/drafters/peagle"}
-  EAGLE3_ARGS=${GEN_EAGLE3_ARGS:-"--layers 1 --ttt-steps 4 --batch-size 2 --steps 1300 $GEN --init-from $REPO/data/drafters/eagle3"}
+  DFLASH_ARGS=${GEN_DFLASH_ARGS:-"--layers 3 --block-size 8 --max-anchors 64 --steps 300 $GEN --init-from $REPO/data/drafters/dflash"}
+  DSPARK_ARGS=${GEN_DSPARK_ARGS:-"--layers 3 --block-size 8 --max-anchors 64 --steps 300 $GEN --markov-rank 256 --init-from $REPO/data/drafters/dspark"}
+  PEAGLE_ARGS=${GEN_PEAGLE_ARGS:-"--layers 2 --depths 8 --batch-size 2 --steps 500 $GEN --freeze-embeddings --init-from $REPO/data/drafters/peagle"}
+  EAGLE3_ARGS=${GEN_EAGLE3_ARGS:-"--layers 1 --ttt-steps 4 --batch-size 2 --steps 500 $GEN --init-from $REPO/data/drafters/eagle3"}
 elif [ "$ROUND" = 3 ]; then
   DFLASH_ARGS="--layers 3 --block-size 8 --max-anchors 64 --steps 750 --lr 2e-4 --warmup-steps 20 --seed 1 --init-from $ROOT/round2/dflash"
 fi
