@@ -83,31 +83,3 @@ def confine_choice(value: str, names: Iterable[str] = (), *, hub_ids: bool = Fal
         known = ", ".join(sorted(n for n in set(names) if n)) or "none"
         raise SpecUIError(f"{v!r} is neither a known name ({known}) nor an existing folder or file in the app's folders")
     return str(path)
-
-
-# The dashboard's three kinds of "name or path" inputs.  Imports inside: paths.py is
-# imported by the modules that define the names.
-
-
-def ui_verifier(spec: str) -> str:
-    """A verifier a visitor chose: ``embedded``, a hub id, or a folder / .gguf in the app's folders."""
-    return confine_choice(spec, ("embedded",), hub_ids=True)
-
-
-def ui_drafter(spec: str) -> str:
-    """A speculator a visitor chose: ``none``, ``ngram``, a shipped name, or a folder in the app's folders."""
-    from specui.algorithms.resolve import BUILTIN, shipped_drafters
-
-    return confine_choice(spec, ("", "plain", *BUILTIN, *shipped_drafters()))
-
-
-def ui_prompts(name: str) -> str:
-    """A prompt set a visitor chose: a registered set, a mix of them (``a,b``), or a JSONL
-    file in the app's folders."""
-    from specui.data import prompt_sets
-    from specui.data.prompts import mix_sources
-
-    parts = mix_sources(name or "")
-    if len(parts) > 1 and all(part in prompt_sets() for part in parts):
-        return ",".join(parts)
-    return confine_choice(name, prompt_sets())

@@ -184,7 +184,7 @@ def outside(tmp_path) -> Path:
 
 
 def test_every_library_entry_point_of_the_ui_confines_paths(data_dir, outside) -> None:
-    from specui.paths import ui_drafter, ui_prompts, ui_verifier
+    from specui.choices import ui_drafter, ui_prompts, ui_verifier
     from specui.store import Store
     from specui.ui.playground import run_playground
     from specui.ui.speculators import import_folder, validate
@@ -221,7 +221,7 @@ def test_every_library_entry_point_of_the_ui_confines_paths(data_dir, outside) -
 
 
 def test_names_and_paths_inside_the_data_dir_still_work(data_dir, outside, monkeypatch) -> None:
-    from specui.paths import ui_drafter, ui_prompts, ui_verifier
+    from specui.choices import ui_drafter, ui_prompts, ui_verifier
     from specui.ui.speculators import import_folder
 
     assert ui_verifier("embedded") == "embedded" and ui_drafter("ngram") == "ngram" and ui_prompts("demo") == "demo"

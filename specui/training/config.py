@@ -9,6 +9,7 @@ from typing import Any
 from specui.algorithms.spec import ALGORITHMS, algorithm_names
 from specui.data.prompts import mix_sources, refuse_evaluation_sets
 from specui.trace import SpecUIError
+from specui.vllm.install import vllm_python
 
 SCHEDULES = ("cosine", "linear", "constant")
 EXTRACTION_MODES = ("offline", "online", "mixed")
@@ -150,9 +151,7 @@ class TrainConfig:
         if u is not None and not 0 < u <= 1:
             raise SpecUIError(f"vllm-gpu-memory-utilization must be in (0, 1], got {u}")
         # Found now, not after the self-distillation (which can take hours): the same
-        # look-up the vLLM server launch does.  Imported here: the local path needs none of it.
-        from specui.vllm.server import vllm_python
-
+        # look-up the vLLM server launch does.
         vllm_python(self.vllm_python)
 
     @property

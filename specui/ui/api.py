@@ -6,10 +6,10 @@ from __future__ import annotations
 import gradio as gr
 
 from specui.benchmark import RunSpec, bench, record_run
+from specui.choices import ui_drafter, ui_verifier
 from specui.data import Prompt, prompt_sets
 from specui.data.prompts import check_prompt_text, encode_text
 from specui.metrics import compare, comparison_csv_text
-from specui.paths import ui_drafter, ui_verifier
 from specui.store import Store
 from specui.trace import SamplingParams, SpecUIError, as_int
 from specui.workbench import WORKBENCH

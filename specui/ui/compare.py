@@ -16,9 +16,10 @@ from pandas.io.formats.style import Styler
 
 from specui.algorithms.simple import BUILTIN
 from specui.algorithms.spec import algorithm_names
+from specui.choices import ui_drafter, ui_prompts
 from specui.data import prompt_sets
 from specui.metrics import Column, Comparison, compare
-from specui.paths import data_dir, ui_drafter, ui_prompts
+from specui.paths import data_dir
 from specui.store import Store
 from specui.trace import SpecUIError
 from specui.workbench import drafter_choices

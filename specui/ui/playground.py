@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import gradio as gr
 
 from specui.benchmark import RunSpec, start_run
+from specui.choices import ui_drafter, ui_verifier
 from specui.data import Prompt, load_prompts
 from specui.data.prompts import MAX_PROMPT_CHARS, check_prompt_text, encode_text
 from specui.engine import Decoding
-from specui.paths import ui_drafter, ui_verifier
 from specui.replay import Replay, load_replay, play, replay_runs, request_label, run_label
 from specui.store import RunRecorder, Store
 from specui.trace import SamplingParams, SpecUIError

@@ -13,8 +13,9 @@ import gradio as gr
 
 from specui.algorithms import validate_checkpoint
 from specui.algorithms.resolve import shipped_drafters
+from specui.choices import ui_verifier
 from specui.export import vllm_serve_command
-from specui.paths import confine, ui_verifier
+from specui.paths import confine
 from specui.trace import SpecUIError
 from specui.workbench import WORKBENCH, trained_drafters_dir
 

@@ -10,8 +10,8 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from specui.algorithms.spec import algorithm_names, labels
+from specui.choices import ui_prompts, ui_verifier
 from specui.data import prompt_sets
-from specui.paths import ui_prompts, ui_verifier
 from specui.store import Job, JobStatus, Store, admin_mode, check_owner
 from specui.trace import SpecUIError
 from specui.workbench import trained_drafters_dir

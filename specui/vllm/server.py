@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import glob
 import ipaddress
 import json
 import logging
@@ -52,13 +51,15 @@ import httpx
 from specui.algorithms.spec import ALGORITHMS, algorithm_for_vllm, algorithm_specs
 from specui.paths import REPO_ROOT, data_dir
 from specui.trace import SpecUIError
+from specui.vllm.install import (
+    check_installed,
+    is_cpu_build,
+    vllm_python,
+)
 from specui.vllm.watchdog import group_alive
 
 log = logging.getLogger(__name__)
 
-DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
-PYTHON_ENV = "SPECUI_VLLM_PYTHON"
-SETUP_HINT = "run `bash scripts/setup_vllm.sh` (it creates .venv-vllm) or point SPECUI_VLLM_PYTHON at a Python that has vLLM"
 # vLLM-CPU reserves memory for the KV cache from a fraction of RAM by default
 # (92%); SmolLM2-sized models need far less.  An explicit size also lets vLLM
 # skip its warm-up pass in eager mode, which shortens start-up.
@@ -84,44 +85,6 @@ class ServerState(StrEnum):
     STOPPED = "stopped"  # stopped by us
     EXITED = "exited"  # died on its own
     ATTACHED = "attached"  # someone else's server
-
-
-# --- the vLLM installation ------------------------------------------------------------
-
-
-def vllm_python(python: str | os.PathLike[str] | None = None) -> Path:
-    """The Python interpreter of the vLLM environment: ``python``, else
-    ``$SPECUI_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` of the checkout."""
-    raw = python or os.environ.get(PYTHON_ENV) or DEFAULT_VENV / "bin" / "python"
-    path = Path(raw).expanduser()
-    if not path.is_file():
-        found = shutil.which(str(raw))
-        if found is None:
-            raise SpecUIError(f"vLLM's Python {raw} does not exist; {SETUP_HINT}")
-        path = Path(found)
-    return path
-
-
-def is_cpu_build(python: Path) -> bool:
-    """Whether the vLLM next to ``python`` is the CPU build (``vllm-cpu``).
-
-    Read from the environment's dist-info folders rather than by importing
-    vllm, which takes seconds."""
-    env_root = python.parent.parent
-    if glob.glob(str(env_root / "lib" / "python*" / "site-packages" / "vllm_cpu-*.dist-info")):
-        return True
-    if glob.glob(str(env_root / "lib" / "python*" / "site-packages" / "vllm-*.dist-info")):
-        return False
-    return shutil.which("nvidia-smi") is None  # a system-wide install: judge by the machine
-
-
-def check_installed(python: Path) -> None:
-    site = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / "vllm"))
-    if site:
-        return
-    probe = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, timeout=120)
-    if probe.returncode != 0:
-        raise SpecUIError(f"{python} cannot import vllm; {SETUP_HINT}")
 
 
 # --- configuration ---------------------------------------------------------------------

@@ -15,8 +15,8 @@ import traceback
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from specui.choices import ui_drafter, ui_prompts, ui_verifier
 from specui.data import load_prompts
-from specui.paths import ui_drafter, ui_prompts, ui_verifier
 from specui.store import Store
 from specui.trace import SpecUIError
 from specui.vllm.bench import BenchSettings, VLLMRun, bench, run_benchmark

