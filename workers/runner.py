@@ -54,8 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from specui.errors import SpecUIError
 from specui.registry import Registry
-from specui.store import Job, JobStatus, Store, is_user_error, user_error
+from specui.store import Job, JobStatus, Store
 from workers import queue
 
 log = logging.getLogger(__name__)
@@ -126,9 +127,9 @@ def _max_jobs_default() -> int:
     try:
         n = int(raw)
     except ValueError:
-        raise user_error(f"SPECUI_MAX_JOBS must be a whole number, got {raw!r}") from None
+        raise SpecUIError(f"SPECUI_MAX_JOBS must be a whole number, got {raw!r}") from None
     if n < 1:
-        raise user_error(f"SPECUI_MAX_JOBS must be at least 1, got {n}")
+        raise SpecUIError(f"SPECUI_MAX_JOBS must be at least 1, got {n}")
     return n
 
 
@@ -302,7 +303,7 @@ class Runner:
         if self.max_jobs is None:
             self.max_jobs = _max_jobs_default()
         if self.max_jobs < 1:
-            raise user_error(f"max_jobs must be at least 1, got {self.max_jobs}")
+            raise SpecUIError(f"max_jobs must be at least 1, got {self.max_jobs}")
         self.store = Store(self.db_path)
         self.kinds = load_kinds(self.modules)
         self._stop = threading.Event()
@@ -432,9 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             runner.stop(wait=False)
         return 0
-    except Exception as e:
-        if not is_user_error(e):
-            raise
+    except SpecUIError as e:
         print(f"runner: error: {e}", file=sys.stderr)
         return 2
 
