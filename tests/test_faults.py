@@ -79,7 +79,7 @@ def _seed_history(store: Store) -> dict[str, Any]:
         run = store.create_run(verifier="v", prompt_set=f"before-{seed}", algorithm="dflash", drafter="d")
         record(store, run.id, [[make_trace(i, seed=seed) for i in range(40)], [make_trace(i, seed=seed + 10) for i in range(7)]], [1.0, 0.5], 4)
     done = queue.enqueue(store, "count", {"n": 3, "interval_s": 0})
-    assert queue.claim_next(store, kinds=["count"], pid=os.getpid()).id == done.id
+    assert store.claim_next_job(kinds=["count"], pid=os.getpid()).id == done.id
     assert run_job(store.path, done.id, ["workers.builtin"], heartbeat_s=0.05) == JobStatus.DONE  # here, for real
     queue.cancel(store, queue.enqueue(store, "count", {"n": 3}).id)
     return _snapshot(store)

@@ -34,17 +34,19 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
-from sqlmodel import Session, select
+from sqlmodel import Session, SQLModel, select
 
 from specui.errors import SpecUIError
 from specui.store.schema import Job, JobStatus, Run, RunStatus, create_statements
 
 log = logging.getLogger(__name__)
+
+_Row = TypeVar("_Row", bound=SQLModel)
 
 SCHEMA_VERSION = 3
 
@@ -97,6 +99,14 @@ def to_json(value: Any, what: str) -> str:
         return json.dumps(value, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise SpecUIError(f"{what} must be JSON-serialisable: {e}") from None
+
+
+def get_row(s: Session, model: type[_Row], ident: int, what: str) -> _Row:
+    """Row ``ident`` of ``model``'s table, or the user's error naming the unknown id."""
+    row = s.get(model, ident)
+    if row is None:
+        raise SpecUIError(f"unknown {what} id {ident}")
+    return row
 
 
 # --- who owns a row -------------------------------------------------------------------
@@ -320,6 +330,13 @@ class Database:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def insert(self, row: _Row) -> _Row:
+        """Add one row in its own transaction; returned with its id."""
+        with self.write() as s:
+            s.add(row)
+            s.flush()
+            return row
 
     def schema_version(self) -> int:
         with self.read() as s:

@@ -22,8 +22,7 @@ from typing import Any
 from sqlalchemy import func
 from sqlmodel import col, select
 
-from specui.errors import SpecUIError
-from specui.store.db import Database, check_owner, to_json
+from specui.store.db import Database, check_owner, get_row, to_json
 from specui.store.schema import JOB_FINAL, Job, JobMetric, JobStatus
 
 
@@ -43,17 +42,11 @@ class JobStore(Database):
         """Queue a job of ``kind`` (not checked here: see the module notes)."""
         params_json = to_json(dict(params or {}), "job parameters")
         job = Job(kind=kind, params_json=params_json, status=JobStatus.QUEUED, owner=owner)
-        with self.write() as s:
-            s.add(job)
-            s.flush()
-            return job
+        return self.insert(job)
 
     def get_job(self, job_id: int) -> Job:
         with self.read() as s:
-            job = s.get(Job, job_id)
-        if job is None:
-            raise SpecUIError(f"unknown job id {job_id}")
-        return job
+            return get_row(s, Job, job_id, "job")
 
     def list_jobs(
         self,
@@ -93,9 +86,7 @@ class JobStore(Database):
         period).  A finished job is returned unchanged."""
         now = time.time()
         with self.write() as s:
-            job = s.get(Job, job_id)
-            if job is None:
-                raise SpecUIError(f"unknown job id {job_id}")
+            job = get_row(s, Job, job_id, "job")
             check_owner("job", job_id, job.owner, requester, force)
             if job.status == JobStatus.QUEUED:
                 job.status, job.ended_at = JobStatus.CANCELLED, now

@@ -11,10 +11,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 
 from specui.errors import SpecUIError
-from specui.store.db import Database, check_owner, collect_versions, owner_is_dead, to_json
+from specui.store.db import (
+    Database,
+    check_owner,
+    collect_versions,
+    get_row,
+    owner_is_dead,
+    to_json,
+)
 from specui.store.schema import (
     BASELINE_ALGORITHM,
     RUN_FINAL,
@@ -117,17 +124,11 @@ class RunStore(Database):
             heartbeat_at=now,
             started_at=now,
         )
-        with self.write() as s:
-            s.add(run)
-            s.flush()
-            return run
+        return self.insert(run)
 
     def get_run(self, run_id: int) -> Run:
         with self.read() as s:
-            run = s.get(Run, run_id)
-        if run is None:
-            raise SpecUIError(f"unknown run id {run_id}")
-        return run
+            return get_row(s, Run, run_id, "run")
 
     def list_runs(
         self,
@@ -175,7 +176,7 @@ class RunStore(Database):
         if status not in RUN_FINAL:
             raise ValueError(f"finish_run needs a final status, got {status}")
         with self.write() as s:
-            run = self._run_for_update(s, run_id)
+            run = get_row(s, Run, run_id, "run")
             run.status, run.ended_at, run.error = status, time.time(), error
             s.add(run)
             return run
@@ -184,7 +185,7 @@ class RunStore(Database):
         self, run_id: int, label: str | None, requester: str | None = None, *, force: bool = False
     ) -> None:
         with self.write() as s:
-            run = self._run_for_update(s, run_id)
+            run = get_row(s, Run, run_id, "run")
             check_owner("run", run_id, run.owner, requester, force)
             run.label = label
             s.add(run)
@@ -193,19 +194,12 @@ class RunStore(Database):
         """Delete a run with its results and steps.  Refused for another session's
         run unless ``force``, and for a run still being recorded."""
         with self.write() as s:
-            run = self._run_for_update(s, run_id)
+            run = get_row(s, Run, run_id, "run")
             check_owner("run", run_id, run.owner, requester, force)
             alive = not owner_is_dead(run.pid, run.hostname, run.heartbeat_at, self.stale_after_s)
             if run.status == RunStatus.RUNNING and alive:
                 raise SpecUIError(f"run {run_id} is still running; stop it first")
             s.delete(run)  # results and steps go by ON DELETE CASCADE
-
-    @staticmethod
-    def _run_for_update(s: Session, run_id: int) -> Run:
-        run = s.get(Run, run_id)
-        if run is None:
-            raise SpecUIError(f"unknown run id {run_id}")
-        return run
 
     def get_results(self, run_id: int) -> list[PromptResult]:
         self.get_run(run_id)
