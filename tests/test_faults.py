@@ -35,7 +35,7 @@ from specui.algorithms import (
     save_drafter,
     validate_checkpoint,
 )
-from specui.store import JobStatus, RunStatus, Store, _pid_alive
+from specui.store import JobStatus, RunStatus, Store, pid_alive
 from specui.trace import SpecUIError
 from specui.training.config import TrainConfig
 from specui.training.loop import TrainHooks, make_optimizer, train
@@ -79,7 +79,7 @@ def _seed_history(store: Store) -> dict[str, Any]:
         run = store.create_run(verifier="v", prompt_set=f"before-{seed}", algorithm="dflash", drafter="d")
         record(store, run.id, [[make_trace(i, seed=seed) for i in range(40)], [make_trace(i, seed=seed + 10) for i in range(7)]], [1.0, 0.5], 4)
     done = queue.enqueue(store, "count", {"n": 3, "interval_s": 0})
-    assert queue.claim_next(store, kinds=["count"], pid=os.getpid()).id == done.id
+    assert store.claim_next_job(kinds=["count"], pid=os.getpid()).id == done.id
     assert run_job(store.path, done.id, ["workers.builtin"], heartbeat_s=0.05) == JobStatus.DONE  # here, for real
     queue.cancel(store, queue.enqueue(store, "count", {"n": 3}).id)
     return _snapshot(store)
@@ -137,7 +137,7 @@ def _kill_mid_save(pid: int, out: Path, timeout: float = 120.0) -> Path:
     deadline = time.monotonic() + timeout
     while True:
         assert time.monotonic() < deadline, "never caught the worker mid-save"
-        assert _pid_alive(pid), "the worker died by itself"
+        assert pid_alive(pid), "the worker died by itself"
         if _temps(out):
             os.kill(pid, signal.SIGSTOP)
             left = _temps(out)
@@ -158,7 +158,7 @@ def _kill_leftover(store: Store, job_id: int) -> None:
     """A failed test must not leave an endless training worker behind (workers
     outlive their runner by design)."""
     job = store.get_job(job_id)  # only a job still running: a finished one's pid may be reused
-    if job.status == JobStatus.RUNNING and job.pid not in (None, os.getpid()) and _pid_alive(job.pid):
+    if job.status == JobStatus.RUNNING and job.pid not in (None, os.getpid()) and pid_alive(job.pid):
         os.kill(job.pid, signal.SIGKILL)
 
 
@@ -306,7 +306,7 @@ def test_runner_killed_mid_job_a_new_runner_takes_over_without_running_anything_
         old.wait()
 
         # The worker has its own session: it trains on, and its job is truly still running.
-        assert _pid_alive(worker)
+        assert pid_alive(worker)
         assert store.get_job(train.id).status == JobStatus.RUNNING
         new.start()
         at = latest_checkpoint(out).step

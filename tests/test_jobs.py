@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from specui.store import JobStatus, Store, _pid_alive
+from specui.store import JobStatus, Store, pid_alive
 from specui.trace import SpecUIError
 from workers import queue
 from workers.runner import Runner
@@ -174,7 +174,7 @@ def test_runner_and_worker_killed_with_sigkill_leave_the_job_failed_after_restar
         runner.send_signal(signal.SIGKILL)  # the runner first: nobody is left to notice
         runner.wait()
     os.kill(worker_pid, signal.SIGKILL)
-    _wait("the worker to die", lambda: not _pid_alive(worker_pid))
+    _wait("the worker to die", lambda: not pid_alive(worker_pid))
     assert store.get_job(job.id).status == JobStatus.RUNNING  # what the dead left behind
     store.close()
 

@@ -25,6 +25,7 @@ from specui.store import (
 )
 from specui.trace import SpecUIError
 from tests.store_helpers import make_result, make_trace, record
+from tests.store_history import write_old_store
 
 
 @pytest.fixture
@@ -112,15 +113,47 @@ def test_models_match_migrated_schema(store: Store) -> None:
         db_cols = {row[1] for row in conn.execute(f"PRAGMA table_info({table.name})")}
         assert db_cols == {c.name for c in table.columns}, table.name
     conn.close()
-    assert store.schema_version() == SCHEMA_VERSION == len(MIGRATIONS)
+    assert store.schema_version() == SCHEMA_VERSION == max(MIGRATIONS)
+
+
+def _schema_of(path: Path) -> dict[str, object]:
+    """Everything SQLite knows about a file's tables but their DDL text: columns (order,
+    type, NOT NULL, default, key), foreign keys, indexes, AUTOINCREMENT."""
+    conn = sqlite3.connect(path)
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+    out: dict[str, object] = {"tables": tables, "version": conn.execute("PRAGMA user_version").fetchone()[0]}
+    for t in tables:
+        if t == "sqlite_sequence":
+            continue
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name=?", (t,)).fetchone()[0]
+        indexes = sorted(conn.execute(f"PRAGMA index_list({t})"), key=lambda r: r[1])
+        out[t] = {
+            "columns": conn.execute(f"PRAGMA table_info({t})").fetchall(),
+            "foreign_keys": sorted(r[2:] for r in conn.execute(f"PRAGMA foreign_key_list({t})")),
+            "indexes": [(r[1:], conn.execute(f"PRAGMA index_info({r[1]})").fetchall()) for r in indexes],
+            "autoincrement": "AUTOINCREMENT" in sql.upper(),
+        }
+    conn.close()
+    return out
+
+
+def test_a_new_file_has_the_schema_an_upgraded_v1_file_has(tmp_path: Path) -> None:
+    """The tables are defined once (specui.store.schema): a new file is created from
+    them, an old one is upgraded by MIGRATIONS, and both end up the same."""
+    write_old_store(tmp_path / "old.db", 1).close()
+    Store(tmp_path / "old.db").close()
+    Store(tmp_path / "new.db").close()
+    old, new = _schema_of(tmp_path / "old.db"), _schema_of(tmp_path / "new.db")
+    assert new["version"] == SCHEMA_VERSION
+    assert set(new["tables"]) >= {"runs", "results", "steps", "jobs", "job_metrics"}
+    for key in old:
+        assert new[key] == old[key], key
+    assert new == old
 
 
 def test_v1_file_is_migrated_forward_keeping_its_data(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
-    conn = sqlite3.connect(path)
-    for stmt in MIGRATIONS[0]:
-        conn.execute(stmt)
-    conn.execute("PRAGMA user_version=1")
+    conn = write_old_store(path, 1)
     conn.execute(
         "INSERT INTO runs (drafter, algorithm, verifier, backend, prompt_set, status, started_at) "
         "VALUES ('ngram', 'ngram', 'v', 'local', 'ps', 'done', 1.0)"
@@ -252,21 +285,6 @@ def test_deleting_a_run_removes_its_results_and_steps(store: Store) -> None:
     assert conn.execute("SELECT count(*) FROM steps").fetchone()[0] == 0
     assert conn.execute("SELECT count(*) FROM results").fetchone()[0] == 0
     conn.close()
-
-
-def test_speculators_register_and_overwrite_with_owner_checks(store: Store) -> None:
-    spec = store.register_speculator("dflash-2l", algorithm="dflash", path="/x", verifier="v", config_hash="h1", owner="session-a")
-    with pytest.raises(SpecUIError, match="already exists"):
-        store.register_speculator("dflash-2l", algorithm="dflash", path="/y", verifier="v", config_hash="h2")
-    with pytest.raises(SpecUIError, match="another session"):
-        store.register_speculator("dflash-2l", algorithm="dflash", path="/y", verifier="v", config_hash="h2", owner="session-b", overwrite=True)
-    store.register_speculator("dflash-2l", algorithm="dflash", path="/y", verifier="v", config_hash="h2", owner="session-a", overwrite=True)
-    assert store.get_speculator("dflash-2l").path == "/y"
-    run = store.create_run(verifier="v", prompt_set="ps", speculator_id=spec.id)
-    assert (run.algorithm, run.drafter) == ("dflash", "dflash-2l")
-    store.finish_run(run.id, "done")
-    store.delete_speculator("dflash-2l", requester="session-a")
-    assert store.get_run(run.id).speculator_id is None  # the run stays, self-describing
 
 
 def test_bad_run_arguments_are_user_errors(store: Store) -> None:

@@ -3,7 +3,6 @@ baseline that must share it, and Compare telling two weight sets of one name apa
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,12 @@ from specui.algorithms.simple import NgramDrafter, PlainDrafter
 from specui.benchmark import RunSpec, record_run, record_runs
 from specui.data.prompts import Prompt
 from specui.metrics import compare
-from specui.store import MIGRATIONS, SCHEMA_VERSION, RunStatus, Store
+from specui.store import SCHEMA_VERSION, RunStatus, Store
 from specui.trace import SpecUIError
 from specui.verifier import Verifier, folder_fingerprint, model_fingerprint, weights_fingerprint
 from tests.conftest import make_tiny_verifier
 from tests.store_helpers import make_trace, record
+from tests.store_history import write_old_store
 
 NAME = "SmolLM2-135M-Instruct"  # both weight sets carry the one name, as the embedded and the hub's do
 PROMPTS = [Prompt(id=f"p{i}", source="fp-test", token_ids=tuple((i + j) % 8 for j in range(6))) for i in range(3)]
@@ -127,10 +127,7 @@ def test_speedup_baseline_and_comparison_keep_two_weight_sets_apart(tmp_path: Pa
 
 def test_a_v2_store_is_migrated_and_its_runs_have_unknown_weights(tmp_path: Path) -> None:
     path = tmp_path / "v2.db"
-    conn = sqlite3.connect(path)
-    for stmt in MIGRATIONS[0] + MIGRATIONS[1]:
-        conn.execute(stmt)
-    conn.execute("PRAGMA user_version=2")
+    conn = write_old_store(path, 2)
     conn.execute("INSERT INTO runs (drafter, algorithm, verifier, backend, prompt_set, status, started_at) "
                  f"VALUES ('none', 'none', '{NAME}', 'local', 'ps', 'done', 1.0)")
     conn.commit()

@@ -27,7 +27,7 @@ heartbeat (progress, log tail and metrics go with it, once a second) and writes
 the final status.  Children get their own session: a runner that exits or is
 killed leaves its jobs running to completion.
 
-Cancel: ``workers.queue.cancel`` sets a flag the job reads through
+Cancel: ``Store.cancel_job`` sets a flag the job reads through
 ``ctx.cancelled()``; after ``cancel_grace_s`` the runner sends SIGTERM to the
 child's process group (the child turns it into ``JobCancelled``), and SIGKILL
 after ``kill_grace_s`` more.  A child that dies without writing its status
@@ -54,9 +54,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from specui.errors import SpecUIError
 from specui.registry import Registry
-from specui.store import Job, JobStatus, Store, is_user_error, user_error
-from workers import queue
+from specui.store import Job, JobStatus, Store
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +126,9 @@ def _max_jobs_default() -> int:
     try:
         n = int(raw)
     except ValueError:
-        raise user_error(f"SPECUI_MAX_JOBS must be a whole number, got {raw!r}") from None
+        raise SpecUIError(f"SPECUI_MAX_JOBS must be a whole number, got {raw!r}") from None
     if n < 1:
-        raise user_error(f"SPECUI_MAX_JOBS must be at least 1, got {n}")
+        raise SpecUIError(f"SPECUI_MAX_JOBS must be at least 1, got {n}")
     return n
 
 
@@ -195,7 +195,7 @@ class JobContext:
             progress, message, tail = self._progress, self._message, "\n".join(self._tail)
             metrics, self._metrics = self._metrics, []
         try:
-            flag = queue.write_progress(self.store, self.job_id, progress=progress, message=message, log_tail=tail, metrics=metrics)
+            flag = self.store.write_job_progress(self.job_id, progress=progress, message=message, log_tail=tail, metrics=metrics)
         except Exception:
             with self._lock:  # keep the points for the next beat
                 self._metrics[:0] = metrics
@@ -239,10 +239,10 @@ def run_job(db_path: str | os.PathLike[str], job_id: int, modules: Iterable[str]
     if job.status != JobStatus.RUNNING:
         log.warning("job %s is %s, not running; nothing to do", job_id, job.status)
         return JobStatus(job.status)
-    queue.set_pid(store, job_id, os.getpid())
+    store.set_job_pid(job_id, os.getpid())
     spec = KINDS.get(job.kind, load=False)
     if spec is None:
-        queue.finish(store, job_id, JobStatus.FAILED, error=f"unknown job kind {job.kind!r}")
+        store.finish_job(job_id, JobStatus.FAILED, error=f"unknown job kind {job.kind!r}")
         return JobStatus.FAILED
     ctx = JobContext(store, job, heartbeat_s=heartbeat_s)
     ctx.start()
@@ -264,7 +264,7 @@ def run_job(db_path: str | os.PathLike[str], job_id: int, modules: Iterable[str]
         try:
             ctx.close()
         finally:
-            queue.finish(store, job_id, status, error=error, result=result)
+            store.finish_job(job_id, status, error=error, result=result)
             store.close()
     return status
 
@@ -302,7 +302,7 @@ class Runner:
         if self.max_jobs is None:
             self.max_jobs = _max_jobs_default()
         if self.max_jobs < 1:
-            raise user_error(f"max_jobs must be at least 1, got {self.max_jobs}")
+            raise SpecUIError(f"max_jobs must be at least 1, got {self.max_jobs}")
         self.store = Store(self.db_path)
         self.kinds = load_kinds(self.modules)
         self._stop = threading.Event()
@@ -314,7 +314,7 @@ class Runner:
         self._escalate()
         self.store.reap_dead()
         while len(self.children) < (self.max_jobs or 1):
-            job = queue.claim_next(self.store, kinds=self.kinds, max_running=self.max_jobs)
+            job = self.store.claim_next_job(kinds=self.kinds, max_running=self.max_jobs)
             if job is None:
                 break
             self._spawn(job)
@@ -343,7 +343,7 @@ class Runner:
         self._stop.set()
         if cancel_running:
             for jid in list(self.children):
-                queue.cancel(self.store, jid, force=True)
+                self.store.cancel_job(jid, force=True)
         if wait and self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
@@ -354,7 +354,7 @@ class Runner:
             job_dir.mkdir(parents=True, exist_ok=True)
             log_file = open(job_dir / "worker.log", "ab")  # noqa: SIM115 -- closed in _collect
         except OSError as e:
-            queue.finish(self.store, job.id, JobStatus.FAILED, error=f"cannot create the job folder {job_dir}: {e}")
+            self.store.finish_job(job.id, JobStatus.FAILED, error=f"cannot create the job folder {job_dir}: {e}")
             return
         cmd = [sys.executable, "-m", "workers.runner", "--db", str(self.store.path), "--job", str(job.id), "--heartbeat", str(self.heartbeat_s)]
         spec = KINDS.get(job.kind, load=False)
@@ -368,9 +368,9 @@ class Runner:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as e:
             log_file.close()
-            queue.finish(self.store, job.id, JobStatus.FAILED, error=f"cannot start the worker: {e}")
+            self.store.finish_job(job.id, JobStatus.FAILED, error=f"cannot start the worker: {e}")
             return
-        queue.set_pid(self.store, job.id, proc.pid)
+        self.store.set_job_pid(job.id, proc.pid)
         self.children[job.id] = _Child(job.id, proc, log_file)
         log.info("job %s (%s) started as pid %s", job.id, job.kind, proc.pid)
 
@@ -386,9 +386,9 @@ class Runner:
                 continue  # it wrote its own end
             how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
             if job.cancel_requested_at is not None:
-                queue.finish(self.store, jid, JobStatus.CANCELLED, error=f"terminated ({how})")
+                self.store.finish_job(jid, JobStatus.CANCELLED, error=f"terminated ({how})")
             else:
-                queue.finish(self.store, jid, JobStatus.FAILED, error=f"worker died ({how})")
+                self.store.finish_job(jid, JobStatus.FAILED, error=f"worker died ({how})")
 
     def _escalate(self) -> None:
         now = time.time()
@@ -432,9 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             runner.stop(wait=False)
         return 0
-    except Exception as e:
-        if not is_user_error(e):
-            raise
+    except SpecUIError as e:
         print(f"runner: error: {e}", file=sys.stderr)
         return 2
 

@@ -118,11 +118,11 @@ def _remove_dead_temps(root: Path) -> None:
     OOM): each is a half-written checkpoint as large as a whole one, and nothing
     else would ever remove it.  A live process's folder (another rank, or a save
     in flight) is left alone."""
-    from specui.store import _pid_alive  # light: no torch, no SQLite file opened
+    from specui.store.db import pid_alive  # light: no torch, no SQLite file opened
 
     for p in root.iterdir():
         m = _TMP_DIR.match(p.name)
-        if m and p.is_dir() and not _pid_alive(int(m.group(1))):
+        if m and p.is_dir() and not pid_alive(int(m.group(1))):
             shutil.rmtree(p, ignore_errors=True)
 
 

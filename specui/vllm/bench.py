@@ -484,7 +484,6 @@ def run_benchmark(
     settings: BenchSettings = BenchSettings(),
     label: str | None = None,
     owner: str | None = None,
-    speculator_id: int | None = None,
     progress: Progress | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> VLLMRun:
@@ -535,7 +534,7 @@ def run_benchmark(
         run = store.create_run(
             verifier=verifier_label(verifier, model), verifier_fingerprint=served_weights_fingerprint(source_model),
             prompt_set=prompt_set, algorithm=algorithm, drafter=drafter,
-            backend=Backend.VLLM, speculator_id=speculator_id, label=label, owner=owner, seed=settings.seed,
+            backend=Backend.VLLM, label=label, owner=owner, seed=settings.seed,
             versions={**collect_versions(), "vllm_server": version},
             settings=DecodingSettings(
                 num_speculative_tokens=k, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
