@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(max(1, args.threads))
+    from specui.jobs import Runner
     from specui.store import Store
     from specui.trace import SpecUIError
     from specui.ui.app import CSS, build_app
-    from workers.runner import Runner
 
     try:
         store = Store(args.db)

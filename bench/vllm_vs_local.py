@@ -54,9 +54,10 @@ def main() -> int:
         print(f"  {m}", file=sys.stderr, flush=True)
 
     print(f"local engine: plain + {len(a.speculator)} speculator(s) on {a.limit} {a.prompts} prompts", file=sys.stderr)
-    local_ids, local = local_bench(store, verifier="embedded", drafters=a.speculator, prompts=a.prompts, limit=a.limit,
+    local_run = local_bench(store, verifier="embedded", drafters=a.speculator, prompts=a.prompts, limit=a.limit,
                                    max_new_tokens=a.max_new_tokens, sampling=SamplingParams(),
                                    num_speculative_tokens=a.num_speculative_tokens, progress=say, precision=a.precision)
+    local_ids, local = local_run.run_ids, local_run.comparison
     print("vLLM: the same, one server per configuration", file=sys.stderr)
     runs, served = vllm_bench(store, speculators=a.speculator, prompts=a.prompts, limit=a.limit, verifier="embedded",
                               settings=BenchSettings(max_new_tokens=a.max_new_tokens),

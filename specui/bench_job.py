@@ -6,7 +6,7 @@ start) does not import torch and transformers; the job imports them itself.
 
 from __future__ import annotations
 
-from workers.runner import JobContext, job_kind
+from specui.jobs import JobContext, job_kind
 
 
 @job_kind("bench")
@@ -24,7 +24,7 @@ def bench_job(params: dict, ctx: JobContext) -> dict:
         ctx.log(message)
         ctx.progress(fraction, message)
 
-    run_ids, _ = bench(
+    result = bench(
         store, verifier=params.get("verifier", "embedded"), drafters=list(params.get("drafters", [])),
         prompts=params.get("prompts", "demo"), limit=params.get("limit"),
         max_new_tokens=int(params.get("max_new_tokens", 96)),
@@ -32,4 +32,4 @@ def bench_job(params: dict, ctx: JobContext) -> dict:
         num_speculative_tokens=params.get("num_speculative_tokens"), seed=int(params.get("seed", 0)),
         owner=params.get("owner"), progress=progress, should_stop=ctx.cancelled,
     )
-    return {"run_ids": run_ids}
+    return {"run_ids": result.run_ids}

@@ -242,9 +242,9 @@ _SPLIT_HEADER_WORDS = """() => {
 
 def test_browser_compare_table_is_readable(page, app_url, embedded_verifier):
     from specui.algorithms.simple import PlainDrafter
-    from specui.benchmark import RunSpec, record_runs
     from specui.data import load_prompts
     from specui.metrics import compare
+    from specui.service import RunSpec, record_runs
     from specui.store import Store
 
     _, data = app_url

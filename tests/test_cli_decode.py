@@ -32,6 +32,23 @@ def test_decode_json_prints_steps_then_summary(capsys, embedded_verifier):
     )
 
 
+def test_decode_with_db_stores_the_run_through_the_run_service(capsys, embedded_verifier, tmp_path):
+    """--db records the decode like the Playground's (the one decode-and-record function): the
+    stored steps give back the printed output."""
+    from specui.store import Store
+
+    db = tmp_path / "runs.db"
+    rc = main(["decode", "--prompt", "List three colors.", "--chat", "--drafter", "ngram", "-k", "3",
+               "--max-new-tokens", "12", "--json", "--db", str(db)])  # fmt: skip
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    store = Store(db)
+    run = store.get_run(summary["run_id"])
+    assert (run.prompt_set, run.algorithm, run.status) == ("cli", "ngram", "done")
+    (result,) = store.get_results(run.id)
+    assert result.output_token_ids == summary["output_token_ids"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -35,6 +35,7 @@ from specui.algorithms import (
     save_drafter,
     validate_checkpoint,
 )
+from specui.jobs import Runner, queue, run_job
 from specui.store import JobStatus, RunStatus, Store, pid_alive
 from specui.trace import SpecUIError
 from specui.training.config import TrainConfig
@@ -47,8 +48,6 @@ from specui.training.state import (
 )
 from tests.conftest import REPO
 from tests.store_helpers import make_trace, record
-from workers import queue
-from workers.runner import Runner, run_job
 
 AUX = [1, 3, 4]  # the fixture verifier has 6 layers; the fixtures' own aux layers
 MASK = 511  # the prompts below never use it
@@ -80,7 +79,7 @@ def _seed_history(store: Store) -> dict[str, Any]:
         record(store, run.id, [[make_trace(i, seed=seed) for i in range(40)], [make_trace(i, seed=seed + 10) for i in range(7)]], [1.0, 0.5], 4)
     done = queue.enqueue(store, "count", {"n": 3, "interval_s": 0})
     assert store.claim_next_job(kinds=["count"], pid=os.getpid()).id == done.id
-    assert run_job(store.path, done.id, ["workers.builtin"], heartbeat_s=0.05) == JobStatus.DONE  # here, for real
+    assert run_job(store.path, done.id, ["specui.jobs.builtin"], heartbeat_s=0.05) == JobStatus.DONE  # here, for real
     queue.cancel(store, queue.enqueue(store, "count", {"n": 3}).id)
     return _snapshot(store)
 

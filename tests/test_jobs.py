@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from specui.jobs import Runner, queue
 from specui.store import JobStatus, Store, pid_alive
 from specui.trace import SpecUIError
-from workers import queue
-from workers.runner import Runner
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from specui.benchmark import RunSpec, record_run
 from specui.cli import main
 from specui.data import Prompt
 from specui.replay import load_replay, play, replay_runs, step_source
+from specui.service import RunSpec, record_run
 from specui.store import Store
 from specui.trace import SpecUIError
 from specui.ui.render import output_html, stats_markdown, step_html

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from specui.cli import main
+from specui.jobs import queue
 from specui.store import DecodingSettings, JobStatus, Store
 from tests.store_helpers import make_trace, record
-from workers import queue
 
 
 @pytest.fixture

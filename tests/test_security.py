@@ -346,8 +346,8 @@ def _job_choice(client, job_id: int) -> str:
 
 
 def test_one_session_cannot_cancel_or_resume_anothers_job(app) -> None:
+    from specui.jobs import queue as jobs
     from specui.store import Store
-    from workers import queue as jobs
 
     url, data = app
     alice, bob = _client(url), _client(url)
@@ -384,9 +384,9 @@ def test_training_never_writes_into_an_existing_or_busy_speculator(data_dir) -> 
 
 
 def test_admin_mode_lets_the_operator_act_on_any_job(data_dir, monkeypatch) -> None:
+    from specui.jobs import queue as jobs
     from specui.store import Store
     from specui.ui.train import resume_training
-    from workers import queue as jobs
 
     store = Store(data_dir / "specui.db")
     job = jobs.enqueue(store, "count", {"n": 1}, owner="alice")

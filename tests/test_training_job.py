@@ -9,10 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specui.algorithms.checkpoint import validate_checkpoint
+from specui.jobs import Runner, queue
 from specui.store import JobStatus, Store
 from specui.training.state import latest_checkpoint
-from workers import queue
-from workers.runner import Runner
 
 
 def _wait(what: str, cond: Callable[[], bool], timeout: float = 90.0) -> None:

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from specui.algorithms.simple import NgramDrafter, PlainDrafter
-from specui.benchmark import RunSpec, record_run, record_runs
 from specui.data.prompts import Prompt
 from specui.metrics import compare
+from specui.service import RunSpec, record_run, record_runs
 from specui.store import SCHEMA_VERSION, RunStatus, Store
 from specui.trace import SpecUIError
 from specui.verifier import Verifier, folder_fingerprint, model_fingerprint, weights_fingerprint

@@ -88,8 +88,8 @@ def plain_outputs(request, work, store, prompts) -> dict[int, list[int]]:
 def _local(store, verifier, folder: Path, prompts):
     """SpecUI's engine with the same drafter and prompts, through the same store and metrics."""
     from specui.algorithms.resolve import resolve_drafter
-    from specui.benchmark import RunSpec, record_run
     from specui.metrics import compare
+    from specui.service import RunSpec, record_run
 
     drafter = resolve_drafter(str(folder), verifier)
     recorded = record_run(store, verifier, drafter, prompts, prompt_set="gsm-symbolic",

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specui.algorithms.resolve import shipped_drafters
-    from specui.benchmark import bench, bench_prompts, group_comparisons
+    from specui.benchmark import bench
     from specui.store import Store
 
     drafters = list(args.drafter)
@@ -56,13 +56,14 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     store = Store(args.db)
     log = (lambda m, _: None) if args.json else (lambda m, _: print(f"bench: {m}", file=sys.stderr, flush=True))
-    run_ids, comparison = bench(
+    result = bench(
         store, verifier=args.verifier, drafters=drafters, prompts=args.prompts, limit=args.limit,
         max_new_tokens=args.max_new_tokens, sampling=sampling, num_speculative_tokens=args.num_speculative_tokens,
         seed=args.seed, progress=log, precision=args.precision,
     )
+    run_ids, comparison = result.run_ids, result.comparison
     # Every metric per task group too (Spec-Bench's six), as the field reports it.
-    groups = group_comparisons(store, run_ids, bench_prompts(args.prompts, args.limit))
+    groups = result.groups(store)
     if args.json:
         print(json.dumps({"run_ids": run_ids, "runs": comparison.rows,
                           "groups": {g: c.rows for g, c in groups.items()},

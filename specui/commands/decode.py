@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--json", action="store_true", help="one JSON object per step, then a summary object")
+    p.add_argument("--db", default=None, help="also store the run in this SQLite file (see `specui runs`)")
     p.set_defaults(func=run)
 
 
@@ -47,25 +48,28 @@ def run(args: argparse.Namespace) -> int:
         raise SpecUIError(f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from specui.algorithms.resolve import resolve_drafter
-    from specui.engine import Decoding
-    from specui.verifier import Verifier
+    from specui.service import RunSpec, decode_and_record
+    from specui.store import Store
+    from specui.workbench import WORKBENCH
 
-    verifier = Verifier.load(args.verifier, precision=args.precision)
+    spec = RunSpec(drafter=args.drafter, num_speculative_tokens=args.num_speculative_tokens, sampling=sampling,
+                   max_new_tokens=args.max_new_tokens, seed=args.seed, stop_strings=tuple(args.stop))  # fmt: skip
+    verifier = WORKBENCH.verifier(args.verifier, args.precision)
     check_decode_settings(max_new_tokens=args.max_new_tokens, max_context=verifier.max_context)
-    drafter = resolve_drafter(args.drafter, verifier, args.num_speculative_tokens)
-    if prompt_ids is None:
-        prompt_ids = encode_text(verifier, args.prompt, chat=args.chat)
-    run = Decoding(
-        verifier, drafter, prompt_ids,
-        max_new_tokens=args.max_new_tokens, sampling=sampling, seed=args.seed, stop_strings=args.stop,
-    )
-    for step in run:
-        if args.json:
-            print(json.dumps(step.to_dict(), ensure_ascii=False), flush=True)
-    result = run.result
+    store = Store(args.db) if args.db else None
+    with WORKBENCH.drafter(args.drafter, verifier, args.num_speculative_tokens) as drafter:
+        if prompt_ids is None:
+            prompt_ids = encode_text(verifier, args.prompt, chat=args.chat)
+        text = args.prompt if args.prompt is not None else args.prompt_ids
+        recording = decode_and_record(store, verifier, [(drafter, spec)], [(prompt_ids, text)], prompt_set="cli")
+        for event in recording:
+            if args.json and event.step is not None:
+                print(json.dumps(event.step.to_dict(), ensure_ascii=False), flush=True)
+    lane = recording.lanes[0]
+    result = lane.results[-1]
     if args.json:
-        print(json.dumps({"summary": True, "drafter": drafter.name, **result.summary()}, ensure_ascii=False))
+        run = {} if lane.run_id is None else {"run_id": lane.run_id}
+        print(json.dumps({"summary": True, "drafter": drafter.name, **run, **result.summary()}, ensure_ascii=False))
     else:
         print(result.output_text)
         s = result.summary()

@@ -6,8 +6,8 @@ import argparse
 import time
 
 from specui.commands.runs import _table, _when, add_db_option
+from specui.jobs import queue
 from specui.store import JobStatus, Store
-from workers import queue
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -86,7 +86,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from workers.runner import Runner
+    from specui.jobs import Runner
 
     runner = Runner(args.db, max_jobs=args.max_jobs, modules=tuple(args.modules))
     print(f"worker: {runner.store.path}, up to {runner.max_jobs} job(s), kinds: {', '.join(runner.kinds)}", flush=True)

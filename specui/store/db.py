@@ -42,6 +42,7 @@ from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, SQLModel, select
 
 from specui.errors import SpecUIError
+from specui.processes import pid_alive
 from specui.store.schema import Job, JobStatus, Run, RunStatus, create_statements
 
 log = logging.getLogger(__name__)
@@ -110,22 +111,6 @@ def get_row(s: Session, model: type[_Row], ident: int, what: str) -> _Row:
 
 
 # --- who owns a row -------------------------------------------------------------------
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process of this host still runs (a zombie counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    # A zombie (exited, not yet reaped by its parent) still answers kill(0).
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 def owner_is_dead(

@@ -1,10 +1,10 @@
 """The job queue: rows of the ``jobs`` table and their metric series.
 
-Any process may enqueue, list and cancel; a runner (``workers.runner``) claims
+Any process may enqueue, list and cancel; a runner (``specui.jobs.Runner``) claims
 jobs.  Claiming is one ``BEGIN IMMEDIATE`` transaction that checks the running
 count and flips the oldest queued job to running, so two runners (or a UI and a
 CLI runner) never take the same job or exceed the concurrency limit together.
-Which kinds exist is the runner's business: ``workers.queue.enqueue`` checks the
+Which kinds exist is the runner's business: ``specui.jobs.queue.enqueue`` checks the
 kind, then calls ``enqueue_job``.
 """
 

@@ -246,7 +246,7 @@ class StepRecord(SQLModel, table=True):
 
 
 class Job(SQLModel, table=True):
-    """A background job (training, benchmark, ...) run by ``workers.runner``."""
+    """A background job (training, benchmark, ...) run by ``specui.jobs`` in worker processes."""
 
     __tablename__ = "jobs"
     __table_args__ = (Index("ix_jobs_status", "status", "id"), _AUTOINCREMENT)

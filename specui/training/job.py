@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from workers.runner import JobContext, job_kind
+from specui.jobs import JobContext, job_kind
 
 
 @job_kind("train")

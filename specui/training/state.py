@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from specui.algorithms.checkpoint import WEIGHTS_FILE, save_drafter
+from specui.processes import pid_alive
 from specui.trace import SpecUIError
 
 CHECKPOINTS = "checkpoints"
@@ -118,8 +119,6 @@ def _remove_dead_temps(root: Path) -> None:
     OOM): each is a half-written checkpoint as large as a whole one, and nothing
     else would ever remove it.  A live process's folder (another rank, or a save
     in flight) is left alone."""
-    from specui.store.db import pid_alive  # light: no torch, no SQLite file opened
-
     for p in root.iterdir():
         m = _TMP_DIR.match(p.name)
         if m and p.is_dir() and not pid_alive(int(m.group(1))):

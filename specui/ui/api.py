@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import gradio as gr
 
-from specui.benchmark import RunSpec, bench, record_run
+from specui.benchmark import bench
 from specui.choices import ui_drafter, ui_verifier
 from specui.data import Prompt, prompt_sets
 from specui.data.prompts import check_prompt_text, encode_text
 from specui.metrics import compare, comparison_csv_text
+from specui.service import RunSpec, record_run
 from specui.store import Store
 from specui.trace import SamplingParams, SpecUIError, as_int
 from specui.workbench import WORKBENCH
@@ -69,14 +70,14 @@ def register(store: Store) -> None:
             if not drafter or not str(drafter).strip():
                 raise SpecUIError("name a drafter (none, ngram, a shipped name or a folder)")
             verifier, drafter = ui_verifier(verifier), ui_drafter(drafter)  # paths: the app's folders only
-            run_ids, comparison = bench(
+            result = bench(
                 store, verifier=verifier, drafters=[drafter], prompts=prompts, limit=n, max_new_tokens=new,
                 sampling=SamplingParams(temperature=temperature),
                 num_speculative_tokens=as_int(num_speculative_tokens, "number of speculative tokens (K)") or None,
                 seed=as_int(seed, "seed"),
                 owner=request.session_hash if request else None,
             )
-            return {"run_ids": run_ids, "runs": comparison.rows}
+            return {"run_ids": result.run_ids, "runs": result.comparison.rows}
         except SpecUIError as e:
             raise gr.Error(str(e)) from None
 

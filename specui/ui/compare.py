@@ -18,12 +18,12 @@ from specui.algorithms.simple import BUILTIN
 from specui.algorithms.spec import algorithm_names
 from specui.choices import ui_drafter, ui_prompts
 from specui.data import prompt_sets
+from specui.jobs import queue as jobs
 from specui.metrics import Column, Comparison, compare
 from specui.paths import data_dir
 from specui.store import Store
 from specui.trace import SpecUIError
 from specui.workbench import drafter_choices
-from workers import queue as jobs
 
 ALL = "(all)"
 FINGERPRINT_SHOWN = 8  # hex digits of a weights fingerprint the table and the filter show

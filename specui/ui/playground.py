@@ -5,17 +5,15 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 
 import gradio as gr
 
-from specui.benchmark import RunSpec, start_run
 from specui.choices import ui_drafter, ui_verifier
 from specui.data import Prompt, load_prompts
 from specui.data.prompts import MAX_PROMPT_CHARS, check_prompt_text, encode_text
-from specui.engine import Decoding
 from specui.replay import Replay, load_replay, play, replay_runs, request_label, run_label
-from specui.store import RunRecorder, Store
+from specui.service import RunSpec, decode_and_record
+from specui.store import Store
 from specui.trace import SamplingParams, SpecUIError
 from specui.ui import render
 from specui.verifier import EMBEDDED, EMBEDDED_NAME, EMBEDDED_WHEEL_MB, embedded_first_use
@@ -65,19 +63,6 @@ def example_prompts() -> dict[str, Prompt]:
     return out
 
 
-@dataclass
-class _Lane:
-    """One speculator's generation in the (possibly side-by-side) view."""
-
-    decoding: Decoding
-    recorder: RunRecorder
-    run_id: int
-    drafter_name: str
-    done: bool = False
-    error: str | None = None
-    steps: list = field(default_factory=list)
-
-
 def _policy(mode: str, threshold: float) -> dict | None:
     if mode == "off":
         return None
@@ -103,33 +88,16 @@ def run_playground(
     k_opt = int(k) if k else None
     policy = _policy(policy_mode, threshold)
     with ExitStack() as stack:
-        lanes: list[_Lane] = []
+        runs = []
         for name in drafters:
             d = stack.enter_context(WORKBENCH.drafter(name, v, k_opt, confidence_policy=policy))
-            decoding = Decoding(
-                v, d, ids, max_new_tokens=int(max_new_tokens), sampling=sampling, seed=int(seed),
-                should_stop=stop.is_set,
-            )
-            spec = RunSpec(drafter=name, num_speculative_tokens=k_opt, sampling=sampling,
-                           max_new_tokens=int(max_new_tokens), seed=int(seed),
-                           drafter_options={"confidence_policy": policy})
-            run = start_run(store, v, d, prompt_set="playground", spec=spec, owner=owner)
-            rec = stack.enter_context(RunRecorder(store, run.id))
-            rec.begin_prompt(0, text)
-            lanes.append(_Lane(decoding, rec, run.id, d.name))
-        iters = [iter(lane.decoding) for lane in lanes]
-        while not all(lane.done for lane in lanes):
-            for lane, it in zip(lanes, iters, strict=True):
-                if lane.done:
-                    continue
-                try:
-                    lane.recorder.step(next(it))
-                except StopIteration:
-                    lane.done = True
-                    lane.recorder.end_prompt(lane.decoding.result)
-                    if lane.decoding.result.stop_reason == "cancelled":
-                        lane.recorder.stop()
-            yield lanes
+            runs.append((d, RunSpec(drafter=name, num_speculative_tokens=k_opt, sampling=sampling,
+                                    max_new_tokens=int(max_new_tokens), seed=int(seed),
+                                    drafter_options={"confidence_policy": policy})))  # fmt: skip
+        recording = decode_and_record(store, v, runs, [(ids, text)], prompt_set="playground", owner=owner,
+                                      should_stop=stop.is_set, side_by_side=True)  # fmt: skip
+        for event in recording:
+            yield event.lanes
 
 
 def build(store: Store) -> None:
@@ -390,7 +358,7 @@ def _view(lanes, running: bool, stopping: bool = False):
     parts = []
     for lane in lanes[:2]:
         res = lane.decoding.result
-        head = f"**{lane.drafter_name}** (run {lane.run_id})  \n"
+        head = f"**{lane.name}** (run {lane.run_id})  \n"
         parts += [head + render.stats_markdown(res, running and not lane.done),
                   render.output_html(res.steps), render.steps_html(res.steps)]
     if len(lanes) == 1:

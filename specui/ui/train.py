@@ -12,10 +12,10 @@ import plotly.graph_objects as go
 from specui.algorithms.spec import algorithm_names, labels
 from specui.choices import ui_prompts, ui_verifier
 from specui.data import prompt_sets
+from specui.jobs import queue as jobs
 from specui.store import Job, JobStatus, Store, admin_mode, check_owner
 from specui.trace import SpecUIError
 from specui.workbench import trained_drafters_dir
-from workers import queue as jobs
 
 
 def algorithm_choices() -> list[str]:

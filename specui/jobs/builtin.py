@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from workers.runner import JobContext, job_kind
+from specui.jobs.context import JobContext
+from specui.jobs.kinds import job_kind
 
 
 @job_kind("count")

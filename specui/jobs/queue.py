@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from specui.errors import SpecUIError
+from specui.jobs.kinds import load_kinds
 from specui.store import Job, JobStatus, Store
-from workers.runner import load_kinds
 
 
 def enqueue(
@@ -21,7 +21,7 @@ def enqueue(
     owner: str | None = None,
     check_kind: bool = True,
 ) -> Job:
-    """Queue a job.  ``kind`` must be registered (``workers.runner.job_kind``)
+    """Queue a job.  ``kind`` must be registered (``specui.jobs.job_kind``)
     unless ``check_kind`` is off (a runner with more kinds will take it)."""
     if check_kind:
         known = load_kinds()
