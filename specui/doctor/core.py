@@ -13,8 +13,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from specui.doctor import static
+from specui.doctor import identity, static
 from specui.doctor.dynamic import DynamicOptions, run_dynamic
+from specui.doctor.facts import read_facts
 from specui.doctor.findings import Finding, Report, Severity
 from specui.trace import SpecUIError
 from specui.verifier import EMBEDDED, Verifier
@@ -80,7 +81,7 @@ def diagnose(
     t0 = time.perf_counter()
     folder = speculator_folder(speculator)
     measured: dict[str, Any] = {}
-    facts, findings = static.read_facts(folder)
+    facts, findings = read_facts(folder)
     prompt_set = opts.prompts or _card_prompts(folder) or DEFAULT_PROMPTS
     prompts, encoded, note = _prompts(
         verifier, prompt_set, max(opts.num_prompts, TEXT_SAMPLE), opts.max_prompt_tokens
@@ -88,8 +89,8 @@ def diagnose(
     if note:
         findings.append(note)
     if facts.config is not None and facts.weights_ok:
-        findings += static.check_algorithm(facts)
-        findings += static.check_verifier(facts, verifier, verifier_folder(verifier_spec))
+        findings += identity.check_algorithm(facts)
+        findings += identity.check_verifier(facts, verifier, verifier_folder(verifier_spec))
         findings += static.check_aux_layers(facts, verifier)
         findings += static.check_vocab_map(facts, verifier)
         findings += static.check_mask_token(facts, verifier, encoded)
