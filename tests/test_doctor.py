@@ -5,6 +5,7 @@ ranked first; the healthy shipped drafters get no error-level finding."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -201,3 +202,31 @@ def test_cli_prints_json_and_exits_1_on_an_error(tmp_path, monkeypatch, capsys):
     )
     out = json.loads(capsys.readouterr().out)
     assert out["findings"][0]["code"] == "weights_unreadable"
+
+
+# --- --vllm: a real vLLM-CPU server (slow; skipped without .venv-vllm, like tests/test_vllm.py) ---
+
+
+def _vllm_missing() -> bool:
+    from specui.trace import SpecUIError
+    from specui.vllm.server import vllm_python
+
+    try:
+        vllm_python()
+    except SpecUIError:
+        return True
+    return False
+
+
+@pytest.mark.skipif(
+    _vllm_missing() and not os.environ.get("CI"), reason="vLLM is not installed (.venv-vllm)"
+)
+@pytest.mark.vllm
+def test_vllm_serves_the_shipped_dflash_with_the_local_acceptance(embedded_verifier):
+    opts = DoctorOptions(prompts="gsm-symbolic", num_prompts=3, max_new_tokens=32, vllm=True)
+    report = diagnose("dflash", embedded_verifier, "embedded", opts)
+    gap = [f for f in report.findings if f.code == "vllm_gap"]
+    assert gap and gap[0].severity is Severity.INFO, to_text(
+        report
+    )  # within 10%: greedy decoding is the same
+    assert report.measurements["vllm"]["per_position"], report.measurements["vllm"]

@@ -120,16 +120,7 @@ class Report:
         return [f for f in self.findings if f.severity is Severity.ERROR]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "speculator": self.speculator,
-            "verifier": self.verifier,
-            "prompts": self.prompts,
-            "created_at": self.created_at,
-            "wall_time_s": self.wall_time_s,
-            "findings": [f.to_dict() for f in self.findings],
-            "measurements": self.measurements,
-        }
+        return {**asdict(self), "findings": [f.to_dict() for f in self.findings]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Report:
