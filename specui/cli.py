@@ -14,7 +14,7 @@ import typing
 from specui.trace import SpecUIError
 
 # One module per command group; adding a command is adding a module here.
-COMMAND_MODULES = ["decode", "runs", "bench", "train", "jobs", "vllm"]
+COMMAND_MODULES = ["decode", "runs", "bench", "train", "jobs", "vllm", "doctor"]
 
 
 class _Parser(argparse.ArgumentParser):

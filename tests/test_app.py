@@ -433,3 +433,26 @@ def test_browser_stop_ends_a_replay(page, app_url):
     page.wait_for_function(f"() => document.querySelector('#status')?.innerText.includes('steps of run {run_id}')")
     stopped = re.search(r"replay stopped at step (\d+) of 300", page.locator("#stats-a").inner_text())
     assert stopped is not None and 0 < int(stopped.group(1)) < 300
+
+
+def test_browser_doctor_ranks_a_truncated_checkpoint_first(page, app_url):
+    """The Speculators tab's Doctor panel runs specui.doctor on a folder in the app's data
+    folder: a checkpoint whose weights were cut short gets that finding first."""
+    from specui.algorithms.resolve import shipped_drafters
+
+    broken = app_url[1] / "doctor-broken"
+    shutil.copytree(shipped_drafters()["eagle3"], broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
+    _tab(page, "Speculators")
+    page.get_by_text("Doctor: why is acceptance low?").click()
+    page.locator("#doctor-folder textarea").fill(str(broken))
+    page.locator("#doctor-prompts textarea").fill("spec-bench:qa")
+    page.locator("#doctor-run").click()
+    first = page.locator("#doctor-report li").first
+    first.wait_for(timeout=180_000)
+    assert first.get_attribute("data-code") == "weights_unreadable", page.locator("#doctor-report").inner_text()
+    assert first.get_attribute("data-severity") == "error"
+    assert "truncated" in first.inner_text()
+    assert (broken / "doctor.json").is_file()  # stored with the speculator: it lies in the app's data folder
+    page.locator("#doctor").screenshot(path=str(SHOTS / "doctor.png"))

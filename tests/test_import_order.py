@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("store", ("specui.store",)),
     ("metrics", ("specui.metrics",)),
     ("services", (
-        "specui.runs", "specui.benchmark", "specui.workbench", "specui.replay", "specui.export",
+        "specui.service", "specui.benchmark", "specui.workbench", "specui.replay", "specui.export",
         "specui.export_speculators", "specui.training", "specui.vllm", "specui.doctor", "specui.choices",
     )),  # fmt: skip
     ("jobs", ("specui.jobs", "specui.bench_job", "specui.training.job")),

@@ -3,6 +3,7 @@ verifier, and the exact ``vllm serve`` line to serve one."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -13,7 +14,7 @@ import gradio as gr
 
 from specui.algorithms import validate_checkpoint
 from specui.algorithms.resolve import shipped_drafters
-from specui.choices import ui_verifier
+from specui.choices import ui_prompts, ui_verifier
 from specui.export import vllm_serve_command
 from specui.paths import confine
 from specui.trace import SpecUIError
@@ -57,6 +58,17 @@ def validate(folder: Path, verifier_spec: str) -> str:
     if not problems:
         return f"✅ `{folder.name}` fits verifier `{verifier_spec}`"
     return "❌ does not fit:\n" + "\n".join(f"- {p}" for p in problems)
+
+
+def run_doctor(folder: Path, verifier_spec: str, prompts: str | None) -> str:
+    """The doctor's report on ``folder`` as HTML (the CLI's ``specui doctor``), stored with it."""
+    from specui.doctor import DoctorOptions, diagnose, save_report, to_html
+
+    spec = ui_verifier(verifier_spec)
+    opts = DoctorOptions(prompts=ui_prompts(prompts) if (prompts or "").strip() else None)
+    report = diagnose(folder, WORKBENCH.verifier(spec), spec, opts)
+    save_report(report)
+    return to_html(report)
 
 
 def import_folder(source: str | None, uploads: list[str] | None, name: str) -> Path:
@@ -106,6 +118,12 @@ def build() -> None:
                 vllm_btn = gr.Button("vLLM serve command")
             report = gr.Markdown()
             cmd = gr.Code(label="Serve with vLLM", language="shell")
+            with gr.Accordion("Doctor: why is acceptance low?", open=False, elem_id="doctor"):
+                doc_folder = gr.Textbox(label="Folder to examine (blank: the speculator above)", elem_id="doctor-folder")
+                doc_prompts = gr.Textbox(value="", label="Prompt set (blank: the model card's, else spec-bench:qa)",
+                                         elem_id="doctor-prompts")
+                doc_btn = gr.Button("Run doctor", elem_id="doctor-run")
+                doc_report = gr.HTML(elem_id="doctor-report")
             with gr.Accordion("Import a speculator", open=False):
                 src = gr.Textbox(label="Folder (inside the app's data folders)")
                 up = gr.File(file_count="multiple", file_types=[".json", ".safetensors", ".md"], label="or upload files")
@@ -131,6 +149,14 @@ def build() -> None:
 
     val_btn.click(on_validate, [pick, verifier], report, api_name="validate")
     vllm_btn.click(lambda key, v: vllm_serve_command(current(key), v), [pick, verifier], cmd, api_name="vllm_command")
+
+    def on_doctor(key, folder, v, prompts):
+        try:
+            return run_doctor(current(key) if not (folder or "").strip() else confine(folder.strip()), v, prompts)
+        except SpecUIError as e:
+            return f"<p>❌ {html.escape(str(e))}</p>"
+
+    doc_btn.click(on_doctor, [pick, doc_folder, verifier, doc_prompts], doc_report, api_name="doctor")
 
     def on_import(source, uploads, name_):
         try:

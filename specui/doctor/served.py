@@ -1,0 +1,151 @@
+"""``--vllm``: serve the speculator with vLLM and set its per-position acceptance beside
+the local engine's on the same prompts.  A gap means vLLM runs another drafter than
+SpecUI does (in-block attention, parallel drafting, dtype, the mask id) -- the
+acceptance users see in production is vLLM's."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from specui.algorithms.base import Drafter
+from specui.algorithms.spec import ALGORITHMS
+from specui.data.prompts import Prompt
+from specui.doctor.findings import Finding, Severity
+from specui.doctor.measure import Acceptance, real_decode
+from specui.trace import SpecUIError
+from specui.verifier import Verifier
+
+GAP = 0.10  # served-vs-local: a_k apart by more than 10 points, or tau by more than 10%
+
+
+def served_acceptance(
+    folder: Path, verifier_spec: str, prompts: list[Prompt], k: int | None, max_new_tokens: int
+) -> tuple[list[float], float | None, list[list[int]]]:
+    """(a_1..a_K, tau, the prompt ids vLLM tokenized) of a vLLM server launched for this folder."""
+    from specui.store import Store
+    from specui.vllm.bench import BenchSettings, run_benchmark
+    from specui.vllm.server import ServerConfig, VLLMServer
+
+    with tempfile.TemporaryDirectory(prefix="specui-doctor-") as tmp:
+        store = Store(Path(tmp) / "doctor.db")
+        try:
+            cfg = ServerConfig(
+                verifier=verifier_spec,
+                speculator=str(folder),
+                num_speculative_tokens=k,
+                log_path=str(Path(tmp) / "vllm.log"),
+            )
+            with VLLMServer.launch(cfg) as server:
+                run = run_benchmark(
+                    store,
+                    server,
+                    prompts,
+                    prompt_set="doctor",
+                    verifier=verifier_spec,
+                    settings=BenchSettings(max_new_tokens=max_new_tokens),
+                )
+        finally:
+            store.close()
+    counters = run.counters or {}
+    ids = [r.prompt_token_ids for r in sorted(run.results, key=lambda r: r.index)]
+    return (
+        list(counters.get("per_position_acceptance") or []),
+        counters.get("acceptance_length"),
+        ids,
+    )
+
+
+def served_findings(
+    folder: Path,
+    verifier: Verifier,
+    verifier_spec: str,
+    drafter: Drafter,
+    prompts: list[Prompt],
+    max_new_tokens: int,
+    measured: dict,
+) -> list[Finding]:
+    """Serve, decode the same prompts locally, and compare."""
+    spec = ALGORITHMS.get(drafter.algorithm)
+    if spec is not None and not spec.vllm_cpu and not _has_gpu():
+        return [
+            Finding(
+                "vllm_gap",
+                Severity.INFO,
+                f"--vllm skipped: vLLM-CPU does not serve {spec.label}",
+                evidence=spec.vllm_cpu_refusal or "",
+                cause="",
+                fix="compare on a GPU machine",
+            )
+        ]
+    try:
+        served, served_tau, ids = served_acceptance(
+            folder, verifier_spec, prompts, drafter.num_speculative_tokens, max_new_tokens
+        )
+    except SpecUIError as e:
+        return [
+            Finding(
+                "vllm_gap",
+                Severity.WARNING,
+                "--vllm: the speculator could not be served",
+                evidence=str(e),
+                cause="vLLM refused the checkpoint or is not installed",
+                fix="run the vllm serve line the Speculators tab gives and read its log",
+            )
+        ]
+    local = real_decode(verifier, drafter, ids, max_new_tokens)
+    measured["vllm"] = {"per_position": served, "tau": served_tau, "local": local.to_dict()}
+    return compare_served(served, served_tau, local)
+
+
+def compare_served(
+    served: list[float], served_tau: float | None, local: Acceptance
+) -> list[Finding]:
+    """The gap finding: per position and in tau (the 10% rule)."""
+    if not served or served_tau is None or not local.anchors:
+        return [
+            Finding(
+                "vllm_gap",
+                Severity.WARNING,
+                "--vllm: vLLM reported no speculative-decoding counters",
+                evidence="",
+                cause="the server did not speculate",
+                fix="check the server log",
+            )
+        ]
+    gaps = [abs(s - loc) for s, loc in zip(served, local.per_position, strict=False)]
+    worst = max(range(len(gaps)), key=gaps.__getitem__) if gaps else 0
+    rel = abs(served_tau - local.tau) / local.tau
+    evidence = (
+        f"vLLM tau {served_tau:.2f}, local {local.tau:.2f}; a_k vLLM "
+        + " ".join(f"{x:.2f}" for x in served)
+        + " / local "
+        + " ".join(f"{x:.2f}" for x in local.per_position)
+    )
+    if (gaps and gaps[worst] > GAP) or rel > GAP:
+        return [
+            Finding(
+                "vllm_gap",
+                Severity.ERROR,
+                f"vLLM accepts differently than the local engine (a_{worst + 1} off by "
+                f"{gaps[worst] if gaps else 0:.2f}, tau by {rel:.0%})",
+                evidence=evidence,
+                cause="vLLM runs another drafter: in-block attention (sliding_window_non_causal), parallel_drafting, "
+                "dtype or the mask id",
+                fix="align the config with what vLLM does (see the serving findings), then compare again",
+            )
+        ]
+    return [
+        Finding(
+            "vllm_gap",
+            Severity.INFO,
+            "vLLM and the local engine agree within 10%",
+            evidence=evidence,
+        )
+    ]
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
