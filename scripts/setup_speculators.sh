@@ -17,17 +17,10 @@
 #   SPECUI_SPECULATORS_TORCH  the torch requirement installed first (default torch==2.13.0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${SPECUI_SPECULATORS_VENV:-.venv-speculators}
+# shellcheck source=scripts/venv_lib.sh
+source scripts/venv_lib.sh
 TORCH=${SPECUI_SPECULATORS_TORCH:-torch==2.13.0}
-PY="$VENV/bin/python"
-stamp="$VENV/.specui-speculators-installed"
-
-if [ -f "$stamp" ] && [ "$stamp" -nt scripts/setup_speculators.sh ]; then
-  exit 0
-fi
-start=$(date +%s)
-[ -x "$PY" ] || python3 -m venv "$VENV"
-pip() { "$PY" -m pip --disable-pip-version-check "$@"; }
+venv_begin speculators "${SPECUI_SPECULATORS_VENV:-.venv-speculators}"
 
 echo "setup_speculators: installing $TORCH, then speculators==0.9.0 into $VENV" >&2
 pip install --quiet "$TORCH"
@@ -37,5 +30,4 @@ pip install --quiet "$TORCH" speculators==0.9.0 transformers==5.19.0
 pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 # Fail here, not in the middle of a regeneration, when the install is unusable.
 "$PY" -c "import speculators.train.data, speculators.version as v, torch, transformers; print('setup_speculators: speculators', v.version, '/ torch', torch.__version__, '/ transformers', transformers.__version__)" >&2
-touch "$stamp"
-echo "setup_speculators: $VENV ready in $(( $(date +%s) - start )) s" >&2
+venv_done

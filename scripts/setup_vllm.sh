@@ -10,16 +10,9 @@
 #   SPECUI_VLLM_SPEC   the pip requirement to install instead of the default
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${SPECUI_VLLM_VENV:-.venv-vllm}
-PY="$VENV/bin/python"
-stamp="$VENV/.specui-vllm-installed"
-
-if [ -f "$stamp" ] && [ "$stamp" -nt scripts/setup_vllm.sh ]; then
-  exit 0
-fi
-start=$(date +%s)
-[ -x "$PY" ] || python3 -m venv "$VENV"
-pip() { "$PY" -m pip --disable-pip-version-check "$@"; }
+# shellcheck source=scripts/venv_lib.sh
+source scripts/venv_lib.sh
+venv_begin vllm "${SPECUI_VLLM_VENV:-.venv-vllm}"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   spec=${SPECUI_VLLM_SPEC:-vllm}
@@ -33,5 +26,4 @@ else
 fi
 # Fail here, not at the first server start, when the install is unusable.
 "$PY" -c "import vllm.entrypoints.openai.api_server" >/dev/null
-touch "$stamp"
-echo "setup_vllm: $VENV ready in $(( $(date +%s) - start )) s" >&2
+venv_done

@@ -21,6 +21,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_serving(proc: subprocess.Popen, url: str, deadline: float, log_tail) -> None:
+    """Poll ``url`` until it answers 200; a process that exits, or the deadline, is an error
+    that shows ``log_tail()`` (the app's log)."""
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the app exited with {proc.returncode}:\n{log_tail()}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the app did not serve {url} in time:\n{log_tail()}")
+        time.sleep(0.5)
+
+
 @contextmanager
 def running_app(data_dir: Path, timeout_s: float = 180.0):
     port = free_port()
@@ -30,18 +46,7 @@ def running_app(data_dir: Path, timeout_s: float = 180.0):
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"app exited with {proc.returncode}: {(data_dir / 'app.log').read_text()[-3000:]}")
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("app did not start in time")
-            time.sleep(0.5)
+        wait_until_serving(proc, url, time.monotonic() + timeout_s, lambda: (data_dir / "app.log").read_text()[-3000:])
         yield url
     finally:
         proc.terminate()

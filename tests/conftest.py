@@ -56,3 +56,22 @@ def make_tiny_verifier(vocab_size: int = 8, hidden: int = 32, layers: int = 4, s
     with torch.no_grad():
         model.lm_head.weight.mul_(40)
     return Verifier(model.float(), None, name=f"tiny-v{vocab_size}")
+
+
+def vllm_missing() -> bool:
+    """Whether no vLLM install is found (``.venv-vllm`` or ``$SPECUI_VLLM_PYTHON``)."""
+    from specui.errors import SpecUIError
+    from specui.vllm.install import vllm_python
+
+    try:
+        vllm_python()
+    except SpecUIError:
+        return True
+    return False
+
+
+# The real-vLLM tests: skipped where vLLM is not installed, never in CI (which installs it).
+needs_vllm = pytest.mark.skipif(
+    vllm_missing() and not os.environ.get("CI"),
+    reason="vLLM is not installed (.venv-vllm is missing: run `bash scripts/setup_vllm.sh`) and CI is unset",
+)

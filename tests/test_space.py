@@ -25,10 +25,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.app_server import free_port
+from tests.app_server import free_port, wait_until_serving
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.space
@@ -160,18 +159,7 @@ def _space_app(python: str, tmp: Path, timeout_s: float = 600.0):
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
     try:
-        deadline = started + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the Space app exited with {proc.returncode}:\n{_tail(log)}")
-            try:
-                if httpx.get(url, timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the Space app did not serve within {timeout_s:.0f} s:\n{_tail(log)}")
-            time.sleep(0.5)
+        wait_until_serving(proc, url, started + timeout_s, lambda: _tail(log))
         yield url, proc, started, time.monotonic() - started, log
     except BaseException:
         print(f"\n--- the Space app's log ({log}) ---\n{_tail(log)}", file=sys.stderr)

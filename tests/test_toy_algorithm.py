@@ -40,18 +40,11 @@ TOY_INIT = '''
 
 from specui.algorithms.spec import AlgorithmSpec, register_algorithm
 
-SPEC = register_algorithm(
-    AlgorithmSpec(
-        name="toyflash",
-        label="ToyFlash",
-        drafter=f"{__name__}.parts:ToyDrafter",
-        objective=f"{__name__}.parts:ToyObjective",
-        default_layers=1,
-        train_fields=("block_size",),
-        vllm_method="dflash",
-        rank=50,
-    )
-)
+SPEC = register_algorithm(AlgorithmSpec(
+    name="toyflash", label="ToyFlash", rank=50, default_layers=1, vllm_method="dflash",
+    drafter=f"{__name__}.parts:ToyDrafter", objective=f"{__name__}.parts:ToyObjective",
+    train_fields=("block_size",),
+))
 '''
 
 TOY_PARTS = '''

@@ -35,22 +35,9 @@ from specui.vllm.bench import (
 )
 from specui.vllm.server import ServerConfig, plan_launch, redact_url, vllm_python
 from specui.vllm.watchdog import group_alive
+from tests.conftest import needs_vllm
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _vllm_missing() -> bool:
-    try:
-        vllm_python()
-    except SpecUIError:
-        return True
-    return False
-
-
-needs_vllm = pytest.mark.skipif(
-    _vllm_missing() and not os.environ.get("CI"),
-    reason="vLLM is not installed (.venv-vllm is missing: run `bash scripts/setup_vllm.sh`) and CI is unset",
-)
 
 
 # --- no server needed ---------------------------------------------------------------------

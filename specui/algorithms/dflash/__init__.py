@@ -6,19 +6,11 @@ objective.py (DFlashObjective); the registry entry below.
 
 from specui.algorithms.spec import AlgorithmSpec, lazy_exports, register_algorithm
 
-SPEC = register_algorithm(
-    AlgorithmSpec(
-        name="dflash",
-        label="DFlash",
-        drafter=f"{__name__}.drafter:DFlashDrafter",
-        objective=f"{__name__}.objective:DFlashObjective",
-        default_layers=2,
-        train_fields=("block_size", "max_anchors", "gamma", "dpace"),
-        vllm_method="dflash",
-        rank=10,
-        speculators_rank=1,
-    )
-)
+SPEC = register_algorithm(AlgorithmSpec(
+    name="dflash", label="DFlash", rank=10, speculators_rank=1, default_layers=2, vllm_method="dflash",
+    drafter=f"{__name__}.drafter:DFlashDrafter", objective=f"{__name__}.objective:DFlashObjective",
+    train_fields=("block_size", "max_anchors", "gamma", "dpace"),
+))  # fmt: skip
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "DFlashConfig": "config", "BlockOutput": "model", "DFlashModel": "model",

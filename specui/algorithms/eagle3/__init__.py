@@ -8,19 +8,11 @@ pack_shifted); the registry entry below.
 
 from specui.algorithms.spec import AlgorithmSpec, lazy_exports, register_algorithm
 
-SPEC = register_algorithm(
-    AlgorithmSpec(
-        name="eagle3",
-        label="EAGLE-3",
-        drafter=f"{__name__}.drafter:Eagle3Drafter",
-        objective=f"{__name__}.objective:Eagle3Objective",
-        default_layers=1,
-        train_fields=("ttt_steps",),
-        vllm_method="eagle3",
-        rank=40,
-        speculators_rank=0,
-    )
-)
+SPEC = register_algorithm(AlgorithmSpec(
+    name="eagle3", label="EAGLE-3", rank=40, speculators_rank=0, default_layers=1, vllm_method="eagle3",
+    drafter=f"{__name__}.drafter:Eagle3Drafter", objective=f"{__name__}.objective:Eagle3Objective",
+    train_fields=("ttt_steps",),
+))  # fmt: skip
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "Eagle3Config": "config", "Eagle3FirstLayer": "model", "Eagle3Model": "model", "TTTOutput": "model",
