@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "specui.service", "specui.benchmark", "specui.workbench", "specui.replay", "specui.export",
         "specui.export_speculators", "specui.training", "specui.vllm", "specui.doctor", "specui.choices",
     )),  # fmt: skip
-    ("jobs", ("specui.jobs", "specui.bench_job", "specui.training.job")),
+    ("jobs", ("specui.jobs",)),
     ("ui", ("specui.ui", "specui.commands", "specui.cli", "specui.__main__")),
     # Process entry points: they import the library; the library never imports them.
     ("entry points", ("workers", "app")),

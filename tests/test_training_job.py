@@ -22,7 +22,7 @@ def _wait(what: str, cond: Callable[[], bool], timeout: float = 90.0) -> None:
 
 
 def test_train_job_reports_progress_cancels_and_resumes(tmp_path: Path, fixture_dir: Path, fixture_verifier, monkeypatch) -> None:
-    monkeypatch.setenv("SPECUI_JOB_MODULES", "specui.training.job")
+    monkeypatch.setenv("SPECUI_JOB_MODULES", "specui.jobs.training")
     rng = random.Random(1)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt_ids": [rng.randrange(500) for _ in range(10)]}) + "\n" for _ in range(12)))
@@ -62,7 +62,7 @@ def test_train_job_reports_progress_cancels_and_resumes(tmp_path: Path, fixture_
 
 
 def test_train_job_with_bad_params_fails_with_the_message(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("SPECUI_JOB_MODULES", "specui.training.job")
+    monkeypatch.setenv("SPECUI_JOB_MODULES", "specui.jobs.training")
     store = Store(tmp_path / "specui.db")
     job = queue.enqueue(store, "train", {"algorithm": "medusa"})
     Runner(store.path, poll_s=0.05, heartbeat_s=0.1).run(until_idle=True, timeout_s=60)

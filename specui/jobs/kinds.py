@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 JobFn = Callable[[dict[str, Any], "JobContext"], Any]
 
 # Modules that register job kinds; a missing one is skipped (not built yet).
-KIND_MODULES = ["specui.jobs.builtin", "specui.training.job", "specui.bench_job"]
+KIND_MODULES = ["specui.jobs.builtin", "specui.jobs.training", "specui.jobs.benchmark"]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ _HOME = {"TrainConfig": "config", "TrainHooks": "loop", "TrainResult": "loop", "
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: ``specui.training.job`` is imported by light processes (job listings)
+    # Lazy: ``specui.jobs.training`` is imported by light processes (job listings)
     # that must not pay for torch.
     if name in _HOME:
         import importlib

@@ -1,5 +1,5 @@
 """The "train" job kind: the dashboard starts, watches and cancels training through
-the job queue (``workers``), which runs this in a process of its own.
+the job queue (``specui.jobs``), which runs this in a worker process of its own.
 
 ``params`` are ``TrainConfig`` fields (``algorithm`` required).  ``out``
 defaults to the job's own folder; a job always resumes from its last
