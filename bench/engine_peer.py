@@ -161,6 +161,7 @@ def main() -> None:
     )
     ap.add_argument("--step-repeats", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps-only", action="store_true", help="only the verifier step table")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     gguf = embedded_gguf_path()
@@ -169,6 +170,10 @@ def main() -> None:
     load_s = time.perf_counter() - t0
     modes = a.llamacpp_modes.split(",")
     llama = LlamaCpp(a.llamacpp_python, gguf, a.threads, modes)
+    if a.steps_only:
+        print_steps(step_costs(v, llama, a.step_repeats), a.step_repeats)
+        llama.close()
+        return
     names = a.drafters.split(",")
     drafters = {n: resolve_drafter(n, v) for n in names}
     prompts = [p.encode(v) for p in load_prompts("spec-bench", limit=a.prompts)]
@@ -209,7 +214,11 @@ def main() -> None:
         tau = f"{statistics.median(taus):6.2f}" if taus else f"{'':>6}"
         print(f"{engine:<10} {mode:<14}{tok[0]:>8.1f} [{tok[1]:5.1f}, {tok[2]:5.1f}]{tau}"
               f"{ratio[0]:>13.2f}x [{ratio[1]:.2f}, {ratio[2]:.2f}]     {same}/{len(rs)}")  # fmt: skip
-    print(f"\nverifier step after 256 cached tokens (median of {a.step_repeats}, interleaved)")
+    print_steps(steps, a.step_repeats)
+
+
+def print_steps(steps: dict[str, dict[int, float]], repeats: int) -> None:
+    print(f"\nverifier step after 256 cached tokens (median of {repeats}, interleaved)")
     print(
         f"{'tokens':>6}{'SpecUI ms':>11}{'x its 1-token':>15}{'llama.cpp ms':>14}{'x its 1-token':>15}"
     )
