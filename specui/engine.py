@@ -143,6 +143,7 @@ class Decoding:
             features = out.aux_hidden
         elif aux_ids:
             features = torch.zeros(0, len(aux_ids) * v.hidden_size)
+        self.prefill_time_s = time.perf_counter() - start  # benches separate decoding from the prompt
         output: list[int] = []
         res = self.result
         step = 0

@@ -71,6 +71,7 @@ class Verifier:
         self.dtype = next(model.parameters()).dtype
         self.precision = "fp32"  # "bf16" once batch_invariant.enable() switched the model
         self._layers = _decoder_layers(model)
+        self._fast = None  # a specui.decoder.FastDecoder once the model runs in bf16 and it fits
         # Per-thread capture state: the dashboard decodes for several visitors at once.
         self._local = threading.local()
         # transformers 5.2x renamed `past_key_values` to `cache`.
@@ -115,6 +116,7 @@ class Verifier:
         if reason is None:
             batch_invariant.enable(verifier.model)
             verifier.precision = "bf16"
+            verifier._use_fast_decoder()
             if batch_invariant.check(verifier):
                 return verifier
             reason = "this machine's bf16 kernels give a token other logits inside a block than alone"
@@ -175,7 +177,19 @@ class Verifier:
 
     # --- forward --------------------------------------------------------------------
 
+    def _use_fast_decoder(self) -> None:
+        from specui import decoder
+
+        reason = decoder.unsupported_reason(self.model)
+        if reason is None:
+            self._fast = decoder.FastDecoder(self.model)
+        else:
+            log.info("%s runs through transformers' modules: %s", self.name, reason)
+
     def new_cache(self):
+        """A KV cache for ``forward``: the fast decoder's preallocated one where it runs."""
+        if self._fast is not None and self._fast.active():
+            return self._fast.new_cache()
         from transformers import DynamicCache
 
         return DynamicCache(config=self.config)
@@ -200,6 +214,10 @@ class Verifier:
         ``logits=False`` (a prefill) computes only the last position's logits:
         the LM head over a 49k vocabulary is most of a small model's cost.
         """
+        if self._fast is not None and isinstance(cache, self._fast.cache_type):
+            logits_out, taps = self._fast.forward(input_ids.view(-1), cache, set(aux_layer_ids or ()), keep=0 if logits else 1)
+            aux = torch.cat([taps[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
+            return VerifierOutput(logits=logits_out, aux_hidden=aux)
         start = self.cache_length(cache)
         pos = torch.arange(start, start + input_ids.shape[-1]).unsqueeze(0)
         taps = self._run(input_ids.view(1, -1), pos, cache, aux_layer_ids, keep=0 if logits else 1)

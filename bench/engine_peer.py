@@ -1,0 +1,233 @@
+"""SpecUI's local engine beside llama.cpp: same prompts, model, threads, in one run (by hand).
+
+    bash scripts/setup_llamacpp.sh        # once: .venv-llamacpp with the xllamacpp wheel
+    PYTHONPATH=. .venv/bin/python bench/engine_peer.py [--prompts 12] [--max-new-tokens 128]
+
+Both engines decode the first ``--prompts`` Spec-Bench questions (2 per task group for
+12), chat template, greedy, one thread.  llama.cpp runs the embedded verifier's own GGUF
+(``SmolLM2-135M-Instruct.Q4_1.gguf``: 4-bit weights, one fp16 scale and minimum per 32)
+through ``bench/llamacpp_worker.py`` in a subprocess of .venv-llamacpp; SpecUI runs the
+same file dequantized (``Verifier.load("embedded")``, precision ``auto``: bf16
+batch-invariant matmuls).  Prompt by prompt, every engine and mode runs in turn, so drift
+on a loaded machine hits all alike.
+
+Reported per mode: decode tokens/s (tokens after the prompt / time after the prompt;
+llama.cpp's own ``predicted_ms``, SpecUI's wall time less its prefill), median over prompts
+with a 95% bootstrap interval, tau where it drafts, the ratio to llama.cpp plain (median of
+per-prompt ratios, same interval), and whether the output equals the engine's plain one.
+Then the time of one verifier step of 1, 5, 9 and 17 tokens after a 256-token context, for
+both engines, and each as a multiple of that engine's one-token step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specui.algorithms.resolve import resolve_drafter
+from specui.data import load_prompts
+from specui.engine import Decoding
+from specui.verifier import Verifier, embedded_gguf_path
+
+ROOT = Path(__file__).resolve().parent.parent
+DRAFTERS = ("none", "ngram", "dflash", "dspark", "eagle3", "peagle")
+STEP_SIZES = (1, 5, 9, 17)
+
+
+class LlamaCpp:
+    """bench/llamacpp_worker.py in .venv-llamacpp, one JSON line per request."""
+
+    def __init__(self, python: Path, gguf: Path, threads: int, modes: list[str]) -> None:
+        if not python.is_file():
+            sys.exit(f"{python} not found: run scripts/setup_llamacpp.sh first")
+        env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
+        cmd = [str(python), str(ROOT / "bench" / "llamacpp_worker.py"), str(gguf), "--threads", str(threads),
+               "--modes", ",".join(modes)]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        self.info = self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            sys.exit("the llama.cpp worker exited (run it by hand to see why)")
+        return json.loads(line)
+
+    def ask(self, **req) -> dict:
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def interval(
+    values: list[float], resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """Median and its 95% percentile-bootstrap interval over prompts."""
+    x = np.asarray(values, dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    meds = np.median(x[idx], axis=1)
+    return float(np.median(x)), float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+
+
+def specui_run(v: Verifier, drafter, ids: list[int], max_new: int) -> dict:
+    run = Decoding(v, drafter, ids, max_new_tokens=max_new, stop_on_eos=False)
+    for _ in run:
+        pass
+    res = run.result
+    drafted = [s for s in res.steps if s.num_drafted]
+    tau = 1 + sum(s.num_accepted for s in drafted) / len(drafted) if drafted else None
+    n = len(res.output_token_ids)
+    # The first token comes from the prefill's logits in llama.cpp, from the first step here:
+    # both count every generated token over the time after the prompt.
+    return {
+        "tok_s": n / (res.wall_time_s - run.prefill_time_s),
+        "tau": tau,
+        "out": res.output_token_ids,
+    }
+
+
+def llama_run(llama: LlamaCpp, mode: str, ids: list[int], max_new: int) -> dict:
+    a = llama.ask(op="generate", mode=mode, prompt=ids, max_tokens=max_new)
+    drafted, accepted = a.get("draft_n"), a.get("draft_n_accepted")
+    tau = None
+    if drafted:  # llama.cpp reports drafted / accepted tokens, not drafts: tau from acceptance
+        tau = 1 + accepted / max(1, a["predicted_n"] - accepted) if accepted is not None else None
+    return {"tok_s": a["predicted_n"] / (a["predicted_ms"] / 1e3), "tau": tau, "out": a["text"]}
+
+
+def step_costs(
+    v: Verifier, llama: LlamaCpp, repeats: int, context: int = 256
+) -> dict[str, dict[int, float]]:
+    ids = torch.randint(
+        100,
+        v.vocab_size,
+        (context + max(STEP_SIZES) + 1,),
+        generator=torch.Generator().manual_seed(0),
+    )
+    ctx, block, other = ids[:context], ids[context:-1], ids[-1:]
+    cache = v.new_cache()
+    v.forward(ctx, cache, logits=False)
+    times: dict[str, dict[int, list[float]]] = {
+        "specui": {n: [] for n in STEP_SIZES},
+        "llama.cpp": {n: [] for n in STEP_SIZES},
+    }
+    for _ in range(repeats + 1):
+        for n in STEP_SIZES:  # interleaved by size and engine
+            t0 = time.perf_counter()
+            v.forward(block[:n], cache)
+            times["specui"][n].append(time.perf_counter() - t0)
+            v.crop(cache, context)
+            a = llama.ask(
+                op="step", context=ctx.tolist(), block=block[:n].tolist(), other=other.tolist()
+            )
+            if a["prompt_n"] != n:
+                raise RuntimeError(f"llama.cpp ran {a['prompt_n']} tokens for a {n}-token step")
+            times["llama.cpp"][n].append(a["prompt_ms"] / 1e3)
+    return {e: {n: statistics.median(t[1:]) for n, t in per.items()} for e, per in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--prompts",
+        type=int,
+        default=12,
+        help="Spec-Bench questions (round-robin over the 6 groups)",
+    )
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--drafters", default=",".join(DRAFTERS))
+    ap.add_argument("--llamacpp-modes", default="plain,ngram-simple")
+    ap.add_argument(
+        "--llamacpp-python", type=Path, default=ROOT / ".venv-llamacpp" / "bin" / "python"
+    )
+    ap.add_argument("--step-repeats", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps-only", action="store_true", help="only the verifier step table")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    gguf = embedded_gguf_path()
+    t0 = time.perf_counter()
+    v = Verifier.load("embedded", precision="auto")
+    load_s = time.perf_counter() - t0
+    modes = a.llamacpp_modes.split(",")
+    llama = LlamaCpp(a.llamacpp_python, gguf, a.threads, modes)
+    if a.steps_only:
+        print_steps(step_costs(v, llama, a.step_repeats), a.step_repeats)
+        llama.close()
+        return
+    names = a.drafters.split(",")
+    drafters = {n: resolve_drafter(n, v) for n in names}
+    prompts = [p.encode(v) for p in load_prompts("spec-bench", limit=a.prompts)]
+    runs = [("llama.cpp", m) for m in modes] + [("specui", n) for n in names]
+    for n in names:  # warm-up: first calls allocate and pick kernels
+        specui_run(v, drafters[n], prompts[0], 8)
+    for m in modes:
+        llama_run(llama, m, prompts[0], 8)
+    results: dict[tuple[str, str], list[dict]] = {r: [] for r in runs}
+    for i, ids in enumerate(prompts):
+        for engine, mode in runs:
+            r = (
+                llama_run(llama, mode, ids, a.max_new_tokens)
+                if engine == "llama.cpp"
+                else specui_run(v, drafters[mode], ids, a.max_new_tokens)
+            )
+            results[(engine, mode)].append(r)
+        print(
+            f"prompt {i + 1}/{len(prompts)} ({len(ids)} tokens) done", file=sys.stderr, flush=True
+        )
+    steps = step_costs(v, llama, a.step_repeats)
+    llama.close()
+
+    base = results[("llama.cpp", "plain")]
+    print(f"verifier {v.name}: llama.cpp {gguf.name} ({llama.info['system']}); SpecUI precision {v.precision} "
+          f"(load {load_s:.1f} s); {len(prompts)} Spec-Bench prompts, {a.max_new_tokens} tokens, greedy, "
+          f"{a.threads} thread(s); machine load average {os.getloadavg()[0]:.1f} at the end")  # fmt: skip
+    print(
+        f"{'engine':<10} {'mode':<14}{'tok/s [95% CI]':>22}{'tau':>6}{'x llama.cpp plain [95% CI]':>30}  same as plain"
+    )
+    for engine, mode in runs:
+        rs = results[(engine, mode)]
+        tok = interval([r["tok_s"] for r in rs])
+        ratio = interval([r["tok_s"] / b["tok_s"] for r, b in zip(rs, base, strict=True)])
+        taus = [r["tau"] for r in rs if r["tau"] is not None]
+        plain = results[(engine, "plain" if engine == "llama.cpp" else "none")]
+        same = sum(r["out"] == p["out"] for r, p in zip(rs, plain, strict=True))
+        tau = f"{statistics.median(taus):6.2f}" if taus else f"{'':>6}"
+        print(f"{engine:<10} {mode:<14}{tok[0]:>8.1f} [{tok[1]:5.1f}, {tok[2]:5.1f}]{tau}"
+              f"{ratio[0]:>13.2f}x [{ratio[1]:.2f}, {ratio[2]:.2f}]     {same}/{len(rs)}")  # fmt: skip
+    print_steps(steps, a.step_repeats)
+
+
+def print_steps(steps: dict[str, dict[int, float]], repeats: int) -> None:
+    print(f"\nverifier step after 256 cached tokens (median of {repeats}, interleaved)")
+    print(
+        f"{'tokens':>6}{'SpecUI ms':>11}{'x its 1-token':>15}{'llama.cpp ms':>14}{'x its 1-token':>15}"
+    )
+    for n in STEP_SIZES:
+        s, ll = steps["specui"][n], steps["llama.cpp"][n]
+        print(
+            f"{n:>6}{s * 1e3:>11.1f}{s / steps['specui'][1]:>15.2f}{ll * 1e3:>14.1f}{ll / steps['llama.cpp'][1]:>15.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
