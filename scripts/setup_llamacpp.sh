@@ -10,16 +10,11 @@
 #   SPECUI_LLAMACPP_PACKAGE  the requirement (default xllamacpp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${SPECUI_LLAMACPP_VENV:-.venv-llamacpp}
+# shellcheck source=scripts/venv_lib.sh
+source scripts/venv_lib.sh
 PACKAGE=${SPECUI_LLAMACPP_PACKAGE:-xllamacpp}
-PY="$VENV/bin/python"
-stamp="$VENV/.specui-llamacpp-installed"
-
-if [ -f "$stamp" ] && [ "$stamp" -nt scripts/setup_llamacpp.sh ]; then
-  exit 0
-fi
-[ -x "$PY" ] || python3 -m venv "$VENV"
+venv_begin llamacpp "${SPECUI_LLAMACPP_VENV:-.venv-llamacpp}"
 echo "setup_llamacpp: installing $PACKAGE into $VENV" >&2
-"$PY" -m pip --disable-pip-version-check install --quiet --only-binary :all: "$PACKAGE"
+pip install --quiet --only-binary :all: "$PACKAGE"
 "$PY" -c "import xllamacpp, importlib.metadata as m; print('setup_llamacpp: xllamacpp', m.version('xllamacpp'))" >&2
-touch "$stamp"
+venv_done
