@@ -84,7 +84,8 @@ def main() -> int:
         print(f"1. store {args.steps:,} steps: {total:.2f} s until committed "
               f"({args.steps / total:,.0f} steps/s); decoding side spent {in_step:.3f} s in step() "
               f"({1e6 * in_step / args.steps:.1f} us/step)")
-        size_mb = db.stat().st_size / 1e6 + (db.with_name(db.name + "-wal").stat().st_size / 1e6 if db.with_name(db.name + "-wal").exists() else 0)
+        size_mb = db.stat().st_size / 1e6 + (db.with_name(db.name + "-wal").stat().st_size / 1e6
+                                             if db.with_name(db.name + "-wal").exists() else 0)
         print(f"   file size {size_mb:.1f} MB ({1000 * size_mb / args.steps:.2f} KB/step)")
         store.delete_run(run.id)
 

@@ -1248,7 +1248,9 @@ def compare(new: Path, old: Path, tol: float) -> list[str]:
             print(f"  {name:<40} identical bytes")
             continue
         if name == "manifest.json":
-            print(f"  {name:<40} config section {'same' if old_manifest.get('config') == new_manifest['config'] else 'DIFFERENT'}; versions / hashes / results not compared")
+            print(f"  {name:<40} config section "
+                  f"{'same' if old_manifest.get('config') == new_manifest['config'] else 'DIFFERENT'}; "
+                  "versions / hashes / results not compared")
         elif name.endswith(".json"):
             same = _volatile_free(json.loads(a.read_text())) == _volatile_free(json.loads(b.read_text()))
             print(f"  {name:<40} {'same (up to name_or_path / transformers_version)' if same else 'DIFFERENT'}")

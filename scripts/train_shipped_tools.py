@@ -508,7 +508,8 @@ def report(a: argparse.Namespace) -> None:
             acc = " ".join(f"{v:.2f}" for v in _acceptance(r)) or "-"
             print(f"| {t} | {r.get('drafter')} | {r.get('num_speculative_tokens') or '-'} | {r.get('acceptance_length') or 1.0:.2f}"
                   f"{_interval(r, 'acceptance_length')} | {acc} | {r.get('tokens_per_s') or 0:.2f} "
-                  f"| {r.get('speedup') or 1.0:.2f}x{_interval(r, 'speedup', suffix='x') if r.get('algorithm') != 'none' else ''} |")  # fmt: skip
+                  f"| {r.get('speedup') or 1.0:.2f}x"
+                  f"{_interval(r, 'speedup', suffix='x') if r.get('algorithm') != 'none' else ''} |")  # fmt: skip
     w, h = 420, 300
     body = [f'<rect width="{2 * w}" height="{h}" fill="white"/>']
     body += _svg_panel(runs["0"], "held-out acceptance per position, T=0", 0, w, h)

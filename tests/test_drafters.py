@@ -421,7 +421,8 @@ BAD = {
     "lacks tensors layers.1.mlp.up_proj.weight": ("dflash", lambda f: _edit_tensors(f, lambda t: t.pop("layers.1.mlp.up_proj.weight"))),
     "tensor fc.weight has shape [64, 128]": ("eagle3", lambda f: _edit_tensors(f, lambda t: t.update({"fc.weight": torch.zeros(64, 128)}))),
     "NaN": ("dspark", lambda f: _edit_tensors(f, lambda t: t["norm.weight"].fill_(float("nan")))),
-    "not a readable safetensors": ("peagle", lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:5000])),
+    "not a readable safetensors": (
+        "peagle", lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:5000])),
     "not valid JSON": ("dflash", lambda f: (f / "config.json").write_text('{"speculators_model_type": "dflash",')),
     "has no config.json": ("dflash", lambda f: (f / "config.json").unlink()),
     "has no model.safetensors": ("eagle3", lambda f: (f / "model.safetensors").unlink()),

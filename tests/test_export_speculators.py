@@ -146,7 +146,8 @@ def test_two_runs_on_one_prompt_set_are_refused_and_the_file_is_kept(db, tmp_pat
         record(store, run.id, prompts["dflash"], [1.0, 1.0], 3)
     out = tmp_path / "acceptance.csv"
     out.write_text("keep me\n")
-    assert main(["runs", "--db", str(path), "export", "--format", "speculators", "--csv", str(out), "--runs", str(ids["dflash"]), str(run.id)]) == 2
+    assert main(["runs", "--db", str(path), "export", "--format", "speculators", "--csv", str(out),
+                 "--runs", str(ids["dflash"]), str(run.id)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specui: error: runs ") and "'humaneval:0-1'" in err and "one row per subset" in err
     assert out.read_text() == "keep me\n"
@@ -156,7 +157,8 @@ def test_two_runs_on_one_prompt_set_are_refused_and_the_file_is_kept(db, tmp_pat
     ("extra", "message"),
     [(["--steps"], "--steps is for --format csv"), (["--excel"], "a BOM breaks the 'subset' header"), ([], "no run with drafts")],
 )
-def test_bad_requests_are_one_line_errors_and_write_nothing(db, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str) -> None:
+def test_bad_requests_are_one_line_errors_and_write_nothing(db, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            extra: list[str], message: str) -> None:
     path, ids, _ = db
     out = tmp_path / "acceptance.csv"
     runs = [str(ids["dflash"])] if extra else [str(ids["base"])]

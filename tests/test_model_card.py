@@ -42,8 +42,8 @@ def _results(root: Path, tau: float, speedup: float, auroc: float) -> None:
     for t in (0, 1):
         (root / f"bench-T{t}.json").write_text(json.dumps({"runs": [plain, drafted]}))
     metrics = {"n": 100, "ece": 0.1, "auroc": auroc, "brier": 0.2}
-    prefix = {"raw": {"n": 400, "ece": 0.05, "auroc": 0.9, "brier": 0.08}, "calibrated": {"n": 400, "ece": 0.03, "auroc": 0.88, "brier": 0.07},
-              "slot_index_auroc": 0.85}  # fmt: skip
+    prefix = {"raw": {"n": 400, "ece": 0.05, "auroc": 0.9, "brier": 0.08},
+              "calibrated": {"n": 400, "ece": 0.03, "auroc": 0.88, "brier": 0.07}, "slot_index_auroc": 0.85}  # fmt: skip
     (root / "calibration-dspark.json").write_text(json.dumps({"temperature": 2.0, "fit_slots": 90, "before": metrics, "after": metrics,
                                                               "slot_index_auroc": 0.6, "prefix": prefix}))  # fmt: skip
     (root / "distill.done").write_text("3000 samples, 450000 response tokens")

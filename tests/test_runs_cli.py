@@ -18,7 +18,8 @@ def db(tmp_path: Path) -> Path:
     path = tmp_path / "specui.db"
     with Store(path) as store:
         for algo, k in (("none", 0), ("dflash", 4)):
-            run = store.create_run(verifier="smollm2", prompt_set="humaneval:0-1", algorithm=algo, owner="session-a" if k else None, settings=DecodingSettings(num_speculative_tokens=k))
+            run = store.create_run(verifier="smollm2", prompt_set="humaneval:0-1", algorithm=algo,
+                                   owner="session-a" if k else None, settings=DecodingSettings(num_speculative_tokens=k))
             record(store, run.id, [[make_trace(i, k, seed=p) for i in range(20)] for p in range(2)], [1.0, 1.2], k)
     return path
 
@@ -47,7 +48,8 @@ def test_export_comparison_and_steps(db: Path, tmp_path: Path, capsys: pytest.Ca
     "argv",
     [["runs", "show", "99"], ["runs", "delete", "99"], ["runs", "export", "--csv", "x.csv", "--runs", "1", "99"]],
 )
-def test_unknown_run_id_is_one_line_and_nonzero(db: Path, argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_run_id_is_one_line_and_nonzero(db: Path, argv: list[str], capsys: pytest.CaptureFixture[str],
+                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert main([*argv, "--db", str(db)]) == 2
     err = capsys.readouterr().err

@@ -454,11 +454,13 @@ def test_no_token_in_the_apps_db_logs_or_csv(app) -> None:
     run = client.predict("Count to five.", "ngram", "embedded", 0, 8, 0.0, 0, True, api_name="/decode")["run_id"]
     status = client.predict(["ngram"], "demo", 1, 8, 0.0, api_name="/bench_job")
     job_id = int(status.split("job ", 1)[1].split(";")[0])
-    assert _wait_job(data / "specui.db", job_id, ("done", "failed"), timeout_s=300) == "done", Store(data / "specui.db").get_job(job_id).error
+    assert _wait_job(data / "specui.db", job_id, ("done", "failed"), timeout_s=300) == "done", (
+        Store(data / "specui.db").get_job(job_id).error)
     csv = client.predict(str(run), api_name="/export")
     assert str(run) in csv
     texts = {"db": _db_dump(data / "specui.db"), "csv": csv}
-    texts |= {str(p): p.read_text(errors="replace") for p in data.rglob("*") if p.is_file() and p.suffix in (".log", ".csv", ".jsonl", ".txt")}
+    texts |= {str(p): p.read_text(errors="replace") for p in data.rglob("*")
+              if p.is_file() and p.suffix in (".log", ".csv", ".jsonl", ".txt")}
     assert "app.log" in " ".join(texts)
     leaks = [name for name, text in texts.items() if TOKEN in text]
     assert leaks == [], f"the HF token leaked into {leaks}"

@@ -61,7 +61,8 @@ def test_a_corpus_containing_a_spec_bench_prompt_is_refused(tmp_path):
     # Changed case, punctuation and spacing, and pasted inside a longer request: still the question.
     # (The suffix varies until the row falls in the file's training split, which is chosen by content.)
     disguised = next(d for n in range(100)
-                     if split_of(Prompt("x", "f", text=(d := f"Please help ({n}):  {question.upper()}!! Thanks.")).content_hash) == "train")  # fmt: skip
+                     if split_of(Prompt("x", "f", text=(d := f"Please help ({n}):  {question.upper()}!! Thanks."))
+                                 .content_hash) == "train")  # fmt: skip
     assert normalize_text(question) in normalize_text(disguised)
     rows = [Prompt(f"ok-{i}", "f", text=f"Tell me a fact about the number {i}.") for i in range(30)]
     path = write_prompt_file(tmp_path / "corpus.jsonl", [*rows, Prompt("bad", "f", text=disguised)])

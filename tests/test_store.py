@@ -177,7 +177,8 @@ def test_v1_file_is_migrated_forward_keeping_its_data(tmp_path: Path) -> None:
 
 
 def test_unknown_run_id_is_a_clear_error(store: Store) -> None:
-    for call in (lambda: store.get_run(99), lambda: store.delete_run(99), lambda: store.get_results(99), lambda: store.finish_run(99, "done")):
+    for call in (lambda: store.get_run(99), lambda: store.delete_run(99), lambda: store.get_results(99),
+                 lambda: store.finish_run(99, "done")):
         with pytest.raises(SpecUIError, match="unknown run id 99"):
             call()
 

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"run_ids": run_ids, "runs": comparison.rows,
                           "groups": {g: c.rows for g, c in groups.items()},
-                          "columns": {c.key: {"label": c.label, "definition": c.definition, "unit": c.unit} for c in comparison.columns}}, default=str))
+                          "columns": {c.key: {"label": c.label, "definition": c.definition, "unit": c.unit}
+                                      for c in comparison.columns}}, default=str))
         return 0
     _print_table(comparison, None if not groups else "all")
     for group, comp in groups.items():

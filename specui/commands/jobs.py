@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     wk = js.add_parser("worker", parents=[common], help="run queued jobs (each in its own process)")
     wk.add_argument("--max-jobs", type=int, help="jobs at once (default: $SPECUI_MAX_JOBS or 1)")
     wk.add_argument("--until-idle", action="store_true", help="exit when nothing is queued or running")
-    wk.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE", help="also import MODULE (registers job kinds)")
+    wk.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
+                    help="also import MODULE (registers job kinds)")
     wk.set_defaults(func=cmd_worker)
 
 
@@ -46,7 +47,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("no jobs")
         return 0
     rows = [
-        [str(j.id), j.kind, str(j.status) + (" (cancelling)" if j.cancel_requested_at and j.status == JobStatus.RUNNING else ""), f"{100 * j.progress:.0f}%", _when(j.created_at), (j.error or j.message or "")[:60]]
+        [str(j.id), j.kind,
+         str(j.status) + (" (cancelling)" if j.cancel_requested_at and j.status == JobStatus.RUNNING else ""),
+         f"{100 * j.progress:.0f}%", _when(j.created_at), (j.error or j.message or "")[:60]]
         for j in jobs
     ]
     print(_table(["ID", "KIND", "STATUS", "PROGRESS", "CREATED", "MESSAGE"], rows))
@@ -59,7 +62,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         metrics = store.job_metrics(args.job_id)
     print(f"job {job.id}: {job.kind}  [{job.status}]  {100 * job.progress:.0f}%")
     print(f"  params   {job.params_json}")
-    for key, value in (("created", _when(job.created_at)), ("started", _when(job.started_at)), ("ended", _when(job.ended_at)), ("message", job.message), ("error", job.error), ("result", job.result_json)):
+    for key, value in (("created", _when(job.created_at)), ("started", _when(job.started_at)),
+                       ("ended", _when(job.ended_at)), ("message", job.message), ("error", job.error),
+                       ("result", job.result_json)):
         if value not in (None, "-"):
             print(f"  {key:<8} {value}")
     latest: dict[str, tuple[int, float]] = {}

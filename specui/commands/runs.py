@@ -93,13 +93,15 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int:
     with Store(args.db) as store:
-        runs = store.list_runs(status=args.status, algorithm=args.algorithm, prompt_set=args.prompt_set, verifier=args.verifier, limit=args.limit)
+        runs = store.list_runs(status=args.status, algorithm=args.algorithm, prompt_set=args.prompt_set,
+                               verifier=args.verifier, limit=args.limit)
         if not runs:
             print(f"no runs in {store.path}")
             return 0
         counts = store.count_results([r.id for r in runs if r.id is not None])
         rows = [
-            [str(r.id), str(r.status), r.display_name, r.algorithm, str(r.backend), r.prompt_set, str(counts[r.id][0]), str(counts[r.id][1]), _when(r.started_at)]
+            [str(r.id), str(r.status), r.display_name, r.algorithm, str(r.backend), r.prompt_set,
+             str(counts[r.id][0]), str(counts[r.id][1]), _when(r.started_at)]
             for r in runs
             if r.id is not None
         ]

@@ -132,7 +132,8 @@ def _int_list(text: str) -> list[int]:
 class _IntsAction(argparse.Action):
     """--aux-layers 2,15,27 and speculators' --target-layer-ids 2 15 27 (or a mix): one list."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
         setattr(namespace, self.dest, [i for part in values for i in part])
 
 
@@ -172,9 +173,11 @@ def _position_weights(text: str) -> bool:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a drafter (DFlash, DSpark, P-EAGLE, EAGLE-3) on the verifier's own outputs")
     # Not argparse choices: the config reports an unknown algorithm with the list, as the job API does.
-    p.add_argument(*_spellings("--algorithm"), dest="algorithm", type=_algorithm, required=True, help=" | ".join(algorithm_names(trainable=True)))
+    p.add_argument(*_spellings("--algorithm"), dest="algorithm", type=_algorithm, required=True,
+                   help=" | ".join(algorithm_names(trainable=True)))
     p.add_argument(*_spellings("--verifier"), dest="verifier", default="embedded", help="embedded | HF folder | .gguf file | hub id")
-    p.add_argument("--prompts", default="gsm-symbolic", help="a prompt set (humaneval, gsm-symbolic, rg-math, demo), a JSONL file, or a mix a,b (alternating)")
+    p.add_argument("--prompts", default="gsm-symbolic",
+                   help="a prompt set (humaneval, gsm-symbolic, rg-math, demo), a JSONL file, or a mix a,b (alternating)")
     p.add_argument(*_spellings("--out"), dest="out", required=True, help="output folder (final drafter, checkpoints/, metrics.jsonl)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--no-resume-from-checkpoint", dest="resume", action="store_const", const=False, default=argparse.SUPPRESS,
@@ -199,7 +202,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--max-new-tokens", type=int, default=256, help="length of the self-distilled responses")
     d.add_argument("--gen-batch-size", type=int, default=8)
     d.add_argument("--max-seq-len", type=int, default=1024)
-    d.add_argument("--extraction", default="mixed", help="hidden states: offline | online | mixed (with --extractor vllm, mixed runs as offline)")
+    d.add_argument("--extraction", default="mixed",
+                   help="hidden states: offline | online | mixed (with --extractor vllm, mixed runs as offline)")
     d.add_argument("--cache-dir", default=None, help="responses and hidden states (default OUT/cache)")
     d.add_argument("--extractor", default="local",
                    help="hidden states from the verifier in this process (local) or from a vLLM server the run "
@@ -210,7 +214,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --extractor vllm on a GPU: vLLM's share of its memory (the trainer holds the verifier there too)")
 
     m = p.add_argument_group("drafter")
-    m.add_argument(*_spellings("--layers"), dest="layers", type=int, default=None, help=f"draft decoder layers (default: {_default_layers()})")
+    m.add_argument(*_spellings("--layers"), dest="layers", type=int, default=None,
+                   help=f"draft decoder layers (default: {_default_layers()})")
     m.add_argument("--block-size", type=int, default=8, help=f"{labels('block_size')} block size B")
     m.add_argument("--max-anchors", type=int, default=64, help=f"{labels('max_anchors')} anchors per sequence")
     m.add_argument(*_spellings("--depths"), dest="num_depths", type=int, default=4, help="P-EAGLE tokens per pass K")
@@ -228,12 +233,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument(*_spellings("--init-from"), dest="init_from", default=None, help="warm start from a checkpoint (DSpark from DFlash)")
 
     loss = p.add_argument_group("loss")
-    loss.add_argument(*_spellings("--gamma"), dest="gamma", type=float, default=4.0, help=f"{labels('gamma')} slot weight exp(-(k-1)/gamma)")
+    loss.add_argument(*_spellings("--gamma"), dest="gamma", type=float, default=4.0,
+                      help=f"{labels('gamma')} slot weight exp(-(k-1)/gamma)")
     loss.add_argument("--dpace", action="store_true", help="D-PACE adaptive slot weights instead")
     loss.add_argument("--per-position-loss-weight", dest="dpace", type=_position_weights, default=argparse.SUPPRESS,
                       metavar="{fixed-exp-decay,dpace}", help="speculators' spelling: dpace = --dpace")
     loss.add_argument("--tv-weight", type=float, default=0.0, help="DSpark: (1-w)*CE + w*TV")
-    loss.add_argument(*_spellings("--confidence-weight"), dest="confidence_weight", type=float, default=1.0, help="DSpark confidence-head BCE weight")
+    loss.add_argument(*_spellings("--confidence-weight"), dest="confidence_weight", type=float, default=1.0,
+                      help="DSpark confidence-head BCE weight")
     loss.add_argument(
         "--confidence-temperature", type=float, default=1.0,
         help="DSpark: the head learns the acceptance chance at this sampling temperature (0: greedy)",

@@ -55,7 +55,8 @@ def _config(args: argparse.Namespace, speculator: str | None = None):
         verifier=args.verifier or "embedded", speculator=speculator, num_speculative_tokens=getattr(args, "num_speculative_tokens", None),
         host=args.host, port=args.port, python=args.python, tensor_parallel_size=args.tensor_parallel_size,
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_bytes=args.kv_cache_bytes, dtype=args.dtype,
-        enforce_eager=args.enforce_eager, max_model_len=args.max_model_len, cpu_threads=args.cpu_threads, extra_args=parse_extra_args(args.vllm_args),
+        enforce_eager=args.enforce_eager, max_model_len=args.max_model_len, cpu_threads=args.cpu_threads,
+        extra_args=parse_extra_args(args.vllm_args),
         startup_timeout_s=args.startup_timeout, allow_remote_bind=args.allow_remote, spec_decode_metrics=args.spec_decode_metrics,
     )
 

@@ -209,7 +209,8 @@ def _append_cache(path: Path, new: dict[str, tuple[int, ...]]) -> None:
         os.fsync(f.fileno())
 
 
-def synthetic_prompts(n: int, vocab_size: int, min_len: int = 8, max_len: int = 24, seed: int = 0, exclude: Sequence[int] = ()) -> list[Prompt]:
+def synthetic_prompts(n: int, vocab_size: int, min_len: int = 8, max_len: int = 24, seed: int = 0,
+                      exclude: Sequence[int] = ()) -> list[Prompt]:
     """Random token-id prompts for verifiers without a tokenizer (tests, smoke runs)."""
     g = torch.Generator().manual_seed(seed)
     allowed = torch.tensor([t for t in range(vocab_size) if t not in set(exclude)])

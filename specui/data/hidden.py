@@ -105,12 +105,14 @@ class LocalExtractor(HiddenStateExtractor):
             ids = torch.tensor(s.input_ids, dtype=torch.long)
             taps = self.verifier.taps(ids.to(device), self.layer_ids)  # [T, n_aux + 1, H]
             path = out_dir / self.file_name(s)
-            write_sample(path, taps, ids, torch.tensor(s.loss_mask, dtype=torch.long), {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)})
+            write_sample(path, taps, ids, torch.tensor(s.loss_mask, dtype=torch.long),
+                         {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)})
             paths.append(path)
         return paths
 
 
-def write_sample(path: Path, hidden_states: torch.Tensor, token_ids: torch.Tensor, loss_mask: torch.Tensor, metadata: dict[str, str] | None = None) -> None:
+def write_sample(path: Path, hidden_states: torch.Tensor, token_ids: torch.Tensor, loss_mask: torch.Tensor,
+                 metadata: dict[str, str] | None = None) -> None:
     """Write one sample file atomically (a reader never sees half a file)."""
     tensors = {
         "hidden_states": hidden_states.to("cpu", STORE_DTYPE).contiguous(),
@@ -151,7 +153,8 @@ def read_sample(path: Path, n_aux: int) -> SampleTensors:
 class HiddenStateStore:
     """Hands a trainer the hidden states of sample ``i`` in the chosen mode."""
 
-    def __init__(self, extractor: HiddenStateExtractor, samples: Sequence[TokenSample], mode: str | ExtractionMode, cache_dir: str | Path) -> None:
+    def __init__(self, extractor: HiddenStateExtractor, samples: Sequence[TokenSample], mode: str | ExtractionMode,
+                 cache_dir: str | Path) -> None:
         try:
             self.mode = ExtractionMode(mode)
         except ValueError:

@@ -62,7 +62,8 @@ def gsm_symbolic(split: str, limit: int | None) -> list[Prompt]:
             if split != "all" and split_of(f"gsm-symbolic:template-{template}") != split:
                 continue
             item = ds[i]
-            p = Prompt(f"gsm-symbolic/{start + i}", "gsm-symbolic", text=item["question"], meta={"answer": item["answer"], "template": template})
+            p = Prompt(f"gsm-symbolic/{start + i}", "gsm-symbolic", text=item["question"],
+                       meta={"answer": item["answer"], "template": template})
             if p.content_hash not in seen:
                 seen.add(p.content_hash)
                 out.append(p)

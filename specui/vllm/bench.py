@@ -269,7 +269,8 @@ def _request_body(model: str, prompt: Prompt, ids: list[int], s: BenchSettings, 
     return "/v1/completions", body
 
 
-def stream_request(client: httpx.Client, path: str, body: dict[str, Any], result: RequestResult, should_stop: Callable[[], bool] | None = None) -> RequestResult:
+def stream_request(client: httpx.Client, path: str, body: dict[str, Any], result: RequestResult,
+                   should_stop: Callable[[], bool] | None = None) -> RequestResult:
     """Send one streamed request and fill ``result`` from its server-sent events."""
     result.sent_at = time.monotonic()
     with client.stream("POST", path, json=body) as r:
@@ -285,7 +286,8 @@ def stream_request(client: httpx.Client, path: str, body: dict[str, Any], result
             chunk = json.loads(data)
             if "error" in chunk:
                 err = chunk["error"]
-                raise SpecUIError(f"the server failed on prompt {result.index}: {err.get('message', err) if isinstance(err, dict) else err}")
+                raise SpecUIError(f"the server failed on prompt {result.index}: "
+                                  f"{err.get('message', err) if isinstance(err, dict) else err}")
             spec = ((chunk.get("metrics") or {}).get("speculative_decoding"))
             if spec:
                 result.spec = spec

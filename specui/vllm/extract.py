@@ -182,7 +182,8 @@ class VLLMExtractor(HiddenStateExtractor):
         hs = data["hidden_states"]  # [T, n_unique_layers, H], ascending layer ids
         unique = sorted(set(self.layer_ids))
         if hs.dim() != 3 or hs.shape[0] != len(ids) or hs.shape[1] != len(unique):
-            raise SpecUIError(f"sample {sample.id}: vLLM wrote hidden states of shape {tuple(hs.shape)}, expected [{len(ids)}, {len(unique)}, H]")
+            raise SpecUIError(f"sample {sample.id}: vLLM wrote hidden states of shape {tuple(hs.shape)}, "
+                              f"expected [{len(ids)}, {len(unique)}, H]")
         taps = hs[:, [unique.index(i) for i in self.layer_ids]]  # file order: aux layers, then tap[N]
         path = out_dir / self.file_name(sample)
         write_sample(path, taps, token_ids, torch.tensor(sample.loss_mask, dtype=torch.long),
