@@ -112,9 +112,12 @@ class VLLMSlot:
     def stop(self, requester: str | None = None, force: bool = False) -> None:
         """Stop (or detach from) the server, and the benchmark running on it: its owner only."""
         with self._lock:
+            running = self.job is not None and not self.job.done
             if self._live():
                 self._check_owner(requester, force)
-            if self.job is not None and not self.job.done:
+            elif running:  # between a comparison's two servers: the comparison's owner
+                check_owner("the vLLM benchmark", repr(self.job.description), self.job.owner, requester, force)
+            if running:
                 self.job.stop.set()
             server, self.server, self.owner = self.server, None, None
         if server is not None:
