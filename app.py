@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     from specui.store import Store
     from specui.trace import SpecUIError
     from specui.ui.app import CSS, build_app
+    from specui.ui.memory import SESSION_CAPACITY, expire_idle_sessions, limit_malloc_arenas
 
+    limit_malloc_arenas()  # before the threads below and Gradio's workers allocate
     try:
         store = Store(args.db)
     except SpecUIError as e:
@@ -78,9 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         WORKBENCH.preload(EMBEDDED)
     app = build_app(store, queue_size=args.queue_size)
     print(f"SpecUI: store {store.path}", flush=True)
+    # Visitors come and go: their Gradio session state is dropped once idle, and capped.
+    expire_idle_sessions(app)
     try:
         app.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
-                   max_file_size=int(args.max_upload_mb * 2**20), show_error=True)
+                   max_file_size=int(args.max_upload_mb * 2**20), show_error=True,
+                   state_session_capacity=SESSION_CAPACITY)
     finally:
         runner.stop(wait=False)
     return 0

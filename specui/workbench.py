@@ -2,14 +2,16 @@
 
 Verifiers are loaded once per spec and shared (forward passes are thread-safe:
 the tap capture is per thread).  Drafters keep per-generation state, so each
-run borrows an instance from a small pool and returns it afterwards.
+run borrows an instance from a small pool and returns it afterwards.  The pools
+are bounded: visitors choose K and a drafter's options freely, and each choice
+would otherwise keep a drafter loaded for good.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,12 +38,18 @@ def drafter_choices() -> list[str]:
     return names
 
 
+VERIFIERS_KEPT = 2  # loaded verifiers (least recently used dropped)
+IDLE_PER_KEY = 2
+IDLE_KEYS = 8  # drafter configurations kept loaded (least recently used dropped)
+
+
 class Workbench:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._verifiers: dict[tuple[str, str], Verifier] = {}
+        self._verifiers: OrderedDict[tuple[str, str], Verifier] = OrderedDict()  # least recently used first
         self._verifier_locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
-        self._idle: dict[tuple, list[Drafter]] = defaultdict(list)
+        # (spec, verifier, K, options) -> idle drafters, least recently returned first
+        self._idle: OrderedDict[tuple, list[Drafter]] = OrderedDict()
 
     def verifier(self, spec: str, precision: str | None = None) -> Verifier:
         """The shared verifier for ``spec`` (``precision``: see ``Verifier.load``; default
@@ -49,12 +57,21 @@ class Workbench:
         key = (spec, precision or default_precision())
         with self._lock:
             if key in self._verifiers:
+                self._verifiers.move_to_end(key)
                 return self._verifiers[key]
             load_lock = self._verifier_locks[key]
         with load_lock:  # one load per spec, other specs load in parallel
-            if key not in self._verifiers:
-                self._verifiers[key] = Verifier.load(spec, precision=key[1])
-            return self._verifiers[key]
+            with self._lock:
+                found = self._verifiers.get(key)
+            if found is not None:
+                return found
+            loaded = Verifier.load(spec, precision=key[1])
+            with self._lock:
+                self._verifiers[key] = loaded
+                while len(self._verifiers) > VERIFIERS_KEPT:  # a run using one keeps its own reference
+                    old, _ = self._verifiers.popitem(last=False)
+                    self._verifier_locks.pop(old, None)
+            return loaded
 
     def verifier_ready(self, spec: str, precision: str | None = None) -> bool:
         """Whether ``verifier(spec, precision)`` would return at once (already loaded)."""
@@ -83,7 +100,7 @@ class Workbench:
     def drafter(self, spec: str, verifier: Verifier, k: int | None = None, **options) -> Iterator[Drafter]:
         key = (spec, verifier.name, k, tuple(sorted(options.items())))
         with self._lock:
-            pool = self._idle[key]
+            pool = self._idle.get(key)
             drafter = pool.pop() if pool else None
         if drafter is None:
             drafter = resolve_drafter(spec, verifier, k, **options)
@@ -91,7 +108,12 @@ class Workbench:
             yield drafter
         finally:
             with self._lock:
-                self._idle[key].append(drafter)
+                pool = self._idle.setdefault(key, [])
+                if len(pool) < IDLE_PER_KEY:  # as many as run at once (two decodes)
+                    pool.append(drafter)
+                self._idle.move_to_end(key)
+                while len(self._idle) > IDLE_KEYS:
+                    self._idle.popitem(last=False)
 
 
 WORKBENCH = Workbench()

@@ -20,6 +20,7 @@ build = loop.StepModule.__init__
 
 
 def record_init(self, model, objective):  # the weights every rank starts from
+    os.makedirs(out, exist_ok=True)  # the run makes --out only when it first writes there
     save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, f"{out}/rank{rank}-init.safetensors")
     build(self, model, objective)
 

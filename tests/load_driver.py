@@ -90,10 +90,16 @@ class StoreCheck:
 
 
 class App:
-    """``python app.py`` on a free loopback port with its own data dir and queue size."""
+    """``python app.py`` on a free loopback port with its own data dir and queue size.
 
-    def __init__(self, data_dir: Path, *, queue_size: int, timeout_s: float = 180.0) -> None:
+    ``python``/``env``: another interpreter (a Space's requirements-only virtualenv) and
+    the whole environment; ``wrap``: Python code run as ``python -c WRAP app.py ARGS``
+    that runs app.py itself (``bench/soak.py`` starts tracemalloc first)."""
+
+    def __init__(self, data_dir: Path, *, queue_size: int, timeout_s: float = 180.0, python: str | None = None,
+                 env: dict[str, str] | None = None, wrap: str | None = None) -> None:
         self.data_dir, self.queue_size, self.timeout_s = data_dir, queue_size, timeout_s
+        self.python, self.base_env, self.wrap = python or sys.executable, env, wrap
         self.db = data_dir / "specui.db"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
@@ -102,11 +108,12 @@ class App:
     def __enter__(self) -> App:
         import httpx
 
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+        env = {**(os.environ if self.base_env is None else self.base_env), "PYTHONUNBUFFERED": "1",
+               "GRADIO_ANALYTICS_ENABLED": "False"}
         self._log = open(self.data_dir / "app.log", "wb")  # noqa: SIM115 - closed in __exit__
         self.proc = subprocess.Popen(
-            [sys.executable, "app.py", "--port", str(self.port), "--data-dir", str(self.data_dir),
-             "--db", str(self.db), "--queue-size", str(self.queue_size)],
+            [self.python, *(["-c", self.wrap] if self.wrap else []), "app.py", "--port", str(self.port),
+             "--data-dir", str(self.data_dir), "--db", str(self.db), "--queue-size", str(self.queue_size)],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + self.timeout_s
         while True:

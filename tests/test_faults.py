@@ -521,3 +521,97 @@ def test_full_disk_under_the_store_fails_the_write_clearly_and_loses_nothing(sma
     _unchanged(store, before)
     store.close()
     assert _integrity(db) == "ok"
+
+
+# --- 6. kill -9 at every point of a write ----------------------------------------------------
+
+
+def _kill_points(what: str, root: Path, *args: str) -> int:
+    """Run ``tests.kill_points`` (one trial folder per kill point); the number of trials killed."""
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.kill_points", what, str(root), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.split()
+    assert r.stdout.rstrip().endswith("done"), r.stdout[-500:]
+    return len([w for w in lines if w == "killed"])
+
+
+CHECKPOINT_FILES = ["config.json", "model.safetensors", "optimizer.pt", "trainer_state.json"]
+
+
+def _hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+def test_sigkill_at_every_point_of_a_checkpoint_save_leaves_only_whole_checkpoints(tmp_path: Path, fixture_dir, fixture_verifier) -> None:
+    # Each trial saves step 6 next to steps 2 and 4 (keep 2: step 2 is removed), then saves
+    # step 6 again (a re-run replaces it); its process is killed before its n-th file call.
+    killed = _kill_points("checkpoint", tmp_path, str(fixture_dir / "verifier"))
+    assert killed >= 40  # every mkdir, open, chmod, rename and remove of both saves
+    model = _tiny_drafter(fixture_verifier, seed=1)
+    opt = _trained(model)
+    for n in range(1, killed + 2):  # and the trial that finished
+        trial = tmp_path / f"t{n:03d}"
+        ckpts = list_checkpoints(trial)
+        steps = [c.step for c in ckpts]
+        # A kill loses at most the save in flight ([4]: the re-run of step 6 had removed the
+        # old step 6 and was about to rename the new one in).
+        assert steps in ([2, 4], [2, 4, 6], [4, 6], [4]), (n, steps)
+        for c in ckpts:  # whatever has a checkpoint's name is a whole checkpoint (the bug: a
+            # half-deleted step-00000002 that kept its trainer_state.json)
+            assert sorted(p.name for p in c.path.iterdir()) == CHECKPOINT_FILES, (n, c.path)
+            assert json.loads((c.path / "config.json").read_text())["speculators_model_type"] == "dflash"
+            assert load_checkpoint(c, model, opt)["step"] == c.step  # weights, optimizer, state
+        # A restart resumes from the newest; its next save sweeps what the kill left.
+        assert latest_checkpoint(trial).step == steps[-1]
+        save_checkpoint(trial, 8, model, opt, {"algorithm": "dflash"}, keep=2)
+        assert _hidden(trial / "checkpoints") == [], (n, _hidden(trial / "checkpoints"))
+        assert [c.step for c in list_checkpoints(trial)] == [steps[-1], 8]
+
+
+def test_sigkill_at_every_point_of_a_state_file_write_leaves_the_old_file_or_the_new(tmp_path: Path) -> None:
+    from tests.kill_points import METRICS, NEW_RUN, OLD_RUN
+
+    killed = _kill_points("state", tmp_path)
+    assert killed >= 6  # train_run.json's and metrics.jsonl's temporary file, chmod, rename, fsync
+    trimmed = "".join(line for line in METRICS.splitlines(keepends=True) if line[:11] in ('{"step": 2,', '{"step": 4,'))
+    seen_run, seen_metrics = set(), set()
+    for n in range(1, killed + 2):
+        trial = tmp_path / f"t{n:03d}"
+        run = json.loads((trial / "train_run.json").read_text())  # never torn
+        assert run in (OLD_RUN, NEW_RUN), (n, run)
+        metrics = (trial / "metrics.jsonl").read_text()
+        assert metrics in (METRICS, trimmed), (n, metrics)
+        seen_run.add(run["status"])
+        seen_metrics.add(metrics == trimmed)
+    assert seen_run == {"running", "finished"} and seen_metrics == {False, True}  # the kills fell on both sides
+
+
+def test_sigkill_during_a_training_start_leaves_no_output_folder(tmp_path: Path, train_data, fixture_dir) -> None:
+    # The worst moment: the verifier is loaded and the prompts read (the old code had made
+    # --out by then), and the self-distillation is writing its cache (kept outside --out).
+    out = tmp_path / "drafter"
+    p = _train_params(train_data, fixture_dir, out)
+    cmd = [
+        sys.executable, "-m", "specui", "train", "--algorithm", "dflash", "--verifier", p["verifier"],
+        "--prompts", p["prompts"], "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+        "--aux-layers", "1,3,4", "--layers", "1", "--mask-token-id", str(MASK), "--max-new-tokens", "32",
+        "--steps", "10", "--threads", "1", "--no-progress",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if line.startswith("self-distillation:"):
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "".join(seen)
+    assert not out.exists()
+    assert not list(tmp_path.glob(".*"))  # nor a hidden temporary beside it

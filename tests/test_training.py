@@ -225,6 +225,7 @@ def test_warm_start_onto_another_draft_vocabulary_moves_the_shared_tokens_rows()
 def test_unknown_algorithm_is_refused(data, tmp_path, capsys):
     assert main(args(data, tmp_path / "o", "--algorithm", "medusa")) == 2
     assert "unknown algorithm 'medusa'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # a failed start leaves nothing behind
 
 
 def test_prompt_file_without_usable_rows_is_refused(data, tmp_path, capsys):
@@ -235,6 +236,7 @@ def test_prompt_file_without_usable_rows_is_refused(data, tmp_path, capsys):
     assert main(a) == 2
     err = capsys.readouterr().err
     assert "no usable rows" in err and "line 1" in err
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("verifier", ["missing-folder/", "EMPTY", "BROKEN"])
@@ -252,6 +254,7 @@ def test_verifier_that_cannot_be_loaded_is_refused(verifier, data, tmp_path, cap
     a[a.index("--verifier") + 1] = verifier
     assert main(a) == 2
     assert "verifier" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_existing_checkpoints_need_resume(data, tmp_path, capsys):
@@ -264,6 +267,29 @@ def test_existing_checkpoints_need_resume(data, tmp_path, capsys):
 def test_short_responses_for_the_block_size_are_a_clear_error(data, tmp_path, capsys):
     assert main(args(data, tmp_path / "o", "--algorithm", "dflash", "--block-size", "64")) == 2
     assert "response long enough" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # failed after the self-distillation (cached elsewhere)
+
+
+def test_a_failed_start_keeps_a_folder_it_did_not_create_and_what_it_wrote(data, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    assert main(args(data, mine, "--algorithm", "medusa")) == 2
+    assert mine.is_dir()  # the user's own folder stays
+    # The default cache lies in --out: the self-distilled responses are kept for the next try.
+    a = args(data, tmp_path / "o", "--algorithm", "dflash", "--block-size", "64")
+    del a[a.index("--cache-dir") : a.index("--cache-dir") + 2]
+    assert main(a) == 2
+    assert [p.name for p in (tmp_path / "o").iterdir()] == ["cache"]
+    assert any((tmp_path / "o" / "cache").iterdir())
+    capsys.readouterr()
+
+
+def test_an_output_folder_that_cannot_be_made_is_refused_before_any_work(data, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(args(data, tmp_path / "file" / "o", "--algorithm", "dflash")) == 2
+    err = capsys.readouterr().err
+    assert "cannot create the output folder" in err and "is not a folder" in err
+    assert "self-distillation" not in err
 
 
 # --- checkpoints, failures, resume ---------------------------------------------------------------
@@ -338,7 +364,9 @@ def test_resume_after_sigkill_continues_from_the_last_checkpoint(data, tmp_path)
     ))  # fmt: skip
     assert r.resumed_from == killed_at and r.step == killed_at + 5
     steps = [row["step"] for row in logged(out)]
-    assert steps[len(logged_before) :] == [killed_at + 5]  # the step count went on, not from 0
+    # The step count went on, not from 0, and the steps the killed run logged past its last
+    # checkpoint (logged again by the resumed run) were dropped: each step once.
+    assert steps == [s for s in logged_before if s <= killed_at] + [killed_at + 5]
     assert [c.step for c in list_checkpoints(out)][-1] == killed_at + 5
 
 

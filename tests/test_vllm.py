@@ -421,6 +421,37 @@ def test_cli_bench_attaches_to_a_running_server_and_stores_the_run(store, plain_
 
 @needs_vllm
 @pytest.mark.vllm
+def test_two_sessions_share_a_real_server_only_its_owner_stops_it(store, plain_server, monkeypatch) -> None:
+    """The slot's ownership (tests/test_vllm_slot.py) on a real server: the other session
+    benchmarks on it for real, and cannot stop it."""
+    import gradio as gr
+
+    from specui.store import ADMIN_ENV
+    from specui.ui import vllm_tab
+    from specui.vllm.session import VLLMSlot
+
+    monkeypatch.delenv(ADMIN_ENV, raising=False)
+    slot = VLLMSlot()
+    alice, bob = gr.Request(session_hash="alice"), gr.Request(session_hash="bob")
+    vllm_tab.attach(slot, plain_server.base_url, "", alice)
+    assert "another visitor's" in vllm_tab.status_markdown(slot, bob)[0]
+    vllm_tab.bench(slot, store, "embedded", "none", "demo", 1, 8, 1, 0.0, bob)
+    deadline = time.monotonic() + 120
+    while not slot.job.done:
+        assert time.monotonic() < deadline, slot.job.messages
+        time.sleep(0.2)
+    assert slot.job.error is None, slot.job.error
+    (run_id,) = slot.job.run_ids
+    assert store.get_run(run_id).owner == "bob" and store.get_run(run_id).status == "done"
+    with pytest.raises(gr.Error, match="belongs to another session"):
+        vllm_tab.stop(slot, bob)
+    assert slot.server is not None and plain_server.healthy()
+    vllm_tab.stop(slot, alice)  # detaches; the fixture's server runs on
+    assert slot.server is None and plain_server.healthy()
+
+
+@needs_vllm
+@pytest.mark.vllm
 def test_killing_the_server_mid_benchmark_fails_the_run_clearly(store, plain_server, prompts) -> None:
     from specui.data import load_prompts
     from specui.store import RunStatus, Store

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from specui.atomic import write_text
 from specui.data.prompts import normalize_text
 from specui.trace import SpecUIError
 
@@ -162,9 +163,7 @@ def _complete_batches(path: Path, batch_size: int) -> list[dict]:
                           f"batch size (not {batch_size}), or use another file")
     whole = [r for r in rows if sizes[r["batch"]] == batch_size]
     if path.is_file() and (len(whole) != len(rows) or not path.read_bytes().endswith(b"\n")):
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in whole))
-        tmp.replace(path)
+        write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in whole))
     return whole
 
 

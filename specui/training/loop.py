@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from safetensors import SafetensorError
 from torch import nn
 
 from specui.algorithms.layers import draft_target_ids
+from specui.atomic import write_json, write_text
 from specui.data.distill import TokenSample, self_distill
 from specui.data.hidden import HiddenStateExtractor, HiddenStateStore, LocalExtractor, SampleTensors
 from specui.data.prompts import load_prompts
@@ -175,13 +177,62 @@ def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> TrainResult:
     """Run (or resume) one training run; returns when done, cancelled or failed."""
     hooks = hooks or TrainHooks()
     d = distributed.setup(cfg.device)
+    out = Path(cfg.out).expanduser()
+    created = not out.exists()
     try:
         # ``cleanup`` stops what the run started (a vLLM extraction server) however it ends:
         # finished, failed, cancelled (the job runner's SIGTERM becomes an exception), Ctrl-C.
         with contextlib.ExitStack() as cleanup:
             return _train(cfg, hooks, d, cleanup)
+    except BaseException:
+        if created and d.is_main:
+            _remove_empty_folders(out)  # a failed start leaves no --out behind
+        raise
     finally:
         distributed.teardown(d)
+
+
+def _check_creatable(out: Path) -> None:
+    """Refuse an --out that cannot be created, without creating it: the folder appears
+    with the first file written into it, so a run that fails before that leaves none."""
+    p = out
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        raise SpecUIError(f"cannot create the output folder {out}: {p} is not a folder")
+    if p == out:
+        return
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise SpecUIError(f"cannot create the output folder {out}: {p} is not writable")
+
+
+def _remove_empty_folders(out: Path) -> None:
+    """Remove ``out`` and the empty folders under it; anything written is kept
+    (self-distilled responses and hidden states are hours of work a retry reuses)."""
+    if not out.is_dir():
+        return
+    for folder, _, _ in sorted(os.walk(out), key=lambda w: -len(w[0])):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # only empty ones: rmdir refuses the rest
+
+
+def _trim_metrics(path: Path, step: int) -> None:
+    """A resumed run's metrics file ends at its checkpoint: the lines a killed run logged
+    after it (the resumed run logs those steps again) and a torn last line are dropped,
+    in one atomic rewrite."""
+    if not path.is_file():
+        return
+    text = path.read_text()
+    kept = []
+    for line in text.splitlines(keepends=True):
+        try:
+            whole = line.endswith("\n") and json.loads(line)["step"] <= step
+        except (json.JSONDecodeError, KeyError, TypeError):
+            whole = False
+        if whole:
+            kept.append(line)
+    if "".join(kept) != text:
+        write_text(path, "".join(kept))
 
 
 def _train(
@@ -198,10 +249,7 @@ def _train(
             f"{out} already holds training checkpoints (step {ckpt.step}); pass --resume to continue, or choose another --out"
         )
     if d.is_main:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SpecUIError(f"cannot create the output folder {out}: {e.strerror or e}") from None
+        _check_creatable(out)
     cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else out / "cache"
 
     hooks.say(f"loading verifier {cfg.verifier}")
@@ -286,13 +334,17 @@ def _train(
             find_unused_parameters=True,
         )
 
-    if d.is_main:
-        (out / RUN_FILE).write_text(
-            json.dumps(
-                {"config": cfg.to_dict(), "world_size": d.world, "status": "running"}, indent=2
-            )
-        )
     metrics_path = out / METRICS_FILE
+    if d.is_main:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SpecUIError(f"cannot create the output folder {out}: {e.strerror or e}") from None
+        write_json(
+            out / RUN_FILE, {"config": cfg.to_dict(), "world_size": d.world, "status": "running"}
+        )
+        if resumed_from is not None:
+            _trim_metrics(metrics_path, resumed_from)
     last: dict[str, float] = {}
     window: list[dict[str, torch.Tensor]] = []
     t_window, tokens_window = time.perf_counter(), 0
@@ -377,7 +429,7 @@ def _train(
             hooks.say(f"saved drafter to {out}")
         run = json.loads((out / RUN_FILE).read_text())
         run.update(status=status, step=step, metrics=strict(last))
-        (out / RUN_FILE).write_text(json.dumps(run, indent=2))
+        write_json(out / RUN_FILE, run)
     d.barrier()
     return TrainResult(
         out=out,

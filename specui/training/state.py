@@ -8,11 +8,15 @@ moments and the RNG state: tensors and plain containers only, read back with
 
 A checkpoint is written into a hidden temporary folder and renamed into place:
 a crash or a full disk mid-save leaves only the earlier checkpoints, which
-stay loadable.
+stay loadable.  An old checkpoint is removed by renaming it aside first
+(``specui.atomic.remove_tree``), so a kill mid-delete never leaves a part of one
+under a ``step-*`` name; the next save sweeps the dead saves' and deletions'
+leftovers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,6 +32,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from specui.algorithms.checkpoint import WEIGHTS_FILE, save_drafter
+from specui.atomic import fsync_dir, remove_tree, sweep_aside, write_json
 from specui.processes import pid_alive
 from specui.trace import SpecUIError
 
@@ -48,7 +53,7 @@ def checkpoint_dir(out: Path) -> Path:
 
 
 def list_checkpoints(out: Path) -> list[Checkpoint]:
-    """Complete checkpoints in OUT, oldest first (temporary folders are ignored)."""
+    """Complete checkpoints in OUT, oldest first (temporary and aside folders are ignored)."""
     root = checkpoint_dir(out)
     if not root.is_dir():
         return []
@@ -79,6 +84,7 @@ def save_checkpoint(
     try:
         root.mkdir(parents=True, exist_ok=True)
         _remove_dead_temps(root)
+        sweep_aside(root)
         # The pid in the name tells a later save whose temporary folder this is.
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:08d}-{os.getpid()}-", dir=root))
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide the checkpoint from other users (a serving process)
@@ -94,12 +100,12 @@ def save_checkpoint(
         # the OSError (ENOSPC, "No space left on device") the message below names.
         with open(tmp / OPTIMIZER_FILE, "wb") as f:
             torch.save(payload, f)
-        _write_json(tmp / STATE_FILE, {**state, "step": step})
-        _fsync_dir(tmp)
+        write_json(tmp / STATE_FILE, {**state, "step": step})
+        fsync_dir(tmp)
         if final.exists():  # a re-run of the same step (resumed from an older one)
-            shutil.rmtree(final)
+            remove_tree(final)
         os.rename(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except (OSError, RuntimeError, SafetensorError) as e:  # torch.save / safetensors report failed writes their own way
         shutil.rmtree(tmp, ignore_errors=True)
         last = latest_checkpoint(out)
@@ -107,7 +113,8 @@ def save_checkpoint(
         reason = getattr(e, "strerror", None) or e
         raise SpecUIError(f"could not save the checkpoint of step {step} in {root}: {reason}{kept}") from None
     for old in list_checkpoints(out)[:-keep]:
-        shutil.rmtree(old.path, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the new one is saved; an old one left is swept later
+            remove_tree(old.path)
     return final
 
 
@@ -146,19 +153,3 @@ def load_checkpoint(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.O
     if "cuda_rng" in payload and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(payload["cuda_rng"])
     return state
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -2,6 +2,10 @@
 log, see the exact command line, and benchmark a speculator on it.  Runs land
 in the store with backend ``vllm`` and show up in the Compare tab.
 
+The server is the launching session's (``specui.vllm.session``): other visitors see
+it and benchmark on it; only its owner, or an admin (``--admin``), stops or replaces
+it.  The handlers below take the visitor's ``gr.Request`` for that.
+
 Mount with ``with gr.Tab("vLLM", id="vllm"): vllm_tab.build(store)``.
 """
 
@@ -12,7 +16,7 @@ import json
 import gradio as gr
 
 from specui.data import prompt_sets
-from specui.store import Store
+from specui.store import Store, admin_mode
 from specui.trace import SpecUIError
 from specui.vllm.bench import BenchSettings
 from specui.vllm.server import ServerConfig
@@ -43,16 +47,24 @@ def resolve_speculator(choice: str | None) -> str | None:
     return choice
 
 
-def status_markdown(slot: VLLMSlot) -> tuple[str, str, str, str]:
-    """(status, command line, log tail, benchmark progress) for the tab."""
-    st = slot.status()
+def session_of(request: gr.Request | None) -> str | None:
+    return request.session_hash if request is not None else None
+
+
+def status_markdown(slot: VLLMSlot, request: gr.Request | None = None) -> tuple[str, str, str, str]:
+    """(status, command line, log tail, benchmark progress) for the tab, as ``request``'s
+    visitor sees them."""
+    st = slot.status(session_of(request), admin_mode())
     s = st["server"]
     if s is None:
         head = "**no vLLM server** — launch one or attach to a running one"
     else:
         ready = f" · ready after {s['ready_after_s']:.0f} s" if s["ready_after_s"] else ""
         kind = "launched here" if s["owned"] else "attached"
-        head = f"**{s['state']}** · {s['base_url']} · {s['model'] or '…'} · {kind}{ready}"
+        whose = "yours" if s["mine"] else "another visitor's: benchmark on it; only they can stop it"
+        if not s["mine"] and s["may_stop"]:
+            whose = "started outside this session" if slot.owner is None else "another visitor's (admin mode: you may stop it)"
+        head = f"**{s['state']}** · {s['base_url']} · {s['model'] or '…'} · {kind} · {whose}{ready}"
     if st["error"]:
         head += f"\n\n⚠️ {st['error'].splitlines()[0]}"
     cmd = (s or {}).get("command_line") or ""
@@ -105,65 +117,31 @@ def build(store: Store, slot: VLLMSlot = SLOT) -> None:
         with gr.Row():
             bench_btn = gr.Button("Benchmark the running server", elem_id="vllm-bench")
             compare_btn = gr.Button("Plain vs speculator (launches both in turn)", elem_id="vllm-compare")
-            stop_bench = gr.Button("Stop benchmark")
+            stop_bench_btn = gr.Button("Stop benchmark")
     progress = gr.Markdown(elem_id="vllm-progress")
     timer = gr.Timer(2.0)
     outputs = [status, command, log_tail, progress]
 
-    def show():
-        return status_markdown(slot)
+    def show(request: gr.Request):
+        return status_markdown(slot, request)
 
-    def settings(max_new_tokens, conc, temp) -> BenchSettings:
-        return BenchSettings(max_new_tokens=int(max_new_tokens or 64), concurrency=int(conc or 1), temperature=float(temp or 0.0))
+    def do_launch(ver, spec, kk, request: gr.Request):
+        return launch(slot, ver, spec, kk, request)
 
-    def config(ver, spec, kk) -> ServerConfig:
-        return ServerConfig(verifier=ver, speculator=resolve_speculator(spec), num_speculative_tokens=int(kk) if kk else None)
+    def do_attach(url, key, _label, request: gr.Request):
+        return attach(slot, url, key, request)
 
-    def do_launch(ver, spec, kk):
-        try:
-            slot.launch(config(ver, spec, kk))
-        except SpecUIError as e:
-            raise gr.Error(str(e)) from None
-        return show()
-
-    def do_attach(url, key, _label):
-        try:
-            slot.attach(url, key or None)
-        except SpecUIError as e:
-            raise gr.Error(str(e)) from None
-        return show()
-
-    def do_stop():
-        slot.stop()
-        return show()
+    def do_stop(request: gr.Request):
+        return stop(slot, request)
 
     def do_bench(ver, spec_label, pset, lim, mx, conc, temp, request: gr.Request):
-        try:
-            server = slot.server
-            owned = server is not None and server.owned
-            # An attached server's runs are named after what it serves, not after this form.
-            slot.bench_current(store, prompts=pset, limit=int(lim) if lim else None, settings=settings(mx, conc, temp),
-                               verifier=ver if owned else None, speculator=None if owned else resolve_speculator(spec_label),
-                               owner=request.session_hash if request else None)
-        except SpecUIError as e:
-            raise gr.Error(str(e)) from None
-        return show()
+        return bench(slot, store, ver, spec_label, pset, lim, mx, conc, temp, request)
 
     def do_compare(ver, spec, kk, pset, lim, mx, conc, temp, request: gr.Request):
-        try:
-            if resolve_speculator(spec) is None:
-                raise SpecUIError("choose a speculator to compare with the plain verifier")
-            slot.bench_compare(store, speculator=resolve_speculator(spec) or "none", prompts=pset, limit=int(lim) if lim else None,
-                               settings=settings(mx, conc, temp), cfg=config(ver, spec, kk),
-                               owner=request.session_hash if request else None)
-        except SpecUIError as e:
-            raise gr.Error(str(e)) from None
-        return show()
+        return compare(slot, store, ver, spec, kk, pset, lim, mx, conc, temp, request)
 
-    def do_stop_bench():
-        if slot.job is not None:
-            slot.job.stop.set()
-        return show()
+    def do_stop_bench(request: gr.Request):
+        return stop_bench(slot, request)
 
     launch_btn.click(do_launch, [verifier, speculator, k], outputs, api_visibility="private")
     attach_btn.click(do_attach, [base_url, api_key, attach_label], outputs, api_visibility="private")
@@ -173,9 +151,67 @@ def build(store: Store, slot: VLLMSlot = SLOT) -> None:
                     api_visibility="private")
     compare_btn.click(do_compare, [verifier, speculator, k, prompts, limit, max_new, concurrency, temperature], outputs,
                       api_visibility="private")
-    stop_bench.click(do_stop_bench, None, outputs, api_visibility="private")
+    stop_bench_btn.click(do_stop_bench, None, outputs, api_visibility="private")
     # A cheap read (no HTTP): off the queue, so polling never waits behind a decode.
     timer.tick(show, None, outputs, api_visibility="private", queue=False, show_progress="hidden")
+
+
+# --- the handlers: one slot call each, as the visitor of ``request`` -------------------------
+
+
+def _settings(max_new_tokens, conc, temp) -> BenchSettings:
+    return BenchSettings(max_new_tokens=int(max_new_tokens or 64), concurrency=int(conc or 1), temperature=float(temp or 0.0))
+
+
+def _config(ver, spec, kk) -> ServerConfig:
+    return ServerConfig(verifier=ver, speculator=resolve_speculator(spec), num_speculative_tokens=int(kk) if kk else None)
+
+
+def _shown(slot: VLLMSlot, request: gr.Request | None, action) -> tuple[str, str, str, str]:
+    try:
+        action()
+    except SpecUIError as e:
+        raise gr.Error(str(e)) from None
+    return status_markdown(slot, request)
+
+
+def launch(slot: VLLMSlot, ver, spec, kk, request: gr.Request | None):
+    return _shown(slot, request, lambda: slot.launch(_config(ver, spec, kk), session_of(request), admin_mode()))
+
+
+def attach(slot: VLLMSlot, url, key, request: gr.Request | None):
+    return _shown(slot, request, lambda: slot.attach(url, key or None, session_of(request), admin_mode()))
+
+
+def stop(slot: VLLMSlot, request: gr.Request | None):
+    return _shown(slot, request, lambda: slot.stop(session_of(request), admin_mode()))
+
+
+def stop_bench(slot: VLLMSlot, request: gr.Request | None):
+    return _shown(slot, request, lambda: slot.stop_bench(session_of(request), admin_mode()))
+
+
+def bench(slot: VLLMSlot, store: Store, ver, spec_label, pset, lim, mx, conc, temp, request: gr.Request | None):
+    def go() -> None:
+        server = slot.server
+        owned = server is not None and server.owned
+        # An attached server's runs are named after what it serves, not after this form.
+        slot.bench_current(store, prompts=pset, limit=int(lim) if lim else None, settings=_settings(mx, conc, temp),
+                           verifier=ver if owned else None, speculator=None if owned else resolve_speculator(spec_label),
+                           owner=session_of(request))
+
+    return _shown(slot, request, go)
+
+
+def compare(slot: VLLMSlot, store: Store, ver, spec, kk, pset, lim, mx, conc, temp, request: gr.Request | None):
+    def go() -> None:
+        if resolve_speculator(spec) is None:
+            raise SpecUIError("choose a speculator to compare with the plain verifier")
+        slot.bench_compare(store, speculator=resolve_speculator(spec) or "none", prompts=pset, limit=int(lim) if lim else None,
+                           settings=_settings(mx, conc, temp), cfg=_config(ver, spec, kk), owner=session_of(request),
+                           force=admin_mode())
+
+    return _shown(slot, request, go)
 
 
 def status_json(slot: VLLMSlot = SLOT) -> str:

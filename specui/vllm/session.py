@@ -1,6 +1,11 @@
 """The dashboard's vLLM slot: one server (launched or attached) shared by the
 app's visitors, and one background benchmark at a time against it.
 
+The server belongs to the browser session that launched or attached it: every
+visitor sees it and may benchmark on it, but only that session (or anyone, in
+admin mode) stops or replaces it; a benchmark is stopped by the session that
+started it.  The rules are the store's for runs and jobs (``check_owner``).
+
 The library side of ``specui.ui.vllm_tab``: every action there is one call
 here, so it works (and is tested) without a browser.
 """
@@ -17,7 +22,7 @@ from urllib.parse import urlsplit
 
 from specui.choices import ui_drafter, ui_prompts, ui_verifier
 from specui.data import load_prompts
-from specui.store import Store
+from specui.store import Store, check_owner
 from specui.trace import SpecUIError
 from specui.vllm.bench import BenchSettings, VLLMRun, bench, run_benchmark
 from specui.vllm.server import ServerConfig, ServerState, VLLMServer, redact_url
@@ -58,6 +63,7 @@ class BenchJob:
     error: str | None = None
     done: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
+    owner: str | None = None  # the browser session that started it
 
     def log(self, message: str) -> None:
         self.messages.append(f"{time.strftime('%H:%M:%S')} {message}")
@@ -70,18 +76,20 @@ class VLLMSlot:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.server: VLLMServer | None = None
+        self.owner: str | None = None  # the browser session the server belongs to (None: anyone's)
         self.job: BenchJob | None = None
         self.last_error: str | None = None
 
     # -- server --
 
-    def launch(self, cfg: ServerConfig) -> VLLMServer:
-        """Start a server in the background; ``status()`` shows it coming up."""
+    def launch(self, cfg: ServerConfig, owner: str | None = None, force: bool = False) -> VLLMServer:
+        """Start a server in the background (replacing the session's own); ``status()``
+        shows it coming up."""
         _confine_config(cfg)
         with self._lock:
-            self._check_free()
+            self._take(owner, force)
             server = VLLMServer.launch(cfg, wait=False)
-            self.server, self.last_error = server, None
+            self.server, self.owner, self.last_error = server, owner, None
 
         def wait() -> None:
             try:
@@ -92,42 +100,77 @@ class VLLMSlot:
         threading.Thread(target=wait, name="specui-vllm-wait", daemon=True).start()
         return server
 
-    def attach(self, base_url: str, api_key: str | None = None) -> VLLMServer:
+    def attach(self, base_url: str, api_key: str | None = None, owner: str | None = None, force: bool = False) -> VLLMServer:
         check_attach_url(base_url)
         with self._lock:
-            self._check_free()
-            self.server = VLLMServer.attach(base_url, api_key=api_key)
-            self.last_error = None
-            return self.server
+            self._check_may_replace(owner, force)
+            server = VLLMServer.attach(base_url, api_key=api_key)  # answers, before the old one goes
+            self._take(owner, force)
+            self.server, self.owner, self.last_error = server, owner, None
+            return server
 
-    def stop(self) -> None:
+    def stop(self, requester: str | None = None, force: bool = False) -> None:
+        """Stop (or detach from) the server, and the benchmark running on it: its owner only."""
         with self._lock:
-            if self.job is not None and not self.job.done:
+            running = self.job is not None and not self.job.done
+            if self._live():
+                self._check_owner(requester, force)
+            elif running:  # between a comparison's two servers: the comparison's owner
+                check_owner("the vLLM benchmark", repr(self.job.description), self.job.owner, requester, force)
+            if running:
                 self.job.stop.set()
-            server, self.server = self.server, None
+            server, self.server, self.owner = self.server, None, None
         if server is not None:
             server.stop()
 
-    def _check_free(self) -> None:
-        if self.server is not None and self.server.state in (ServerState.STARTING, ServerState.RUNNING, ServerState.ATTACHED):
-            raise SpecUIError("a vLLM server is already in use here; stop it first")
+    def stop_bench(self, requester: str | None = None, force: bool = False) -> None:
+        job = self.job
+        if job is not None and not job.done:
+            check_owner("the vLLM benchmark", repr(job.description), job.owner, requester, force)
+            job.stop.set()
+
+    def may_change(self, requester: str | None, force: bool = False) -> bool:
+        """Whether ``requester`` may stop or replace the server (False when there is none)."""
+        return self._live() and (force or self.owner is None or self.owner == requester)
+
+    def _live(self) -> bool:
+        s = self.server
+        return s is not None and s.state in (ServerState.STARTING, ServerState.RUNNING, ServerState.ATTACHED)
+
+    def _check_owner(self, requester: str | None, force: bool) -> None:
+        assert self.server is not None
+        check_owner("the vLLM server", redact_url(self.server.base_url), self.owner, requester, force)
+
+    def _check_may_replace(self, requester: str | None, force: bool) -> None:
         if self.job is not None and not self.job.done:
             raise SpecUIError("a vLLM benchmark is running; wait for it or stop it")
+        if self._live():
+            self._check_owner(requester, force)
 
-    def status(self) -> dict:
-        """State, URL, command line, log tail and the benchmark's progress."""
+    def _take(self, requester: str | None, force: bool) -> None:
+        """Free the slot for ``requester`` (under the lock): stop its own live server, or
+        refuse another session's."""
+        self._check_may_replace(requester, force)
+        old, self.server, self.owner = self.server, None, None
+        if old is not None:
+            old.stop()
+
+    def status(self, requester: str | None = None, force: bool = False) -> dict:
+        """State, URL, command line, log tail and the benchmark's progress.  ``mine``: the
+        server belongs to ``requester`` (owners are never shown: a session id is a key)."""
         s = self.server
         job = self.job
         return {
             "server": None if s is None else {
                 "state": str(s.state), "base_url": redact_url(s.base_url), "model": s.model, "owned": s.owned,
                 "command_line": s.command_line, "ready_after_s": s.ready_after_s, "log_path": str(s.log_path) if s.log_path else None,
+                "mine": self.owner is not None and self.owner == requester, "may_stop": self.may_change(requester, force),
             },
             "log_tail": s.log_tail(40) if s is not None else "",
             "error": self.last_error,
             "job": None if job is None else {
                 "description": job.description, "done": job.done, "error": job.error, "run_ids": list(job.run_ids),
-                "messages": list(job.messages[-15:]),
+                "messages": list(job.messages[-15:]), "mine": job.owner is not None and job.owner == requester,
             },
         }
 
@@ -149,7 +192,7 @@ class VLLMSlot:
             prompt_list = load_prompts(prompts, split="eval", limit=limit)
             if not prompt_list:
                 raise SpecUIError(f"prompt set {prompts!r} has no prompts")
-            job = self.job = BenchJob(f"{len(prompt_list)} prompts of {prompts} on {redact_url(server.base_url)}")
+            job = self.job = BenchJob(f"{len(prompt_list)} prompts of {prompts} on {redact_url(server.base_url)}", owner=owner)
 
         def work() -> None:
             try:
@@ -168,16 +211,17 @@ class VLLMSlot:
         return job
 
     def bench_compare(self, store: Store, *, speculator: str, prompts: str, limit: int | None, settings: BenchSettings,
-                      cfg: ServerConfig, owner: str | None = None) -> BenchJob:
-        """Launch a plain server, then one with ``speculator``, benchmark both (background)."""
+                      cfg: ServerConfig, owner: str | None = None, force: bool = False) -> BenchJob:
+        """Launch a plain server, then one with ``speculator``, benchmark both (background).
+        The servers it launches are ``owner``'s, as a launch is."""
         _confine_config(cfg)
         speculator, prompts = ui_drafter(speculator), ui_prompts(prompts)
         with self._lock:
-            self._check_free()
-            job = self.job = BenchJob(f"plain vs {speculator} on {prompts}")
+            self._take(owner, force)
+            job = self.job = BenchJob(f"plain vs {speculator} on {prompts}", owner=owner)
 
         def on_server(server: VLLMServer | None) -> None:
-            self.server = server
+            self.server, self.owner = server, owner
 
         def work() -> None:
             try:
