@@ -76,7 +76,8 @@ def _seed_history(store: Store) -> dict[str, Any]:
     metrics, a cancelled one.  Returns the snapshot to compare with afterwards."""
     for seed in (1, 2):
         run = store.create_run(verifier="v", prompt_set=f"before-{seed}", algorithm="dflash", drafter="d")
-        record(store, run.id, [[make_trace(i, seed=seed) for i in range(40)], [make_trace(i, seed=seed + 10) for i in range(7)]], [1.0, 0.5], 4)
+        steps = [[make_trace(i, seed=seed) for i in range(40)], [make_trace(i, seed=seed + 10) for i in range(7)]]
+        record(store, run.id, steps, [1.0, 0.5], 4)
     done = queue.enqueue(store, "count", {"n": 3, "interval_s": 0})
     assert store.claim_next_job(kinds=["count"], pid=os.getpid()).id == done.id
     assert run_job(store.path, done.id, ["specui.jobs.builtin"], heartbeat_s=0.05) == JobStatus.DONE  # here, for real
@@ -234,7 +235,8 @@ def test_sigkill_of_a_benchmark_worker_leaves_an_incomplete_run(tmp_path: Path, 
     prompts = tmp_path / "bench.jsonl"
     rng = random.Random(5)
     prompts.write_text("".join(json.dumps({"prompt_ids": [rng.randrange(500) for _ in range(8)]}) + "\n" for _ in range(40)))
-    params = {"verifier": str(fixture_dir / "verifier"), "drafters": ["ngram"], "prompts": str(prompts), "max_new_tokens": 200, "threads": 1}
+    params = {"verifier": str(fixture_dir / "verifier"), "drafters": ["ngram"], "prompts": str(prompts),
+              "max_new_tokens": 200, "threads": 1}
     job = queue.enqueue(store, "bench", params)
     runner = _runner(db)
     runner.start()

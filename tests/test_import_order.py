@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Lowest first.  A module may import its own layer and any layer below it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Pure definitions every layer may use: errors, the generic registry, the metric formulas.
-    ("errors", ("specui.errors", "specui.registry", "specui.metrics.definitions", "specui.processes")),
+    ("errors", ("specui.errors", "specui.registry", "specui.metrics.definitions", "specui.processes", "specui.atomic")),
     ("trace", ("specui.trace",)),
     ("paths", ("specui.paths",)),
     # What the models are: prompts and data, the verifier, the algorithm packages, and the

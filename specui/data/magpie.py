@@ -41,7 +41,10 @@ KINDS: dict[str, str | None] = {
     "math": "You are a math tutor. Users ask you to solve arithmetic, algebra, geometry and word problems step by step.",
     "reasoning": "You are a careful thinker. Users give you logic puzzles, riddles and questions that need step-by-step reasoning.",
     "knowledge": "You are an expert teacher. Users ask you to explain concepts in science, history, economics and technology.",
-    "text": "You are a language assistant. Users paste a text and ask you to summarize it, extract facts from it, rewrite it or translate it.",
+    "text": (
+        "You are a language assistant. Users paste a text and ask you to summarize it, extract facts from it, "
+        "rewrite it or translate it."
+    ),
 }
 
 

@@ -41,7 +41,10 @@ def check_attach_url(url: str) -> None:
             return
     except ValueError:
         pass
-    raise SpecUIError(f"the dashboard attaches only to servers on this machine (127.0.0.1); the operator can allow others with {ATTACH_ANY_ENV}=1")
+    raise SpecUIError(
+        "the dashboard attaches only to servers on this machine (127.0.0.1); "
+        f"the operator can allow others with {ATTACH_ANY_ENV}=1"
+    )
 
 
 def _confine_config(cfg: ServerConfig) -> None:
