@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from specui.errors import SpecUIError
 from specui.store.db import (
+    ADMIN_ENV,
     MIGRATIONS,
     SCHEMA_VERSION,
     admin_mode,
@@ -53,6 +54,7 @@ class Store(RunStore, JobStore):
 
 
 __all__ = [
+    "ADMIN_ENV",
     "BASELINE_ALGORITHM",
     "MIGRATIONS",
     "SCHEMA_VERSION",
