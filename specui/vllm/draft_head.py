@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from specui.paths import data_dir
@@ -52,8 +52,11 @@ def servable_folder(speculator: Path, verifier: str) -> Path:
         return speculator
     verifier_dir = Path(verifier).expanduser()
     weights = speculator / WEIGHTS
-    with safe_open(str(weights), "pt") as f:
-        names = set(f.keys())  # noqa: SIM118
+    try:
+        with safe_open(str(weights), "pt") as f:
+            names = set(f.keys())  # noqa: SIM118
+    except (OSError, SafetensorError):
+        return speculator  # the launch (or vLLM) reports the unreadable file
     if "lm_head.weight" in names or "d2t" not in names or not verifier_dir.is_dir():
         return speculator  # its own head, the full vocabulary, or a hub id (no rows at hand)
     stat = weights.stat()
