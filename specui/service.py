@@ -2,8 +2,9 @@
 
 ``decode_and_record`` is the one place a local decoding run meets the store.  The
 Playground (side by side, streamed), the API, ``specui decode``, ``specui bench`` and the
-background benchmark job all call it, directly or through ``record_runs``; the vLLM bench
-describes its runs with the same ``RunSpec`` and ``run_settings``.
+background benchmark job all call it, directly or through ``record_runs``.  The vLLM bench
+still builds its stored settings itself (``specui.vllm.bench``); moving it onto ``RunSpec`` /
+``run_settings`` is left open.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A DFlash-family speculator with a draft vocabulary, made servable by vLLM 0.32.
+"""A speculator that borrows the verifier's head and has a draft vocabulary, made servable by vLLM 0.32.
 
 The DFlash family borrows the verifier's LM head, and a draft vocabulary smaller than the
 verifier's is stored as ``d2t``.  vLLM 0.32's DFlash model then shares the verifier's whole
@@ -14,7 +14,6 @@ stays as it is (every byte of it is in every clone).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import tempfile
@@ -27,7 +26,6 @@ from safetensors.torch import load_file, save_file
 from specui.paths import data_dir
 from specui.trace import SpecUIError
 
-BORROWING_FAMILY = ("dflash", "dspark")
 WEIGHTS = "model.safetensors"
 
 
@@ -44,12 +42,8 @@ def _verifier_head(verifier_dir: Path) -> torch.Tensor | None:
 
 def servable_folder(speculator: Path, verifier: str) -> Path:
     """``speculator``, or a copy of it that vLLM serves as SpecUI does (see the module doc)."""
-    try:
-        cfg = json.loads((speculator / "config.json").read_text())
-    except (OSError, ValueError):
-        return speculator  # the launch reports it
-    if cfg.get("speculators_model_type") not in BORROWING_FAMILY:
-        return speculator
+    # Decided by the weights, not by the algorithm: any checkpoint with a draft vocabulary and no
+    # head of its own meets the same sharing in vLLM (its own-head algorithms store one).
     verifier_dir = Path(verifier).expanduser()
     weights = speculator / WEIGHTS
     try:

@@ -51,7 +51,7 @@ import httpx
 from specui.algorithms.spec import ALGORITHMS, algorithm_for_vllm, algorithm_specs
 from specui.paths import REPO_ROOT, data_dir
 from specui.trace import SpecUIError
-from specui.vllm.draft_head import BORROWING_FAMILY, servable_folder
+from specui.vllm.draft_head import servable_folder
 from specui.vllm.install import (
     check_installed,
     is_cpu_build,
@@ -294,7 +294,7 @@ def plan_launch(cfg: ServerConfig) -> LaunchPlan:
     cpu = is_cpu_build(python)
     model = resolve_model(cfg.verifier)
     spec = cfg.speculative_config or build_speculative_config(cfg.speculator, cfg.num_speculative_tokens)
-    if spec and spec.get("method") in BORROWING_FAMILY and spec.get("model"):
+    if spec and spec.get("model"):
         spec = {**spec, "model": str(servable_folder(Path(spec["model"]), model))}
     method = speculator_method(spec)
     if cpu:
