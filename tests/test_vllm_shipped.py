@@ -11,8 +11,8 @@ kernel numerics (vLLM's fused fp32 kernels vs. torch eager) flip.
 
 Beyond tau, the two must draft the same thing: at every output position where a
 step starts on both backends (the same context, greedy), the number of accepted
-drafts must agree (P-EAGLE >= 95% of such positions, CPU numerics flip the odd one;
-DFlash and EAGLE-3 lower, see MIN_STEP_AGREEMENT).
+drafts must agree (>= 95% of such positions for every algorithm, CPU numerics flip the
+odd one; see MIN_STEP_AGREEMENT).
 
 P-EAGLE is served with ``parallel_drafting``; without it vLLM silently drafts
 sequentially as EAGLE-3, feeding the drafter its own hidden states where it was
@@ -37,13 +37,14 @@ from tests.test_vllm import _launch, needs_vllm
 PROMPTS = 4
 MAX_NEW = 48
 TOLERANCE = 0.10
-# P-EAGLE: 0.95 tells parallel from sequential drafting (98% vs 83%, see above).  The shipped
-# DFlash and EAGLE-3 agree less (measured 88.3% of 94 steps for the round-1 DFlash, 90.2% of 92 for the shipped
-# round 3, and, for the round-1 EAGLE-3, 93.8% of 64 with the final
-# weights, fp32 or bf16 alike; the step-600 DFlash checkpoint: 98%) while tau stays within
-# 10%: an open difference between vLLM's DFlash / EAGLE-3 drafting and SpecUI's, noted in
-# issue 8, bounded here so that it cannot grow unnoticed.
-MIN_STEP_AGREEMENT = {"peagle": 0.95, "eagle3": 0.90, "dflash": 0.85}
+# P-EAGLE: 0.95 tells parallel from sequential drafting (98% vs 83%, see above).  DFlash and
+# EAGLE-3 used to agree less (DFlash 88-90%, issue 23), for two reasons, both found and gone:
+# vLLM 0.32 read a draft-vocabulary DFlash's logits at the wrong rows (slot j got token j, not
+# j + d2t[j]; specui/vllm/draft_head.py serves a copy with the right head), and the budget tail
+# (last_full below).  Measured on the general drafters after both (2026-12-01): DFlash 1 step
+# of 92 differs (a slot-3 draft, with the same context: kernel numerics), EAGLE-3 and P-EAGLE
+# likewise; the two local precisions (fp32 and bf16) agree on 100% of DFlash's same-context steps.
+MIN_STEP_AGREEMENT = {"peagle": 0.95, "eagle3": 0.95, "dflash": 0.95}
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +126,16 @@ def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance
     assert served["acceptance_length"] == pytest.approx(local["acceptance_length"], rel=TOLERANCE), (
         f"{algo}: vLLM tau {served['acceptance_length']:.3f} vs local {local['acceptance_length']:.3f}"
     )
-    agreement, common = step_agreement(store, local["run_id"], run.run_id, len(prompts))
-    assert common >= 50, f"only {common} steps started at the same position on both backends"
+    # Steps near the end are left out: there SpecUI drafts only what the token budget has room
+    # for, while vLLM drafts all K and cuts the output afterwards (its count includes drafts past
+    # the budget).  That, not drafting, was 4 of the 5 DFlash steps that disagreed (issue 23).
+    last_full = MAX_NEW - drafter.num_speculative_tokens - 1
+    agreement, common = step_agreement(store, local["run_id"], run.run_id, len(prompts), last_full)
+    print(f"{algo}: tau vLLM {served['acceptance_length']:.3f} local {local['acceptance_length']:.3f}; "
+          f"steps agreeing {agreement:.1%} of {common}")
+    for line in disagreements(store, local["run_id"], run.run_id, len(prompts)):
+        print("  ", line)
+    assert common >= 40, f"only {common} steps started at the same position on both backends"
     assert agreement >= MIN_STEP_AGREEMENT[algo], f"{algo}: vLLM and the local engine agree on {agreement:.1%} of {common} steps"
     if algo == "peagle":
         argv = shlex.split(store.get_run(run.run_id).settings["vllm"]["command_line"])
@@ -134,22 +143,46 @@ def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance
         assert spec["method"] == "eagle3" and spec["parallel_drafting"] is True, spec
 
 
-def _accepted_by_position(store, run_id: int, prompt_index: int) -> dict[int, int]:
-    """Accepted drafts of each step, keyed by the output position the step starts at."""
-    out, pos = {}, 0
+def _steps_by_position(store, run_id: int, prompt_index: int) -> tuple[dict[int, int], list[int]]:
+    """Accepted drafts of each step, keyed by the output position the step starts at, and the output."""
+    out, tokens = {}, []
     for step in store.get_steps(run_id, prompt_index):
-        out[pos] = step.num_accepted
-        pos += len(step.to_trace().emitted_token_ids)
-    return out
+        out[len(tokens)] = step.num_accepted
+        tokens += step.to_trace().emitted_token_ids
+    return out, tokens
 
 
-def step_agreement(store, run_a: int, run_b: int, num_prompts: int) -> tuple[float, int]:
-    """Share of the steps starting at the same output position in both runs (after
-    the first: vLLM's is the prefill) whose accepted counts are equal, and their number."""
+def disagreements(store, local_run: int, served_run: int, num_prompts: int) -> list[str]:
+    """The steps where the two disagree, with what the local drafter drafted (for ``-s``)."""
+    lines = []
+    for p in range(num_prompts):
+        steps = {}
+        out: list[int] = []
+        for step in store.get_steps(local_run, p):
+            steps[len(out)] = step.to_trace()
+            out += steps[len(out)].emitted_token_ids
+        served, _ = _steps_by_position(store, served_run, p)
+        prev = None
+        for pos, t in steps.items():
+            if pos in served and pos and served[pos] != t.num_accepted:
+                lines.append(f"prompt {p} pos {pos}: local {t.num_accepted} vLLM {served[pos]} accepted; "
+                             f"previous step accepted {prev}; drafts {t.draft_token_ids} q {[round(q, 3) for q in t.draft_probs]} "
+                             f"p {[round(x, 3) for x in t.target_probs]} out {out[pos:pos + 9]}")
+            prev = t.num_accepted
+    return lines
+
+
+def step_agreement(store, run_a: int, run_b: int, num_prompts: int, last_full: int | None = None) -> tuple[float, int]:
+    """Share of the steps that start at the same output position in both runs with the same
+    context (before the two outputs first differ; after the first step: vLLM's is the
+    prefill; at or before ``last_full``, where a whole block fits the token budget) whose
+    accepted counts are equal, and their number."""
     same = common = 0
     for p in range(num_prompts):
-        a, b = _accepted_by_position(store, run_a, p), _accepted_by_position(store, run_b, p)
-        shared = (a.keys() & b.keys()) - {0}
+        (a, out_a), (b, out_b) = _steps_by_position(store, run_a, p), _steps_by_position(store, run_b, p)
+        diverge = next((i for i, (x, y) in enumerate(zip(out_a, out_b, strict=False)) if x != y), min(len(out_a), len(out_b)))
+        end = diverge if last_full is None else min(diverge, last_full + 1)
+        shared = {k for k in (a.keys() & b.keys()) - {0} if k < end}
         common += len(shared)
         same += sum(a[k] == b[k] for k in shared)
     return (same / common if common else 0.0), common
