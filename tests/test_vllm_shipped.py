@@ -115,6 +115,7 @@ def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance
     algo, request, work, store, prompts, plain_outputs, embedded_verifier
 ) -> None:
     from specui.metrics import compare
+    from specui.metrics.agreement import step_agreement
 
     folder = SHIPPED[algo]
     drafter, local = _local(store, embedded_verifier, folder, prompts)
@@ -130,59 +131,18 @@ def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance
     # for, while vLLM drafts all K and cuts the output afterwards (its count includes drafts past
     # the budget).  That, not drafting, was 4 of the 5 DFlash steps that disagreed (issue 23).
     last_full = MAX_NEW - drafter.num_speculative_tokens - 1
-    agreement, common = step_agreement(store, local["run_id"], run.run_id, len(prompts), last_full)
+    agreement = step_agreement(_traces(store, local["run_id"], prompts), _traces(store, run.run_id, prompts), last_full)
     print(f"{algo}: tau vLLM {served['acceptance_length']:.3f} local {local['acceptance_length']:.3f}; "
-          f"steps agreeing {agreement:.1%} of {common}")
-    for line in disagreements(store, local["run_id"], run.run_id, len(prompts)):
-        print("  ", line)
-    assert common >= 40, f"only {common} steps started at the same position on both backends"
-    assert agreement >= MIN_STEP_AGREEMENT[algo], f"{algo}: vLLM and the local engine agree on {agreement:.1%} of {common} steps"
+          f"steps agreeing {agreement.share:.1%} of {agreement.steps}", *agreement.describe(), sep="\n  ")
+    assert agreement.steps >= 40, f"only {agreement.steps} steps started at the same position on both backends"
+    assert agreement.share >= MIN_STEP_AGREEMENT[algo], (
+        f"{algo}: vLLM and the local engine agree on {agreement.share:.1%} of {agreement.steps} steps"
+    )
     if algo == "peagle":
         argv = shlex.split(store.get_run(run.run_id).settings["vllm"]["command_line"])
         spec = json.loads(argv[argv.index("--speculative-config") + 1])
         assert spec["method"] == "eagle3" and spec["parallel_drafting"] is True, spec
 
 
-def _steps_by_position(store, run_id: int, prompt_index: int) -> tuple[dict[int, int], list[int]]:
-    """Accepted drafts of each step, keyed by the output position the step starts at, and the output."""
-    out, tokens = {}, []
-    for step in store.get_steps(run_id, prompt_index):
-        out[len(tokens)] = step.num_accepted
-        tokens += step.to_trace().emitted_token_ids
-    return out, tokens
-
-
-def disagreements(store, local_run: int, served_run: int, num_prompts: int) -> list[str]:
-    """The steps where the two disagree, with what the local drafter drafted (for ``-s``)."""
-    lines = []
-    for p in range(num_prompts):
-        steps = {}
-        out: list[int] = []
-        for step in store.get_steps(local_run, p):
-            steps[len(out)] = step.to_trace()
-            out += steps[len(out)].emitted_token_ids
-        served, _ = _steps_by_position(store, served_run, p)
-        prev = None
-        for pos, t in steps.items():
-            if pos in served and pos and served[pos] != t.num_accepted:
-                lines.append(f"prompt {p} pos {pos}: local {t.num_accepted} vLLM {served[pos]} accepted; "
-                             f"previous step accepted {prev}; drafts {t.draft_token_ids} q {[round(q, 3) for q in t.draft_probs]} "
-                             f"p {[round(x, 3) for x in t.target_probs]} out {out[pos:pos + 9]}")
-            prev = t.num_accepted
-    return lines
-
-
-def step_agreement(store, run_a: int, run_b: int, num_prompts: int, last_full: int | None = None) -> tuple[float, int]:
-    """Share of the steps that start at the same output position in both runs with the same
-    context (before the two outputs first differ; after the first step: vLLM's is the
-    prefill; at or before ``last_full``, where a whole block fits the token budget) whose
-    accepted counts are equal, and their number."""
-    same = common = 0
-    for p in range(num_prompts):
-        (a, out_a), (b, out_b) = _steps_by_position(store, run_a, p), _steps_by_position(store, run_b, p)
-        diverge = next((i for i, (x, y) in enumerate(zip(out_a, out_b, strict=False)) if x != y), min(len(out_a), len(out_b)))
-        end = diverge if last_full is None else min(diverge, last_full + 1)
-        shared = {k for k in (a.keys() & b.keys()) - {0} if k < end}
-        common += len(shared)
-        same += sum(a[k] == b[k] for k in shared)
-    return (same / common if common else 0.0), common
+def _traces(store, run_id: int, prompts) -> list[list]:
+    return [[s.to_trace() for s in store.get_steps(run_id, p)] for p in range(len(prompts))]

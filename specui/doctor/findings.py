@@ -42,6 +42,7 @@ PRIORITY: tuple[str, ...] = (
     "dtype",
     "rope",
     "vllm_gap",
+    "vllm_steps",  # the same rates, other drafts
     "speculators_version",
     "vllm_serving",
 )

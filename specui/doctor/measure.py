@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specui.algorithms.base import DraftContext, Drafter
-from specui.trace import SamplingParams
+from specui.trace import SamplingParams, StepTrace
 from specui.verifier import Verifier
 
 
@@ -43,6 +43,7 @@ class Acceptance:
     lengths: list[int] = field(
         default_factory=list
     )  # accepted drafts of each block, in anchor order
+    traces: list[list[StepTrace]] = field(default_factory=list)  # real_decode's steps, per prompt
 
     @property
     def anchors(self) -> int:
@@ -157,4 +158,5 @@ def real_decode(
     for p in prompts:
         steps = generate(verifier, drafter, p, max_new_tokens=max_new_tokens, seed=0).steps
         acc.lengths += [s.num_accepted for s in steps if s.num_drafted > 0]
+        acc.traces.append(steps)
     return acc

@@ -13,16 +13,19 @@ from specui.algorithms.spec import ALGORITHMS
 from specui.data.prompts import Prompt
 from specui.doctor.findings import Finding, Severity
 from specui.doctor.measure import Acceptance, real_decode
-from specui.trace import SpecUIError
+from specui.metrics.agreement import StepAgreement, step_agreement
+from specui.trace import SpecUIError, StepTrace
 from specui.verifier import Verifier
 
 GAP = 0.10  # served-vs-local: a_k apart by more than 10 points, or tau by more than 10%
+STEP_AGREEMENT = 0.95  # below it, vLLM drafts otherwise (measured 98.8-100% for the shipped drafters)
 
 
 def served_acceptance(
     folder: Path, verifier_spec: str, prompts: list[Prompt], k: int | None, max_new_tokens: int
-) -> tuple[list[float], float | None, list[list[int]]]:
-    """(a_1..a_K, tau, the prompt ids vLLM tokenized) of a vLLM server launched for this folder."""
+) -> tuple[list[float], float | None, list[list[int]], list[list[StepTrace]]]:
+    """(a_1..a_K, tau, the prompt ids vLLM tokenized, its steps per prompt) of a vLLM server
+    launched for this folder."""
     from specui.store import Store
     from specui.vllm.bench import BenchSettings, run_benchmark
     from specui.vllm.server import ServerConfig, VLLMServer
@@ -45,6 +48,7 @@ def served_acceptance(
                     verifier=verifier_spec,
                     settings=BenchSettings(max_new_tokens=max_new_tokens),
                 )
+            traces = [[s.to_trace() for s in store.get_steps(run.run_id, p)] for p in range(len(prompts))]
         finally:
             store.close()
     counters = run.counters or {}
@@ -53,6 +57,7 @@ def served_acceptance(
         list(counters.get("per_position_acceptance") or []),
         counters.get("acceptance_length"),
         ids,
+        traces,
     )
 
 
@@ -79,7 +84,7 @@ def served_findings(
             )
         ]
     try:
-        served, served_tau, ids = served_acceptance(
+        served, served_tau, ids, served_steps = served_acceptance(
             folder, verifier_spec, prompts, drafter.num_speculative_tokens, max_new_tokens
         )
     except SpecUIError as e:
@@ -94,8 +99,27 @@ def served_findings(
             )
         ]
     local = real_decode(verifier, drafter, ids, max_new_tokens)
-    measured["vllm"] = {"per_position": served, "tau": served_tau, "local": local.to_dict()}
-    return compare_served(served, served_tau, local)
+    # Same-context steps with a whole block of budget left (specui.metrics.agreement).
+    agreement = step_agreement(local.traces, served_steps, last_full=max_new_tokens - drafter.num_speculative_tokens - 1)
+    measured["vllm"] = {"per_position": served, "tau": served_tau, "local": local.to_dict(),
+                        "step_agreement": agreement.share, "steps_compared": agreement.steps,
+                        "disagreements": agreement.describe()}  # fmt: skip
+    return compare_served(served, served_tau, local) + [steps_finding(agreement)]
+
+
+def steps_finding(agreement: StepAgreement) -> Finding:
+    """Whether vLLM drafts what the local engine drafts, step by step (not only as often)."""
+    evidence = f"{agreement.share:.1%} of {agreement.steps} same-context steps accept the same number of drafts"
+    if agreement.steps and agreement.share < STEP_AGREEMENT:
+        return Finding(
+            "vllm_steps",
+            Severity.WARNING,
+            f"vLLM drafts other tokens than the local engine on {1 - agreement.share:.0%} of the steps",
+            evidence="; ".join([evidence, *agreement.describe()[:3]]),
+            cause="another input to the drafter: hidden-state layers, mask token, positions, the draft vocabulary's head",
+            fix="compare the first differing step's drafts on both sides (the evidence names it)",
+        )
+    return Finding("vllm_steps", Severity.INFO, "vLLM and the local engine draft the same tokens", evidence=evidence)
 
 
 def compare_served(

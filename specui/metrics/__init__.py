@@ -7,6 +7,7 @@ their CSV (docs/algorithms.md, "Metrics").
     columns       each comparison and step column's label, definition and unit
     confidence    confidence-head scores read from the store, with their labels
     compare       one row per run plus the Compare tab's chart data
+    agreement     do two runs of one drafter draft the same thing (vLLM against local)
     csv           CSV export
 
 The names below are importable from ``specui.metrics`` and load their module on first use:
@@ -57,6 +58,7 @@ _MODULES = {
         "load_confidences",
     ),
     "compare": ("Comparison", "compare", "comparison_csv_text", "find_baseline"),
+    "agreement": ("Disagreement", "StepAgreement", "step_agreement"),
     "csv": ("csv_text", "iter_step_rows", "write_csv", "write_steps_csv"),
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
