@@ -7,16 +7,19 @@ Both engines decode the first ``--prompts`` Spec-Bench questions (2 per task gro
 12), chat template, greedy, one thread.  llama.cpp runs the embedded verifier's own GGUF
 (``SmolLM2-135M-Instruct.Q4_1.gguf``: 4-bit weights, one fp16 scale and minimum per 32)
 through ``bench/llamacpp_worker.py`` in a subprocess of .venv-llamacpp; SpecUI runs the
-same file dequantized (``Verifier.load("embedded")``, precision ``auto``: bf16
-batch-invariant matmuls).  Prompt by prompt, every engine and mode runs in turn, so drift
-on a loaded machine hits all alike.
+same file dequantized (``Verifier.load("embedded")``) in each ``--precisions`` (default
+``auto,int8``: bf16 batch-invariant matmuls, and int8 weights times int8 rows, the
+nearer match to llama.cpp's quantized file).  Prompt by prompt, every engine and mode
+runs in turn, so drift on a loaded machine hits all alike.
 
 Reported per mode: decode tokens/s (tokens after the prompt / time after the prompt;
 llama.cpp's own ``predicted_ms``, SpecUI's wall time less its prefill), median over prompts
 with a 95% bootstrap interval, tau where it drafts, the ratio to llama.cpp plain (median of
 per-prompt ratios, same interval), and whether the output equals the engine's plain one.
-Then the time of one verifier step of 1, 5, 9 and 17 tokens after a 256-token context, for
-both engines, and each as a multiple of that engine's one-token step.
+Then the two bars of issue 22: SpecUI plain over llama.cpp plain, and SpecUI's best
+speculative mode over llama.cpp's best one (medians of per-prompt tok/s).  Then the time
+of one verifier step of 1, 5, 9 and 17 tokens after a 256-token context, for both
+engines, and each as a multiple of that engine's one-token step.
 """
 
 from __future__ import annotations
@@ -162,47 +165,53 @@ def main() -> None:
     ap.add_argument("--step-repeats", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps-only", action="store_true", help="only the verifier step table")
+    ap.add_argument("--precisions", default="auto,int8", help="SpecUI verifier precisions, each an engine")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     gguf = embedded_gguf_path()
-    t0 = time.perf_counter()
-    v = Verifier.load("embedded", precision="auto")
-    load_s = time.perf_counter() - t0
+    names = a.drafters.split(",")
+    engines: dict[str, tuple[Verifier, dict]] = {}
+    for precision in a.precisions.split(","):
+        t0 = time.perf_counter()
+        v = Verifier.load("embedded", precision=precision)
+        engines[f"specui-{v.precision}"] = (v, {} if a.steps_only else {n: resolve_drafter(n, v) for n in names})
+        print(f"SpecUI {v.precision}: verifier load {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     modes = a.llamacpp_modes.split(",")
     llama = LlamaCpp(a.llamacpp_python, gguf, a.threads, modes)
     if a.steps_only:
-        print_steps(step_costs(v, llama, a.step_repeats), a.step_repeats)
+        for engine, (v, _) in engines.items():
+            print_steps(engine, step_costs(v, llama, a.step_repeats), a.step_repeats)
         llama.close()
         return
-    names = a.drafters.split(",")
-    drafters = {n: resolve_drafter(n, v) for n in names}
-    prompts = [p.encode(v) for p in load_prompts("spec-bench", limit=a.prompts)]
-    runs = [("llama.cpp", m) for m in modes] + [("specui", n) for n in names]
-    for n in names:  # warm-up: first calls allocate and pick kernels
-        specui_run(v, drafters[n], prompts[0], 8)
+    first = next(iter(engines.values()))[0]
+    prompts = [p.encode(first) for p in load_prompts("spec-bench", limit=a.prompts)]
+    runs = [("llama.cpp", m) for m in modes] + [(e, n) for e in engines for n in names]
+    for v, drafters in engines.values():  # warm-up: first calls allocate and pick kernels
+        for n in names:
+            specui_run(v, drafters[n], prompts[0], 8)
     for m in modes:
         llama_run(llama, m, prompts[0], 8)
     results: dict[tuple[str, str], list[dict]] = {r: [] for r in runs}
     for i, ids in enumerate(prompts):
         for engine, mode in runs:
-            r = (
-                llama_run(llama, mode, ids, a.max_new_tokens)
-                if engine == "llama.cpp"
-                else specui_run(v, drafters[mode], ids, a.max_new_tokens)
-            )
+            if engine == "llama.cpp":
+                r = llama_run(llama, mode, ids, a.max_new_tokens)
+            else:
+                v, drafters = engines[engine]
+                r = specui_run(v, drafters[mode], ids, a.max_new_tokens)
             results[(engine, mode)].append(r)
         print(
             f"prompt {i + 1}/{len(prompts)} ({len(ids)} tokens) done", file=sys.stderr, flush=True
         )
-    steps = step_costs(v, llama, a.step_repeats)
+    steps = {e: step_costs(v, llama, a.step_repeats) for e, (v, _) in engines.items()}
     llama.close()
 
     base = results[("llama.cpp", "plain")]
-    print(f"verifier {v.name}: llama.cpp {gguf.name} ({llama.info['system']}); SpecUI precision {v.precision} "
-          f"(load {load_s:.1f} s); {len(prompts)} Spec-Bench prompts, {a.max_new_tokens} tokens, greedy, "
+    print(f"verifier {first.name}: llama.cpp {gguf.name} ({llama.info['system']}); SpecUI {', '.join(engines)}; "
+          f"{len(prompts)} Spec-Bench prompts, {a.max_new_tokens} tokens, greedy, "
           f"{a.threads} thread(s); machine load average {os.getloadavg()[0]:.1f} at the end")  # fmt: skip
     print(
-        f"{'engine':<10} {'mode':<14}{'tok/s [95% CI]':>22}{'tau':>6}{'x llama.cpp plain [95% CI]':>30}  same as plain"
+        f"{'engine':<12} {'mode':<14}{'tok/s [95% CI]':>22}{'tau':>6}{'x llama.cpp plain [95% CI]':>30}  same as plain"
     )
     for engine, mode in runs:
         rs = results[(engine, mode)]
@@ -212,13 +221,29 @@ def main() -> None:
         plain = results[(engine, "plain" if engine == "llama.cpp" else "none")]
         same = sum(r["out"] == p["out"] for r, p in zip(rs, plain, strict=True))
         tau = f"{statistics.median(taus):6.2f}" if taus else f"{'':>6}"
-        print(f"{engine:<10} {mode:<14}{tok[0]:>8.1f} [{tok[1]:5.1f}, {tok[2]:5.1f}]{tau}"
+        print(f"{engine:<12} {mode:<14}{tok[0]:>8.1f} [{tok[1]:5.1f}, {tok[2]:5.1f}]{tau}"
               f"{ratio[0]:>13.2f}x [{ratio[1]:.2f}, {ratio[2]:.2f}]     {same}/{len(rs)}")  # fmt: skip
-    print_steps(steps, a.step_repeats)
+    print_bars(results, modes, engines, names)
+    for engine, per in steps.items():
+        print_steps(engine, per, a.step_repeats)
 
 
-def print_steps(steps: dict[str, dict[int, float]], repeats: int) -> None:
-    print(f"\nverifier step after 256 cached tokens (median of {repeats}, interleaved)")
+def print_bars(results: dict, modes: list[str], engines: dict, names: list[str]) -> None:
+    """Issue 22's bars: plain against plain, best speculative mode against best (median tok/s)."""
+    def med(key: tuple[str, str]) -> float:
+        return statistics.median(r["tok_s"] for r in results[key])
+
+    llama_plain = med(("llama.cpp", "plain"))
+    llama_best = max(modes, key=lambda m: med(("llama.cpp", m)))
+    print(f"\nbars (median tok/s over prompts): llama.cpp plain {llama_plain:.1f}, best {llama_best} {med(('llama.cpp', llama_best)):.1f}")
+    for engine in engines:
+        best = max((n for n in names if n != "none"), key=lambda n: med((engine, n)), default="none")
+        print(f"  {engine}: plain {med((engine, 'none')) / llama_plain:.2f}x llama.cpp plain (bar 0.5x); "
+              f"best {best} {med((engine, best)) / med(('llama.cpp', llama_best)):.2f}x llama.cpp's best (bar 1.0x)")  # fmt: skip
+
+
+def print_steps(engine: str, steps: dict[str, dict[int, float]], repeats: int) -> None:
+    print(f"\n{engine}: verifier step after 256 cached tokens (median of {repeats}, interleaved)")
     print(
         f"{'tokens':>6}{'SpecUI ms':>11}{'x its 1-token':>15}{'llama.cpp ms':>14}{'x its 1-token':>15}"
     )

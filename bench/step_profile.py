@@ -1,8 +1,9 @@
 """Where a verifier step's time goes: torch.profiler over one-token steps (run by hand).
 
     PYTHONPATH=. .venv/bin/python bench/step_profile.py [--steps 20] [--block 1] [--context 256]
+                                                       [--precision bf16|int8]
 
-Loads the embedded verifier in bf16 and profiles ``--steps`` verifier steps of ``--block``
+Loads the embedded verifier in bf16 (or int8) and profiles ``--steps`` verifier steps of ``--block``
 tokens after a cached context, once through ``specui.decoder.FastDecoder`` (what
 ``Verifier.forward`` runs) and once through transformers' modules with a ``DynamicCache``
 (what it ran before).  Per path: wall ms per step (median, profiler off, interleaved),
@@ -29,9 +30,10 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--rows", type=int, default=12, help="ops listed per path")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--precision", choices=("bf16", "int8"), default="bf16")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    v = Verifier.load("embedded", precision="bf16")
+    v = Verifier.load("embedded", precision=a.precision)
     ids = torch.randint(
         100, v.vocab_size, (a.context + a.block,), generator=torch.Generator().manual_seed(0)
     )
@@ -51,14 +53,14 @@ def main() -> None:
             t0 = time.perf_counter()
             step(name)
             walls[name].append(time.perf_counter() - t0)
-    print(f"{a.block}-token steps after {a.context} cached positions, {a.threads} thread(s)")
+    print(f"{a.precision}: {a.block}-token steps after {a.context} cached positions, {a.threads} thread(s)")
     for name in paths:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(a.steps):
                 step(name)
         events = prof.key_averages()
         total = sum(e.self_cpu_time_total for e in events)
-        matmul = sum(e.self_cpu_time_total for e in events if "linear_pointwise" in e.key)
+        matmul = sum(e.self_cpu_time_total for e in events if "linear_pointwise" in e.key)  # bf16 and int8 (qlinear)
         calls = sum(e.count for e in events if e.key.startswith("aten::")) / a.steps
         wall = statistics.median(walls[name][3:]) * 1e3
         print(f"\n{name}: {wall:.1f} ms/step (median, profiler off); profiled {total / a.steps / 1e3:.1f} ms/step, "

@@ -29,6 +29,13 @@ Memory: each converted layer keeps only its packed bf16 weight (SmolLM2-135M: 0.
 anonymous memory loaded, against 0.80 GiB while the float32 weights stayed beside it;
 ``bench/verifier_memory.py``).
 
+The ``int8`` precision (opt-in, like llama.cpp's quantized files: it is another model's
+logits, close to the float one's) stores each linear weight as int8 with one scale per
+output channel and quantizes each input row to int8 on its own scale (``Int8Linear``).
+oneDNN's u8s8 kernels then accumulate in int32, and integer sums are exact in any order,
+so a row's output cannot depend on the rows beside it: invariant by construction, no
+padding needed.  It reads half of bf16's bytes a step (``bench/engine_peer.py``).
+
 Kernel choice is the machine's, so :func:`check` proves the property on this
 machine (a block against the same tokens one at a time, bit for bit) before
 ``Verifier.load(precision="auto")`` uses the mode.
@@ -72,6 +79,75 @@ class BF16Linear(nn.Linear):
         return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
 
 
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of float32 ``x`` [n, k] as uint8 (zero point 128) and its float32 scale [n, 1].
+
+    One scale per row, from that row alone: a token's quantized input is the same in a
+    block as alone, which a scale over the whole block would break."""
+    scale = (x.abs().amax(-1, keepdim=True) / 127).clamp_(min=1e-12)
+    return torch.round(x / scale).add_(128).to(torch.uint8), scale
+
+
+def int8_matmul(xq: tuple[torch.Tensor, torch.Tensor], w: tuple, n: int) -> torch.Tensor:
+    """float32 ``[n, out]`` of quantized rows ``xq`` times an ``Int8Linear``'s ``weight_q8``.
+
+    The kernel returns int32 sums times the weight's channel scales (input scale 1); the row
+    scales and the bias come after, one float32 multiply and add per element."""
+    q, scale = xq
+    packed, w_scale, w_zero, bias = w
+    out = torch.ops.onednn.qlinear_pointwise(q, 1.0, 128, packed, w_scale, w_zero, None, 1.0, 0, torch.float32, "none", [], "")
+    out = out[:n] * scale[:n]
+    return out if bias is None else out + bias
+
+
+class Int8Linear(nn.Linear):
+    """``nn.Linear`` as int8 weights times int8 rows (``int8_matmul``); output rows do not
+    depend on the row count.  ``weight_q8``: (oneDNN-packed int8 weight, channel scales,
+    zero points, float32 bias or None)."""
+
+    weight_q8: tuple | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).float()
+        out = int8_matmul(quantize_rows(rows), self.weight_q8, rows.shape[0])
+        return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
+
+
+def int8_weight(linears: list[nn.Linear]) -> tuple:
+    """``weight_q8`` of ``linears`` stacked along their outputs (one, or q/k/v fused): symmetric
+    int8 with one scale per output channel.  A channel's scale is its own row's, so a fused
+    product gives each part the bits its own would (the sums are exact integers)."""
+    w = torch.cat([m.weight.detach().float() for m in linears])
+    scale = (w.abs().amax(1) / 127).clamp(min=1e-12)
+    wq = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    biases = [m.bias for m in linears]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [torch.zeros(m.out_features) if m.bias is None else m.bias.detach().float() for m in linears]
+    )
+    packed = torch.ops.onednn.qlinear_prepack(wq, [1, w.shape[1]])
+    return packed, scale, torch.zeros(len(scale), dtype=torch.int64), bias
+
+
+def to_int8_linear(m: nn.Linear) -> None:
+    """Switch one ``nn.Linear`` to :class:`Int8Linear` in place."""
+    m.weight_q8 = int8_weight([m])
+    m.__class__ = Int8Linear
+
+
+def _fuse_int8_layers(model: nn.Module) -> None:
+    """Per decoder layer, q/k/v and gate/up as one int8 matmul each (``specui.decoder`` reads
+    ``qkv_q8`` / ``gate_up_q8``): a oneDNN call costs ~30 us before any arithmetic, and a
+    step makes 211 of them (``bench/step_profile.py``)."""
+    for layer in getattr(getattr(model, "model", None), "layers", ()):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+        if all(isinstance(m, nn.Linear) for m in parts):
+            attn.qkv_q8 = int8_weight(parts)
+        parts = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj")]
+        if all(isinstance(m, nn.Linear) for m in parts):
+            mlp.gate_up_q8 = int8_weight(parts)
+
+
 def to_bf16_linear(m: nn.Linear) -> None:
     """Switch one ``nn.Linear`` to :class:`BF16Linear` in place (its float32 ``weight`` is kept)."""
     weight = m.weight.detach().to(torch.bfloat16)
@@ -83,14 +159,15 @@ def to_bf16_linear(m: nn.Linear) -> None:
     m.__class__ = BF16Linear
 
 
-def _free_float_weight(m: BF16Linear) -> None:
-    """Drop a converted layer's float32 weight: only the bf16 copy the forward reads stays.
+def _free_float_weight(m: BF16Linear | Int8Linear) -> None:
+    """Drop a converted layer's float32 weight: only the copy the forward reads stays.
 
-    Where the weight is packed, ``weight`` becomes a bf16 tensor on the meta device (its
-    shape, no memory), so the model costs 2 bytes a weight, not float32's 4 plus a copy.
+    Where the weight is packed, ``weight`` becomes a bf16 (int8) tensor on the meta device
+    (its shape, no memory), so the model costs 2 (1) bytes a weight, not float32's 4 plus a copy.
     """
-    if m.weight_packed is not None:
-        placeholder = torch.empty(m.weight.shape, dtype=torch.bfloat16, device="meta")
+    if isinstance(m, Int8Linear) or m.weight_packed is not None:
+        dtype = torch.int8 if isinstance(m, Int8Linear) else torch.bfloat16
+        placeholder = torch.empty(m.weight.shape, dtype=dtype, device="meta")
         m.weight = nn.Parameter(placeholder, requires_grad=False)
     else:
         m.weight = nn.Parameter(m.weight_bf16, requires_grad=False)
@@ -136,10 +213,13 @@ def _register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # the SDPA fallback's mask
 
 
-def unsupported_reason(config) -> str | None:
-    """Why this mode would be wrong (or slow) for this architecture on this machine, or None."""
-    if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+def unsupported_reason(config, weights: str = "bf16") -> str | None:
+    """Why this mode (``weights``: bf16 or int8) would be wrong (or slow) for this
+    architecture on this machine, or None."""
+    if weights == "bf16" and (not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
         return "this CPU has no fast bf16 matmuls (oneDNN needs AVX-512 or AMX)"
+    if weights == "int8" and not _has_int8_kernels():
+        return "this torch has no oneDNN int8 linear (onednn::qlinear_pointwise)"
     if getattr(config, "sliding_window", None) or "sliding_attention" in (getattr(config, "layer_types", None) or []):
         return "sliding-window attention"
     if getattr(config, "attn_logit_softcapping", None):
@@ -147,17 +227,32 @@ def unsupported_reason(config) -> str | None:
     return None
 
 
-def enable(model: nn.Module) -> None:
-    """Switch a float32 causal LM to bf16 batch-invariant verification, in place.
+def _has_int8_kernels() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_prepack")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def enable(model: nn.Module, weights: str = "bf16") -> None:
+    """Switch a float32 causal LM to batch-invariant verification, in place: every linear
+    layer computes in ``weights`` (bf16, or int8 times int8 rows).
 
     The input embeddings stay float32 (and so does a head tied to them: drafters
-    borrow both); every linear layer computes in bf16.
+    borrow both).
     """
-    reason = unsupported_reason(model.config)
+    reason = unsupported_reason(model.config, weights)
     if reason is not None:
-        raise SpecUIError(f"bf16 verification does not support {reason}; use precision fp32")
+        raise SpecUIError(f"{weights} verification does not support {reason}; use precision fp32")
     borrowed = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
-    for m in bf16_matmuls(model):
+    if weights == "int8":
+        _fuse_int8_layers(model)  # from the float32 weights, before they go
+        linears = [m for m in model.modules() if type(m) is nn.Linear]
+        for m in linears:
+            to_int8_linear(m)
+    else:
+        linears = bf16_matmuls(model)
+    for m in linears:
         if id(m.weight) not in borrowed:  # drafters read the borrowed float32 ones; nobody reads the rest
             _free_float_weight(m)
     _register_attention()

@@ -27,7 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specui.batch_invariant import ATTENTION_NAME, ROWWISE_MAX_ROWS, BF16Linear
+from specui.batch_invariant import (
+    ATTENTION_NAME,
+    ROWWISE_MAX_ROWS,
+    BF16Linear,
+    Int8Linear,
+    int8_matmul,
+    quantize_rows,
+)
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 _linear = torch.ops.mkldnn._linear_pointwise
@@ -92,13 +99,18 @@ class _Layer:
         self.gate, self.up, self.down = (
             _packed(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         )
+        # int8: q/k/v and gate/up fused (batch_invariant._fuse_int8_layers); bf16 keeps them
+        # apart (fused bf16 measured no faster, and the separate ones are transformers' bits).
+        self.qkv, self.gate_up = getattr(attn, "qkv_q8", None), getattr(mlp, "gate_up_q8", None)
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         self.q_norm = None if q_norm is None else (q_norm.weight, q_norm.variance_epsilon)
         self.k_norm = None if k_norm is None else (k_norm.weight, k_norm.variance_epsilon)
         self.scaling = attn.scaling
 
 
-def _packed(m: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _packed(m: nn.Module) -> tuple:
+    if isinstance(m, Int8Linear):
+        return m.weight_q8
     bias = None if m.bias is None else m.bias.detach().to(torch.bfloat16)
     return m.weight_packed, bias
 
@@ -132,22 +144,25 @@ def unsupported_reason(model: nn.Module) -> str | None:
         for m in (*layer.self_attn.children(), *layer.mlp.children())
         if isinstance(m, nn.Linear)
     ]
+    head = model.get_output_embeddings()
+    if all(isinstance(m, Int8Linear) for m in (*linears, head)):
+        return None
     if not all(isinstance(m, BF16Linear) and m.weight_packed is not None for m in linears):
         return "linear layers not packed for oneDNN"
-    if (
-        not isinstance(model.get_output_embeddings(), BF16Linear)
-        or model.get_output_embeddings().weight_packed is None
-    ):
+    if not isinstance(head, BF16Linear) or head.weight_packed is None:
         return "an LM head not packed for oneDNN"
     return None
 
 
 class FastDecoder:
-    """``model``'s forward (bf16 batch-invariant) over a :class:`KVBuffer`."""
+    """``model``'s forward (bf16 or int8 batch-invariant) over a :class:`KVBuffer`."""
 
     def __init__(self, model: nn.Module) -> None:
         cfg = model.config
         self.model = model
+        # How a normed activation is made ready once for every matmul that reads it, and the matmul.
+        int8 = isinstance(model.get_output_embeddings(), Int8Linear)
+        self.rows, self.mm = (quantize_rows, int8_matmul) if int8 else (_bf16_rows, _mm)
         self.config = cfg
         self.embed = model.get_input_embeddings().weight
         self.head = _packed(model.get_output_embeddings())
@@ -187,11 +202,16 @@ class FastDecoder:
         out = {0: h} if 0 in taps else {}
         cos, sin = self.cos[start:end], self.sin[start:end]  # [n, 1, d]
         nh, kvh, d = self.heads, self.kv_heads, self.head_dim
+        rows, mm = self.rows, self.mm
         for i, layer in enumerate(self.layers):
-            xb = _bf16_rows(_norm(h, layer.ln1, layer.eps1))
-            q = _mm(xb, layer.q, n).view(n, nh, d)
-            k = _mm(xb, layer.k, n).view(n, kvh, d)
-            v = _mm(xb, layer.v, n).view(n, kvh, d)
+            xb = rows(_norm(h, layer.ln1, layer.eps1))
+            if layer.qkv is not None:
+                q, k, v = mm(xb, layer.qkv, n).split((nh * d, kvh * d, kvh * d), dim=-1)
+                q, k, v = q.reshape(n, nh, d), k.reshape(n, kvh, d), v.reshape(n, kvh, d)
+            else:
+                q = mm(xb, layer.q, n).view(n, nh, d)
+                k = mm(xb, layer.k, n).view(n, kvh, d)
+                v = mm(xb, layer.v, n).view(n, kvh, d)
             if layer.q_norm is not None:
                 q = _norm(q, *layer.q_norm)
                 k = _norm(k, *layer.k_norm)
@@ -199,15 +219,19 @@ class FastDecoder:
             kv[i, 0, :, start:end] = k.transpose(0, 1)
             kv[i, 1, :, start:end] = v.transpose(0, 1)
             attn = self._attention(q, kv[i, 0, :, :end], kv[i, 1, :, :end], layer.scaling, start)
-            h = h + _mm(_bf16_rows(attn), layer.o, n)
-            xb = _bf16_rows(_norm(h, layer.ln2, layer.eps2))
-            gated = F.silu(_mm(xb, layer.gate, n)) * _mm(xb, layer.up, n)
-            h = h + _mm(_bf16_rows(gated), layer.down, n)
+            h = h + mm(rows(attn), layer.o, n)
+            xb = rows(_norm(h, layer.ln2, layer.eps2))
+            if layer.gate_up is not None:
+                gate, up = mm(xb, layer.gate_up, n).chunk(2, dim=-1)
+                gated = F.silu(gate) * up
+            else:
+                gated = F.silu(mm(xb, layer.gate, n)) * mm(xb, layer.up, n)
+            h = h + mm(rows(gated), layer.down, n)
             if i + 1 in taps:
                 out[i + 1] = h
         cache.length = end
         last = h if keep == 0 else h[-keep:]
-        logits = _mm(_bf16_rows(_norm(last, *self.final_norm)), self.head, last.shape[0])
+        logits = mm(rows(_norm(last, *self.final_norm)), self.head, last.shape[0])
         return logits, out
 
     def _attention(

@@ -69,7 +69,7 @@ class Verifier:
         self.vocab_size: int = cfg.vocab_size
         self.max_context: int = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
         self.dtype = next(model.parameters()).dtype
-        self.precision = "fp32"  # "bf16" once batch_invariant.enable() switched the model
+        self.precision = "fp32"  # "bf16" / "int8" once batch_invariant.enable() switched the model
         self._layers = _decoder_layers(model)
         self._fast = None  # a specui.decoder.FastDecoder once the model runs in bf16 and it fits
         # Per-thread capture state: the dashboard decodes for several visitors at once.
@@ -98,8 +98,10 @@ class Verifier:
 
         ``precision``: ``fp32`` runs the model as loaded; ``bf16`` switches it to
         bf16 batch-invariant verification (``specui.batch_invariant``) and fails
-        if this machine cannot give it; ``auto`` tries ``bf16`` and falls back to
-        ``fp32``.  ``Verifier.precision`` says which one runs.
+        if this machine cannot give it; ``int8`` does the same with int8 weights and
+        int8 rows (faster, but another model's logits: opt-in, never ``auto``'s);
+        ``auto`` tries ``bf16`` and falls back to ``fp32``.  ``Verifier.precision``
+        says which one runs.
         """
         if precision not in PRECISIONS:
             raise SpecUIError(f"verifier precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -110,18 +112,19 @@ class Verifier:
             return verifier
         from specui import batch_invariant
 
-        reason = batch_invariant.unsupported_reason(verifier.config)
+        weights = "int8" if precision == "int8" else "bf16"
+        reason = batch_invariant.unsupported_reason(verifier.config, weights)
         if dtype != torch.float32:
-            reason = f"a {dtype} load (bf16 verification starts from float32)"
+            reason = f"a {dtype} load ({weights} verification starts from float32)"
         if reason is None:
-            batch_invariant.enable(verifier.model)
-            verifier.precision = "bf16"
+            batch_invariant.enable(verifier.model, weights)
+            verifier.precision = weights
             verifier._use_fast_decoder()
             if batch_invariant.check(verifier):
                 return verifier
-            reason = "this machine's bf16 kernels give a token other logits inside a block than alone"
-        if precision == "bf16":
-            raise SpecUIError(f"cannot verify {verifier.name} in bf16: {reason}")
+            reason = f"this machine's {weights} kernels give a token other logits inside a block than alone"
+        if precision != "auto":
+            raise SpecUIError(f"cannot verify {verifier.name} in {weights}: {reason}")
         log.warning("verifying %s in float32: %s", verifier.name, reason)
         return cls(*_load_model(spec, dtype))  # a fresh float32 copy: enable() changed the first
 
@@ -287,7 +290,7 @@ class Verifier:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-PRECISIONS = ("fp32", "bf16", "auto")
+PRECISIONS = ("fp32", "bf16", "int8", "auto")
 
 
 # --- the weights fingerprint ------------------------------------------------------------

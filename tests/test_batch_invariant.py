@@ -1,7 +1,7 @@
-"""bf16 batch-invariant verification (``specui.batch_invariant``): a token gets
+"""Batch-invariant verification (``specui.batch_invariant``), bf16 and int8: a token gets
 bit-identical logits whether the verifier sees it alone or inside a block, so
-greedy speculation in bf16 is lossless by construction, and ``auto`` uses the
-mode only where it holds."""
+greedy speculation is lossless by construction, and ``auto`` uses bf16 only where
+it holds."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from specui.trace import SpecUIError
 from specui.verifier import Verifier
 
 
-@pytest.fixture(scope="module")
-def bf16_verifier() -> Verifier:
-    return Verifier.load("embedded", precision="bf16")
+@pytest.fixture(scope="module", params=["bf16", "int8"])
+def bf16_verifier(request) -> Verifier:
+    """The embedded verifier in each batch-invariant precision (the name is the first's)."""
+    return Verifier.load("embedded", precision=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +33,16 @@ def heldout(bf16_verifier) -> list[list[int]]:
 
 def test_bf16_keeps_the_residual_stream_and_what_drafters_borrow_in_float32(bf16_verifier):
     v = bf16_verifier
-    assert v.precision == "bf16"
+    assert v.precision in ("bf16", "int8")
     assert v.embed_tokens.weight.dtype == torch.float32 and v.lm_head.weight.dtype == torch.float32
     layer_linears = [m for m in v.model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
-    assert layer_linears and all(m.weight.dtype == torch.bfloat16 for m in layer_linears)
-    # Each layer keeps one bf16 copy of its weight (packed for oneDNN), not the float32 one too.
-    assert all(m.weight.is_meta and m.weight_packed is not None and m.weight_bf16 is None for m in layer_linears)
+    weight_dtype = torch.bfloat16 if v.precision == "bf16" else torch.int8
+    assert layer_linears and all(m.weight.dtype == weight_dtype for m in layer_linears)
+    # Each layer keeps one copy of its weight (packed for oneDNN), not the float32 one too.
+    if v.precision == "bf16":
+        assert all(m.weight.is_meta and m.weight_packed is not None and m.weight_bf16 is None for m in layer_linears)
+    else:
+        assert all(m.weight.is_meta and isinstance(m, batch_invariant.Int8Linear) for m in layer_linears)
     assert not v.lm_head.weight.is_meta  # drafters read the borrowed head
     out = v.forward(torch.tensor([1, 2, 3]), v.new_cache(), aux_layer_ids=[1, v.num_layers])
     assert out.logits.dtype == torch.float32 and out.aux_hidden.dtype == torch.float32
@@ -75,7 +80,7 @@ def test_check_catches_a_verifier_whose_blocks_differ():
 @pytest.mark.parametrize("drafter", ["dflash", "dspark", "peagle", "eagle3", "ngram"])
 def test_greedy_speculation_in_bf16_is_identical_to_plain_bf16_decoding(bf16_verifier, heldout, drafter):
     d = resolve_drafter(drafter, bf16_verifier)
-    if drafter != "ngram":  # beside a bf16 verifier the drafter's matmuls are bf16 too
+    if drafter != "ngram":  # beside a bf16 (int8) verifier the drafter's matmuls are bf16
         linears = [m for m in d.model.modules() if isinstance(m, torch.nn.Linear)]
         assert linears and all(isinstance(m, batch_invariant.BF16Linear) for m in linears)
     for ids in heldout:
@@ -95,6 +100,27 @@ def test_auto_verifies_in_float32_where_rowwise_attention_would_be_wrong(tmp_pat
         Verifier.load(str(folder), precision="bf16")
     with pytest.raises(SpecUIError, match="precision must be one of"):
         Verifier.load(str(folder), precision="fp16")
+
+
+def test_int8_rows_are_quantized_each_on_its_own_scale():
+    x = torch.tensor([[1.0, -2.0, 0.5], [100.0, 3.0, -50.0]])
+    q, scale = batch_invariant.quantize_rows(x)
+    alone = batch_invariant.quantize_rows(x[:1])
+    assert torch.equal(q[:1], alone[0]) and torch.equal(scale[:1], alone[1])  # row 0 ignores row 1's range
+    assert q.dtype == torch.uint8 and ((q.float() - 128) * scale - x).abs().le(scale / 2 + 1e-6).all()  # rounding error only
+
+
+def test_int8_is_never_autos_choice_and_stays_close_to_bf16(bf16_verifier, heldout):
+    if bf16_verifier.precision != "int8":
+        pytest.skip("the int8 verifier's own test")
+    assert Verifier.load("embedded", precision="auto").precision == "bf16"  # auto never quantizes
+    bf16 = Verifier.load("embedded", precision="bf16")
+    ids = torch.tensor(heldout[0])
+    a = bf16.forward(ids, bf16.new_cache()).logits.log_softmax(-1)
+    b = bf16_verifier.forward(ids, bf16_verifier.new_cache()).logits.log_softmax(-1)
+    # Another model's logits, but close: the argmax agrees on most positions.
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.8
+    assert not torch.equal(a, b)
 
 
 def test_auto_uses_bf16_for_the_fixture_verifier_and_blocks_match(fixture_dir):

@@ -1,8 +1,9 @@
-"""``specui.decoder``: the bf16 verifier's fast forward computes what transformers' modules
+"""``specui.decoder``: the bf16 (int8) verifier's fast forward computes what transformers' modules
 compute, bit for bit, and its preallocated cache crops and grows like a ``DynamicCache``."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -19,8 +20,9 @@ def _steps(v: Verifier, cache, ids: torch.Tensor, layers: list[int]):
     return outs
 
 
-def test_the_fast_decoder_gives_the_transformers_logits_and_taps_bit_for_bit(fixture_dir):
-    v = Verifier.load(str(fixture_dir / "verifier"), precision="bf16")
+@pytest.mark.parametrize("precision", ["bf16", "int8"])  # int8: q/k/v and gate/up fused, same bits
+def test_the_fast_decoder_gives_the_transformers_logits_and_taps_bit_for_bit(fixture_dir, precision):
+    v = Verifier.load(str(fixture_dir / "verifier"), precision=precision)
     assert v._fast is not None and isinstance(v.new_cache(), KVBuffer)
     ids = torch.randint(0, v.vocab_size, (30,), generator=torch.Generator().manual_seed(0))
     layers = list(range(v.num_layers + 1))
