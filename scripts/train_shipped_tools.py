@@ -7,6 +7,7 @@
     python scripts/train_shipped_tools.py convert ALGO RUN_DIR DEST [--num-speculative-tokens K]
     python scripts/train_shipped_tools.py card ALGO RUN_DIR DEST ROOT [--force]
     python scripts/train_shipped_tools.py report BENCH-T0.json BENCH-T1.json OUT.svg
+    python scripts/train_shipped_tools.py scaling RUNS [--svg OUT.svg]   (scripts/scaling_study.sh)
 
 ``distill`` is the self-distillation stage (the same cache ``specui train``
 reads, so training skips it).  ``heldout-file`` writes held-out prompts
@@ -532,6 +533,83 @@ def report(a: argparse.Namespace) -> None:
     print(f"wrote {a.out}", file=sys.stderr)
 
 
+# --- the data-scaling study (scripts/scaling_study.sh) ----------------------------------------
+
+
+def _training_tokens(n: int, cache: dict[int, int]) -> int:
+    """Response tokens of the first ``n`` general training prompts (what each epoch trains on)."""
+    if n not in cache:
+        from specui.data import load_prompts
+        from specui.data.distill import self_distill
+        from specui.verifier import Verifier
+
+        verifier = cache.setdefault(-1, Verifier.load("embedded"))  # type: ignore[arg-type]
+        samples = self_distill(verifier, load_prompts("general", split="train", limit=n), max_new_tokens=128)
+        cache[n] = sum(len(s.response_ids) for s in samples)
+    return cache[n]
+
+
+def scaling(a: argparse.Namespace) -> None:
+    """The scaling table (markdown) and plot (SVG: Spec-Bench tau over training tokens, log x)."""
+    root = Path(a.runs)
+    points: dict[str, list[tuple[int, int, float, dict, float]]] = {}
+    tokens: dict[int, int] = {}
+    for run in sorted(root.glob("*-*")):
+        bench_file = run / "eval-spec-bench-T0.json"
+        if not bench_file.is_file():
+            continue
+        algo, n = run.name.rsplit("-", 1)
+        bench = json.loads(bench_file.read_text())
+        row = next(r for r in bench["runs"] if r.get("algorithm") != "none")
+        cfg = json.loads((run / "train_run.json").read_text())["config"]
+        points.setdefault(algo, []).append((int(n), _training_tokens(int(n), tokens), row.get("acceptance_length") or 1.0,
+                                            _group_taus(bench, row["drafter"]), _wall_s(run, cfg)))  # fmt: skip
+    groups = sorted({g for pts in points.values() for p in pts for g in p[3]})
+    print("| drafter | prompts | training tokens | steps | Spec-Bench tau | " + " | ".join(groups) + " | training wall |")
+    print("|---|---|---|---|---|" + "---|" * len(groups) + "---|")
+    for algo, pts in sorted(points.items()):
+        for n, toks, tau, per_group, wall in sorted(pts):
+            cfg = json.loads((root / f"{algo}-{n}" / "train_run.json").read_text())["config"]
+            cells = " | ".join(f"{per_group.get(g, float('nan')):.2f}" for g in groups)
+            print(f"| {algo} | {n} | {toks:,} | {cfg['steps']} | {tau:.3f} | {cells} | {wall / 60:.0f} min |")
+    if a.svg:
+        Path(a.svg).write_text(_scaling_svg(points))
+        print(f"wrote {a.svg}", file=sys.stderr)
+
+
+def _scaling_svg(points: dict[str, list[tuple]]) -> str:
+    w, h, left, top = 520, 320, 56, 34
+    pw, ph = w - left - 24, h - top - 56
+    xs = [p[1] for pts in points.values() for p in pts]
+    ys = [p[2] for pts in points.values() for p in pts]
+    lx0, lx1 = math.log10(min(xs)) - 0.1, math.log10(max(xs)) + 0.1
+    y0, y1 = 1.0, max(1.5, math.ceil(max(ys) * 10 + 1) / 10)
+
+    def xy(x: float, y: float) -> tuple[float, float]:
+        return left + (math.log10(x) - lx0) / (lx1 - lx0) * pw, top + (1 - (y - y0) / (y1 - y0)) * ph
+
+    out = [f'<rect width="{w}" height="{h}" fill="white"/>',
+           f'<text x="{w / 2:.0f}" y="20" text-anchor="middle" font-size="14">Spec-Bench tau (T=0) against training tokens</text>']
+    steps = 5
+    for i in range(steps + 1):
+        y = y0 + (y1 - y0) * i / steps
+        _, py = xy(10**lx0, y)
+        out.append(f'<line x1="{left}" y1="{py:.1f}" x2="{left + pw}" y2="{py:.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 6}" y="{py + 4:.1f}" text-anchor="end" font-size="11">{y:.2f}</text>')
+    for x in sorted(set(xs)):
+        px, _ = xy(x, y0)
+        out.append(f'<text x="{px:.1f}" y="{top + ph + 16}" text-anchor="middle" font-size="11">{x / 1000:.0f}k</text>')
+    out.append(f'<text x="{left + pw / 2}" y="{top + ph + 36}" text-anchor="middle" font-size="12">'
+               "response tokens trained on (one epoch, log scale)</text>")
+    for i, (algo, pts) in enumerate(sorted(points.items())):
+        c = COLOURS[i % len(COLOURS)]
+        coords = [xy(p[1], p[2]) for p in sorted(pts)]
+        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in coords)}"/>')
+        out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{c}"/>' for x, y in coords]
+        out.append(f'<text x="{left + 8}" y="{top + 14 + 16 * i}" font-size="12" fill="{c}">{algo}</text>')
+    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">\n' + "\n".join(out) + "\n</svg>\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -575,6 +653,10 @@ def main() -> None:
     p.add_argument("t1")
     p.add_argument("out")
     p.set_defaults(func=report)
+    p = sub.add_parser("scaling")
+    p.add_argument("runs")
+    p.add_argument("--svg", default=None)
+    p.set_defaults(func=scaling)
     a = ap.parse_args()
     a.func(a)
 
