@@ -49,11 +49,8 @@
 #   the shipped EAGLE-3 / P-EAGLE files leave the frozen embedding out (vLLM shares the
 #   verifier's, as SpecUI does).
 set -euo pipefail
-REPO=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PY:-$REPO/.venv/bin/python}
-SPECUI=${SPECUI:-$REPO/.venv/bin/specui}
-ROOT=${SPECUI_TRAIN_ROOT:-/work/train-runs}
-case "$ROOT" in "$REPO"|"$REPO"/*) echo "SPECUI_TRAIN_ROOT must lie outside the repository" >&2; exit 2;; esac
+# shellcheck source=scripts/train_lib.sh
+source "$(dirname "$0")/train_lib.sh"
 
 # ROUND=2 fine-tunes each finished round-1 run (ROOT/<algo>) on varied data into RUNS=ROOT/round2,
 # with its own bench, calibration and cards: 3000 prompts alternating gsm-symbolic's training
