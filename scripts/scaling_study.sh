@@ -20,11 +20,8 @@
 #   ALGOS       default "dflash eagle3"
 #   EPOCHS      default 1
 set -euo pipefail
-REPO=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PY:-$REPO/.venv/bin/python}
-SPECUI=${SPECUI:-$REPO/.venv/bin/specui}
-ROOT=${SPECUI_TRAIN_ROOT:-/work/train-runs}
-case "$ROOT" in "$REPO"|"$REPO"/*) echo "SPECUI_TRAIN_ROOT must lie outside the repository" >&2; exit 2;; esac
+# shellcheck source=scripts/train_lib.sh
+source "$(dirname "$0")/train_lib.sh"
 RUNS=$ROOT/scaling
 SIZES=${SIZES:-"200 600 1200"}
 ALGOS=${ALGOS:-"dflash eagle3"}
@@ -69,5 +66,5 @@ for n in $SIZES; do
     fi
   done
 done
-"$PY" "$REPO/scripts/train_shipped_tools.py" scaling "$RUNS" | tee "$RUNS/scaling.md"
+"$PY" "$REPO/scripts/train_shipped_tools.py" scaling "$RUNS" --svg "$RUNS/scaling.svg" | tee "$RUNS/scaling.md"
 say "scaling study: done"

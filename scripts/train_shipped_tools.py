@@ -563,15 +563,16 @@ def scaling(a: argparse.Namespace) -> None:
         row = next(r for r in bench["runs"] if r.get("algorithm") != "none")
         cfg = json.loads((run / "train_run.json").read_text())["config"]
         points.setdefault(algo, []).append((int(n), _training_tokens(int(n), tokens), row.get("acceptance_length") or 1.0,
-                                            _group_taus(bench, row["drafter"]), _wall_s(run, cfg)))  # fmt: skip
+                                            _group_taus(bench, row["drafter"]), _wall_s(run, cfg), row))  # fmt: skip
     groups = sorted({g for pts in points.values() for p in pts for g in p[3]})
-    print("| drafter | prompts | training tokens | steps | Spec-Bench tau | " + " | ".join(groups) + " | training wall |")
+    print("| drafter | prompts | training tokens | steps | Spec-Bench tau [95% CI] | " + " | ".join(groups) + " | training wall |")
     print("|---|---|---|---|---|" + "---|" * len(groups) + "---|")
     for algo, pts in sorted(points.items()):
-        for n, toks, tau, per_group, wall in sorted(pts):
+        for n, toks, tau, per_group, wall, row in sorted(pts, key=lambda p: p[0]):
             cfg = json.loads((root / f"{algo}-{n}" / "train_run.json").read_text())["config"]
             cells = " | ".join(f"{per_group.get(g, float('nan')):.2f}" for g in groups)
-            print(f"| {algo} | {n} | {toks:,} | {cfg['steps']} | {tau:.3f} | {cells} | {wall / 60:.0f} min |")
+            ci = _interval(row, "acceptance_length")
+            print(f"| {algo} | {n} | {toks:,} | {cfg['steps']} | {tau:.3f}{ci} | {cells} | {wall / 60:.0f} min |")
     if a.svg:
         Path(a.svg).write_text(_scaling_svg(points))
         print(f"wrote {a.svg}", file=sys.stderr)
@@ -603,7 +604,7 @@ def _scaling_svg(points: dict[str, list[tuple]]) -> str:
                "response tokens trained on (one epoch, log scale)</text>")
     for i, (algo, pts) in enumerate(sorted(points.items())):
         c = COLOURS[i % len(COLOURS)]
-        coords = [xy(p[1], p[2]) for p in sorted(pts)]
+        coords = [xy(p[1], p[2]) for p in sorted(pts, key=lambda p: p[0])]
         out.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in coords)}"/>')
         out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{c}"/>' for x, y in coords]
         out.append(f'<text x="{left + 8}" y="{top + 14 + 16 * i}" font-size="12" fill="{c}">{algo}</text>')
