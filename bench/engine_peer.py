@@ -241,17 +241,14 @@ def vllm_step_costs(vocab_size: int, repeats: int, context: int = 256) -> dict[i
     request is the same cached ``context`` tokens plus N fresh ones, and one token out."""
     import tempfile
 
-    import httpx
-
     from specui.vllm.server import ServerConfig, VLLMServer
 
     gen = torch.Generator().manual_seed(1)
     ctx = torch.randint(100, vocab_size, (context,), generator=gen).tolist()
     log = Path(tempfile.mkdtemp()) / "vllm.log"
-    server = VLLMServer.launch(ServerConfig(log_path=str(log), startup_timeout_s=600, enable_prefix_caching=True))
-    try:
-        client = httpx.Client(base_url=server.base_url, timeout=120)
-        model = client.get("/v1/models").json()["data"][0]["id"]
+    with VLLMServer.launch(ServerConfig(log_path=str(log), startup_timeout_s=600, enable_prefix_caching=True)) as server:
+        model = server.served_model()
+        client = server.client(timeout_s=120)
 
         def verify(n: int) -> float:
             fresh = torch.randint(100, vocab_size, (n,), generator=gen).tolist()
@@ -265,9 +262,7 @@ def vllm_step_costs(vocab_size: int, repeats: int, context: int = 256) -> dict[i
         for _ in range(repeats + 1):
             for n in STEP_SIZES:
                 times[n].append(verify(n))
-        return {n: statistics.median(t[1:]) for n, t in times.items()}
-    finally:
-        server.stop()
+    return {n: statistics.median(t[1:]) for n, t in times.items()}
 
 
 def print_vllm_steps(steps: dict[int, float], repeats: int) -> None:

