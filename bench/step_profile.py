@@ -1,13 +1,20 @@
 """Where a verifier step's time goes: torch.profiler over one-token steps (run by hand).
 
     PYTHONPATH=. .venv/bin/python bench/step_profile.py [--steps 20] [--block 1] [--context 256]
-                                                       [--precision bf16|int8]
+                                                       [--precision bf16|int8] [--ablate]
 
 Loads the embedded verifier in bf16 (or int8) and profiles ``--steps`` verifier steps of ``--block``
 tokens after a cached context, once through ``specui.decoder.FastDecoder`` (what
 ``Verifier.forward`` runs) and once through transformers' modules with a ``DynamicCache``
 (what it ran before).  Per path: wall ms per step (median, profiler off, interleaved),
 the share of the step in oneDNN's matmuls, and the top ops by self time.
+
+``--ablate`` instead times the fast path whole, then with its matmuls replaced by zeros of the
+right shape, then also without the per-row input preparation (bf16 cast and pad, or int8
+quantization), then also without attention, at 1 and 9 tokens: the differences are what each part costs inside a real step
+(the profiler's per-op times include its own overhead, and an isolated matmul loop runs from
+warmer caches than a step does).  The numbers it prints are timings, never outputs: the
+ablated steps compute garbage on purpose.
 """
 
 from __future__ import annotations
@@ -31,9 +38,13 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=12, help="ops listed per path")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--precision", choices=("bf16", "int8"), default="bf16")
+    ap.add_argument("--ablate", action="store_true", help="time the step without its matmuls, row preparation and attention in turn")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     v = Verifier.load("embedded", precision=a.precision)
+    if a.ablate:
+        ablate(v, a.context, a.steps)
+        return
     ids = torch.randint(
         100, v.vocab_size, (a.context + a.block,), generator=torch.Generator().manual_seed(0)
     )
@@ -69,6 +80,48 @@ def main() -> None:
             print(
                 f"  {e.key[:48]:<48}{e.self_cpu_time_total / total:>7.1%}{e.count / a.steps:>8.0f} calls/step"
             )
+
+
+def ablate(v: Verifier, context: int, steps: int) -> None:
+    """Median wall ms of a fast-path step whole, then without matmuls, row preparation and attention in turn."""
+    fd = v._fast
+    if fd is None:
+        raise SystemExit("this verifier does not run through specui.decoder.FastDecoder")
+    mm, rows = fd.mm, fd.rows
+
+    def no_mm(x, w: tuple, n: int) -> torch.Tensor:
+        # int8: (packed, channel scales, zero points, bias); bf16: (packed [out, in], bias)
+        return torch.zeros(n, w[1].shape[0] if len(w) == 4 else w[0].shape[0])
+
+    def no_attention(q: torch.Tensor, keys, values, scale: float, start: int) -> torch.Tensor:
+        return torch.zeros(q.shape[0], q.shape[1] * q.shape[2])
+
+    attention = fd._attention
+    variants = {  # name: (matmul, row preparation, attention)
+        "whole step": (mm, rows, attention),
+        "no matmuls": (no_mm, rows, attention),
+        "no matmuls, no row prep": (no_mm, lambda x: x, attention),
+        "nor attention": (no_mm, lambda x: x, no_attention),
+    }
+    ids = torch.randint(100, v.vocab_size, (context + 9,), generator=torch.Generator().manual_seed(0))
+    cache = v.new_cache()
+    v.forward(ids[:context], cache, logits=False)
+    print(f"{v.precision}: fast-path step after {context} cached positions, median of {steps} (interleaved)")
+    print(f"{'tokens':>6}  " + "  ".join(f"{name:>24}" for name in variants))
+    try:
+        for n in (1, 9):
+            walls: dict[str, list[float]] = {name: [] for name in variants}
+            for rep in range(steps + 3):
+                for name, (fd.mm, fd.rows, fd._attention) in variants.items():
+                    t0 = time.perf_counter()
+                    fd.forward(ids[context : context + n], cache, set())
+                    if rep >= 3:
+                        walls[name].append((time.perf_counter() - t0) * 1e3)
+                    cache.crop(context)
+            print(f"{n:>6}  " + "  ".join(f"{statistics.median(w):>21.1f} ms" for w in walls.values()))
+    finally:
+        fd.mm, fd.rows = mm, rows
+        del fd._attention  # back to the class's method
 
 
 if __name__ == "__main__":
