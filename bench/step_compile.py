@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from specui.batch_invariant import quantize_rows
 from specui.decoder import FastDecoder, KVBuffer, _norm, _rotate
+from specui.int8_kernel import Int8Weight
 from specui.verifier import Verifier
 
 
@@ -51,11 +52,11 @@ def _(q: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, w_zero: torc
     return q.new_empty((q.shape[0], w_scale.shape[0]), dtype=torch.float32)
 
 
-def _mm(x: torch.Tensor, w: tuple) -> torch.Tensor:
-    # specui.batch_invariant.int8_matmul on float32 rows, with the matmul opaque to inductor.
+def _mm(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
+    # specui.batch_invariant.int8_matmul on float32 rows, with oneDNN's matmul opaque to inductor.
     q, scale = quantize_rows(x)
-    out = _int8_mm(q, w[0], w[1], w[2]) * scale
-    return out if w[3] is None else out + w[3]
+    out = _int8_mm(q, w.onednn, w.scale, w.zero_points) * scale
+    return out if w.bias is None else out + w.bias
 
 
 class CompiledInt8Step:

@@ -27,6 +27,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
+from specui.int8_kernel import Int8Weight
 from specui.verifier import Verifier
 
 
@@ -90,8 +91,8 @@ def ablate(v: Verifier, context: int, steps: int) -> None:
     mm, rows = fd.mm, fd.rows
 
     def no_mm(x, w: tuple, n: int) -> torch.Tensor:
-        # int8: (packed, channel scales, zero points, bias); bf16: (packed [out, in], bias)
-        return torch.zeros(n, w[1].shape[0] if len(w) == 4 else w[0].shape[0])
+        # int8: an Int8Weight; bf16: (packed [out, in], bias)
+        return torch.zeros(n, w.out_features if isinstance(w, Int8Weight) else w[0].shape[0])
 
     def no_attention(q: torch.Tensor, keys, values, scale: float, start: int) -> torch.Tensor:
         return torch.zeros(q.shape[0], q.shape[1] * q.shape[2])

@@ -48,6 +48,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from specui import int8_kernel
+from specui.int8_kernel import Int8Weight
 from specui.trace import SpecUIError
 
 ATTENTION_NAME = "specui_rowwise"
@@ -88,24 +90,22 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x / scale).add_(128).to(torch.uint8), scale
 
 
-def int8_matmul(xq: tuple[torch.Tensor, torch.Tensor], w: tuple, n: int) -> torch.Tensor:
+def int8_matmul(xq: tuple[torch.Tensor, torch.Tensor], w: Int8Weight, n: int) -> torch.Tensor:
     """float32 ``[n, out]`` of quantized rows ``xq`` times an ``Int8Linear``'s ``weight_q8``.
 
-    The kernel returns int32 sums times the weight's channel scales (input scale 1); the row
-    scales and the bias come after, one float32 multiply and add per element."""
+    The matmul returns int32 sums times the weight's channel scales (``specui.int8_kernel``:
+    its own kernel for a short block, oneDNN's otherwise, the same bits); the row scales and
+    the bias come after, one float32 multiply and add per element."""
     q, scale = xq
-    packed, w_scale, w_zero, bias = w
-    out = torch.ops.onednn.qlinear_pointwise(q, 1.0, 128, packed, w_scale, w_zero, None, 1.0, 0, torch.float32, "none", [], "")
-    out = out * scale  # no padded rows here: ``n`` only keeps the signature of the bf16 matmul
-    return out if bias is None else out + bias
+    out = int8_kernel.matmul(q, w) * scale  # no padded rows: ``n`` keeps the bf16 matmul's signature
+    return out if w.bias is None else out + w.bias
 
 
 class Int8Linear(nn.Linear):
     """``nn.Linear`` as int8 weights times int8 rows (``int8_matmul``); output rows do not
-    depend on the row count.  ``weight_q8``: (oneDNN-packed int8 weight, channel scales,
-    zero points, float32 bias or None)."""
+    depend on the row count.  ``weight_q8``: the packed weight (``specui.int8_kernel.Int8Weight``)."""
 
-    weight_q8: tuple | None = None
+    weight_q8: Int8Weight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).float()
@@ -113,7 +113,7 @@ class Int8Linear(nn.Linear):
         return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
 
 
-def int8_weight(linears: list[nn.Linear]) -> tuple:
+def int8_weight(linears: list[nn.Linear]) -> Int8Weight:
     """``weight_q8`` of ``linears`` stacked along their outputs (one, or q/k/v fused): symmetric
     int8 with one scale per output channel.  A channel's scale is its own row's, so a fused
     product gives each part the bits its own would (the sums are exact integers)."""
@@ -124,8 +124,7 @@ def int8_weight(linears: list[nn.Linear]) -> tuple:
     bias = None if all(b is None for b in biases) else torch.cat(
         [torch.zeros(m.out_features) if m.bias is None else m.bias.detach().float() for m in linears]
     )
-    packed = torch.ops.onednn.qlinear_prepack(wq, [1, w.shape[1]])
-    return packed, scale, torch.zeros(len(scale), dtype=torch.int64), bias
+    return int8_kernel.int8_weight(wq, scale, bias)
 
 
 def to_int8_linear(m: nn.Linear) -> None:

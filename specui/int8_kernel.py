@@ -1,0 +1,236 @@
+"""The int8 verifier's matmul for a few rows: oneDNN's bits, at the memory's speed.
+
+A decode or verify step multiplies 1 to ``MAX_ROWS`` rows by every weight, so it is a stream
+through the weights; oneDNN's u8s8 kernel streams them at about half the speed one core
+reaches (``bench/step_profile.py --ablate``: the matmuls were three quarters of an int8 step).
+``specui/int8_vnni.c`` is a small AVX512-VNNI kernel that reads each weight once for every row
+of the block.  It returns what ``onednn::qlinear_pointwise`` returns for the same operands, bit
+for bit (an exact int32 sum, made float once, times the channel's scale), so using it changes
+no output: ``batch_invariant.int8_matmul`` calls it for blocks of up to ``MAX_ROWS`` rows and
+oneDNN for longer ones (prefills), and the two agree.
+
+The C file is compiled at first use with the system's C compiler (``$CC``, else ``cc``/``gcc``)
+into ``data_dir()/kernels`` under a name that hashes the source, the flags and the compiler, and
+loaded with ctypes.  It is used only when that works, the CPU has AVX512-VNNI, and a self-check
+against oneDNN on random operands passes; otherwise (or with ``SPECUI_INT8_KERNEL=0``) every
+int8 matmul stays oneDNN's, and :func:`status` says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specui.paths import data_dir
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("int8_vnni.c")
+FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-shared", "-fPIC")
+CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+MAX_ROWS = 12  # one pass over the weights (int8_vnni.c); longer blocks go to oneDNN
+TILE = 16
+
+
+@dataclass(frozen=True)
+class PackedInt8:
+    """Weights in the kernel's layout: ``[channels/16, k/4, 16, 4]`` unsigned (``w + 128``)."""
+
+    data: torch.Tensor
+    k: int
+    k_padded: int
+    out_features: int
+
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """One int8 linear weight as both matmuls read it: oneDNN's packed copy (any row count) and,
+    where the kernel runs, its own (blocks of up to ``MAX_ROWS`` rows).  ``scale``: float32 per
+    output channel; ``bias``: float32 or None (added by the caller, after the row scales)."""
+
+    onednn: torch.Tensor
+    scale: torch.Tensor
+    zero_points: torch.Tensor
+    bias: torch.Tensor | None
+    vnni: PackedInt8 | None
+
+    @property
+    def out_features(self) -> int:
+        return self.scale.shape[0]
+
+
+class Kernel:
+    """The compiled ``specui_int8_matmul``, loaded from ``library``."""
+
+    def __init__(self, library: Path) -> None:
+        self._lib = ctypes.CDLL(str(library))
+        fn = self._lib.specui_int8_matmul
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
+        fn.restype = ctypes.c_int
+        self._fn = fn
+
+    def matmul(self, q: torch.Tensor, w: PackedInt8, scale: torch.Tensor) -> torch.Tensor:
+        """float32 ``[rows, out]``: uint8 rows ``q`` (zero point 128) times ``w``, times ``scale``."""
+        if q.dtype != torch.uint8 or q.dim() != 2 or q.shape[1] != w.k:
+            raise ValueError(f"int8 kernel: needs uint8 rows of {w.k} inputs, got {tuple(q.shape)} {q.dtype}")
+        q = q.contiguous()
+        out = torch.empty(q.shape[0], w.out_features)
+        rc = self._fn(q.data_ptr(), q.shape[0], w.k, w.k_padded, w.data.data_ptr(),
+                      scale.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
+        if rc != 0:
+            raise MemoryError("int8 kernel: no memory for its scratch rows")
+        return out
+
+
+def int8_weight(wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> Int8Weight:
+    """int8 ``wq`` ``[out, k]`` with its channel scales, packed for oneDNN and (where it runs) the kernel."""
+    onednn = torch.ops.onednn.qlinear_prepack(wq, [1, wq.shape[1]])
+    zero = torch.zeros(len(scale), dtype=torch.int64)
+    return Int8Weight(onednn, scale.float().contiguous(), zero, bias, pack(wq) if load() else None)
+
+
+def onednn_matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
+    """float32 ``[rows, out]``: oneDNN's u8s8 kernel (input scale 1, zero point 128) times the channel scales."""
+    return torch.ops.onednn.qlinear_pointwise(
+        q, 1.0, 128, w.onednn, w.scale, w.zero_points, None, 1.0, 0, torch.float32, "none", [], ""
+    )
+
+
+def matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
+    """float32 ``[rows, out]`` of uint8 rows ``q`` times ``w``: the kernel for a short block, else oneDNN (same bits)."""
+    if w.vnni is not None and q.shape[0] <= MAX_ROWS:
+        return _state["kernel"].matmul(q, w.vnni, w.scale)  # type: ignore[union-attr]
+    return onednn_matmul(q, w)
+
+
+def pack(wq: torch.Tensor) -> PackedInt8:
+    """int8 weights ``[out, k]`` in the kernel's layout (``k`` padded to 4, ``out`` to 16)."""
+    out_features, k = wq.shape
+    kp, op = -(-k // 4) * 4, -(-out_features // TILE) * TILE
+    wu = torch.zeros(op, kp, dtype=torch.uint8)
+    wu[:out_features, :k] = (wq.to(torch.int16) + 128).to(torch.uint8)
+    data = wu.view(op // TILE, TILE, kp // 4, 4).permute(0, 2, 1, 3).contiguous()
+    return PackedInt8(data, k, kp, out_features)
+
+
+def cpu_reason() -> str | None:
+    """Why this CPU cannot run the kernel, or None (Linux ``/proc/cpuinfo`` flags)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "no /proc/cpuinfo to read the CPU's features from"
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    missing = [f for f in CPU_FLAGS if f not in line.split()]
+    return f"the CPU lacks {', '.join(missing)}" if missing else None
+
+
+def compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def build(folder: Path, cc: str | None = None) -> Path:
+    """The kernel's shared library under ``folder``, compiled unless already there.
+
+    Raises ``RuntimeError`` with the compiler's words when it cannot be built."""
+    cc = cc or compiler()
+    if cc is None or shutil.which(cc) is None:
+        raise RuntimeError(f"no C compiler ({cc or 'set CC, or install cc/gcc'})")
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise RuntimeError(f"C compiler {cc} does not run: {e}") from e
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    library = folder / f"int8_vnni-{key}.so"
+    if library.exists():
+        return library
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".int8_vnni-", suffix=".so")
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cc} could not build {SOURCE.name}: {done.stderr.strip()[-500:]}")
+        os.replace(tmp, library)  # atomic: a concurrent build or a kill leaves no half file
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return library
+
+
+def self_check(kernel: Kernel) -> str | None:
+    """None if the kernel returns oneDNN's bits on random operands (tails included), else why not."""
+    gen = torch.Generator().manual_seed(0)
+    for k, n, rows in ((576, 40, 1), (130, 33, 5), (67, 100, MAX_ROWS)):
+        wq = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+        scale = torch.rand(n, generator=gen) / 100 + 1e-4
+        q = torch.randint(0, 256, (rows, k), generator=gen, dtype=torch.uint8)
+        onednn = Int8Weight(torch.ops.onednn.qlinear_prepack(wq, [1, k]), scale, torch.zeros(n, dtype=torch.int64), None, None)
+        if not torch.equal(kernel.matmul(q, pack(wq), scale), onednn_matmul(q, onednn)):
+            return f"its {rows}x{k} by {k}x{n} product differs from oneDNN's"
+    return None
+
+
+def open_kernel(folder: Path, cc: str | None = None) -> Kernel:
+    """Build (or reuse) the library under ``folder``, load it and check it against oneDNN.
+
+    A cached library that no longer loads (a truncated file) is removed and built again once.
+    Raises ``RuntimeError`` saying why the kernel cannot be used."""
+    library = build(folder, cc)
+    try:
+        kernel = Kernel(library)
+    except OSError:
+        library.unlink(missing_ok=True)
+        try:
+            kernel = Kernel(build(folder, cc))
+        except OSError as e:
+            raise RuntimeError(f"the built kernel does not load: {e}") from e
+    reason = self_check(kernel)
+    if reason is not None:
+        raise RuntimeError(reason)
+    return kernel
+
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def load() -> Kernel | None:
+    """The kernel, built and checked once per process; None where it cannot be used."""
+    with _lock:
+        if "kernel" in _state:
+            return _state["kernel"]  # type: ignore[return-value]
+        kernel, reason = None, None
+        if os.environ.get("SPECUI_INT8_KERNEL", "1") == "0":
+            reason = "SPECUI_INT8_KERNEL=0"
+        else:
+            reason = cpu_reason()
+        if reason is None:
+            try:
+                kernel = open_kernel(data_dir() / "kernels")
+            except (RuntimeError, OSError) as e:
+                reason = str(e)
+        if reason is not None:
+            log.info("int8 matmuls stay oneDNN's: %s", reason)
+        _state.update(kernel=kernel, reason=reason)
+        return kernel
+
+
+def status() -> str:
+    """One line: which int8 matmul this process uses, and why."""
+    kernel = load()
+    if kernel is not None:
+        return f"specui int8_vnni for up to {MAX_ROWS} rows, oneDNN u8s8 beyond"
+    return f"oneDNN u8s8 ({_state.get('reason')})"

@@ -1,0 +1,124 @@
+"""``specui.int8_kernel``: the int8 verifier's own matmul returns oneDNN's bits, and falls back clearly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specui import int8_kernel
+from specui.int8_kernel import Int8Weight
+
+
+def _runnable() -> bool:
+    return int8_kernel.cpu_reason() is None and int8_kernel.compiler() is not None
+
+
+needs_kernel = pytest.mark.skipif(not _runnable(), reason="no AVX512-VNNI CPU or no C compiler here")
+
+
+def _weight(n: int, k: int, gen: torch.Generator, bias: bool = False) -> tuple[torch.Tensor, Int8Weight]:
+    wq = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
+    scale = torch.rand(n, generator=gen) / 50 + 1e-5
+    b = torch.randn(n, generator=gen) if bias else None
+    return wq, int8_kernel.int8_weight(wq, scale, b)
+
+
+@needs_kernel
+def test_the_kernel_is_built_and_used_where_the_cpu_and_a_compiler_allow():
+    assert int8_kernel.load() is not None, int8_kernel.status()
+    assert int8_kernel.status().startswith("specui int8_vnni")
+
+
+@needs_kernel
+@pytest.mark.parametrize("k, n", [(576, 960), (1536, 576), (576, 49), (130, 33), (67, 16), (5, 7), (3000, 40)])
+def test_the_kernel_returns_onednns_bits_for_every_row_count(k, n):
+    gen = torch.Generator().manual_seed(k * 1000 + n)
+    wq, w = _weight(n, k, gen)
+    kernel = int8_kernel.load()
+    for rows in (1, 2, 3, 8, 9, 12, 13, 25):  # past MAX_ROWS the kernel makes a second pass
+        q = torch.randint(0, 256, (rows, k), generator=gen, dtype=torch.uint8)
+        want = int8_kernel.onednn_matmul(q, w)
+        assert torch.equal(kernel.matmul(q, w.vnni, w.scale), want), (rows, k, n)
+        assert torch.equal(int8_kernel.matmul(q, w), want), (rows, k, n)  # the dispatch, both sides of MAX_ROWS
+
+
+@needs_kernel
+def test_extreme_activations_and_weights_sum_exactly():
+    # All-255 rows (x = +127) against all-127 weights: the largest sums the kernel's int32 holds.
+    k, n = 1536, 48
+    wq = torch.full((n, k), 127, dtype=torch.int8)
+    wq[::2] = -127
+    w = int8_kernel.int8_weight(wq, torch.ones(n), None)
+    for value in (0, 1, 255):
+        q = torch.full((3, k), value, dtype=torch.uint8)
+        got = int8_kernel.load().matmul(q, w.vnni, w.scale)
+        assert torch.equal(got, int8_kernel.onednn_matmul(q, w))
+        expect = float((value - 128) * 127 * k)
+        assert got[0, 1].item() == expect and got[0, 0].item() == -expect
+
+
+@needs_kernel
+@pytest.mark.slow
+def test_an_int8_verifier_gives_the_same_logits_with_and_without_the_kernel(monkeypatch):
+    from specui.verifier import Verifier
+
+    v = Verifier.load("embedded", precision="int8")
+    head = v.model.get_output_embeddings().weight_q8
+    assert head.vnni is not None  # the kernel is in use for this verifier
+    text = "A train leaves at 3 pm at 60 km/h; a second one follows an hour later at 90 km/h. When does it catch up?"
+    ids = torch.tensor(v.tokenizer(text * 2)["input_ids"][:40])
+    assert len(ids) == 40
+
+    def logits() -> torch.Tensor:
+        cache = v.new_cache()
+        v.forward(ids[:31], cache, logits=False)  # prefill: oneDNN either way (31 > MAX_ROWS)
+        block = v.forward(ids[31:40], cache).logits  # a 9-token verify
+        v.crop(cache, 31)
+        alone = torch.cat([v.forward(ids[i : i + 1], cache).logits for i in range(31, 40)])
+        return torch.cat([block, alone])
+
+    with_kernel = logits()
+    monkeypatch.setattr(int8_kernel, "MAX_ROWS", 0)  # every matmul through oneDNN
+    assert torch.equal(logits(), with_kernel)
+
+
+def test_no_compiler_is_a_clear_error_and_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        int8_kernel.build(tmp_path / "k", cc="/nonexistent/cc")
+    with pytest.raises(RuntimeError, match="could not build"):
+        int8_kernel.build(tmp_path / "k", cc="false")  # runs, builds nothing
+    assert not any((tmp_path / "k").glob("*")) if (tmp_path / "k").exists() else True
+
+
+@needs_kernel
+def test_a_truncated_cached_library_is_built_again(tmp_path):
+    library = int8_kernel.build(tmp_path)
+    library.write_bytes(library.read_bytes()[:100])
+    kernel = int8_kernel.open_kernel(tmp_path)
+    gen = torch.Generator().manual_seed(1)
+    _, w = _weight(40, 64, gen)
+    q = torch.randint(0, 256, (2, 64), generator=gen, dtype=torch.uint8)
+    assert torch.equal(kernel.matmul(q, w.vnni, w.scale), int8_kernel.onednn_matmul(q, w))
+
+
+def test_switched_off_it_says_so_and_packs_nothing(monkeypatch):
+    monkeypatch.setattr(int8_kernel, "_state", {})
+    monkeypatch.setenv("SPECUI_INT8_KERNEL", "0")
+    assert int8_kernel.load() is None
+    assert int8_kernel.status() == "oneDNN u8s8 (SPECUI_INT8_KERNEL=0)"
+    gen = torch.Generator().manual_seed(2)
+    wq, w = _weight(20, 70, gen, bias=True)
+    assert w.vnni is None
+    q = torch.randint(0, 256, (4, 70), generator=gen, dtype=torch.uint8)
+    assert torch.equal(int8_kernel.matmul(q, w), int8_kernel.onednn_matmul(q, w))
+
+
+def test_rows_of_the_wrong_shape_are_refused():
+    if not _runnable():
+        pytest.skip("no kernel here")
+    gen = torch.Generator().manual_seed(3)
+    _, w = _weight(16, 64, gen)
+    with pytest.raises(ValueError, match="64 inputs"):
+        int8_kernel.load().matmul(torch.zeros(2, 63, dtype=torch.uint8), w.vnni, w.scale)
+    with pytest.raises(ValueError, match="uint8"):
+        int8_kernel.load().matmul(torch.zeros(2, 64), w.vnni, w.scale)
