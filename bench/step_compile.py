@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from specui.batch_invariant import quantize_rows
+from specui.cpu_kernels import Int8Weight
 from specui.decoder import FastDecoder, KVBuffer, _norm, _rotate
-from specui.int8_kernel import Int8Weight
 from specui.verifier import Verifier
 
 

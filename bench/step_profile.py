@@ -27,7 +27,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
-from specui.int8_kernel import Int8Weight
+from specui.cpu_kernels import Int8Weight
 from specui.verifier import Verifier
 
 

@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from specui import int8_kernel
-from specui.int8_kernel import Int8Weight
+from specui import cpu_kernels
+from specui.cpu_kernels import Int8Weight
 from specui.trace import SpecUIError
 
 ATTENTION_NAME = "specui_rowwise"
@@ -93,17 +93,17 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def int8_matmul(xq: tuple[torch.Tensor, torch.Tensor], w: Int8Weight, n: int) -> torch.Tensor:
     """float32 ``[n, out]`` of quantized rows ``xq`` times an ``Int8Linear``'s ``weight_q8``.
 
-    The matmul returns int32 sums times the weight's channel scales (``specui.int8_kernel``:
+    The matmul returns int32 sums times the weight's channel scales (``specui.cpu_kernels``:
     its own kernel for a short block, oneDNN's otherwise, the same bits); the row scales and
     the bias come after, one float32 multiply and add per element."""
     q, scale = xq
-    out = int8_kernel.matmul(q, w) * scale  # no padded rows: ``n`` keeps the bf16 matmul's signature
+    out = cpu_kernels.matmul(q, w) * scale  # no padded rows: ``n`` keeps the bf16 matmul's signature
     return out if w.bias is None else out + w.bias
 
 
 class Int8Linear(nn.Linear):
     """``nn.Linear`` as int8 weights times int8 rows (``int8_matmul``); output rows do not
-    depend on the row count.  ``weight_q8``: the packed weight (``specui.int8_kernel.Int8Weight``)."""
+    depend on the row count.  ``weight_q8``: the packed weight (``specui.cpu_kernels.Int8Weight``)."""
 
     weight_q8: Int8Weight | None = None
 
@@ -124,7 +124,7 @@ def int8_weight(linears: list[nn.Linear]) -> Int8Weight:
     bias = None if all(b is None for b in biases) else torch.cat(
         [torch.zeros(m.out_features) if m.bias is None else m.bias.detach().float() for m in linears]
     )
-    return int8_kernel.int8_weight(wq, scale, bias)
+    return cpu_kernels.int8_weight(wq, scale, bias)
 
 
 def to_int8_linear(m: nn.Linear) -> None:
@@ -194,6 +194,12 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     if query.shape[0] != 1 or q > ROWWISE_MAX_ROWS:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     length = key.shape[2]
+    heads, d = query.shape[1], query.shape[3]
+    if cpu_kernels.attention_supported(heads, key.shape[1], d):  # all rows in one call, each on its own
+        keys, values = key[0].contiguous(), value[0].contiguous()
+        scale = scaling if scaling is not None else d**-0.5
+        out = cpu_kernels.attention(query[0].transpose(0, 1), keys, values, length - q, scale)
+        return out.view(1, q, heads, d), None
     rows = [  # one SDPA call per row: shapes (so kernels and sums) depend on the row's position only
         F.scaled_dot_product_attention(
             query[:, :, i : i + 1], key[:, :, : length - q + i + 1], value[:, :, : length - q + i + 1],

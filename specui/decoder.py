@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specui import cpu_kernels
 from specui.batch_invariant import (
     ATTENTION_NAME,
     ROWWISE_MAX_ROWS,
@@ -172,6 +173,7 @@ class FastDecoder:
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.max_len = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
+        self.attention_kernel = cpu_kernels.attention_supported(self.heads, self.kv_heads, self.head_dim)
         # Rotary tables for every position, by the model's own module (its bits).
         pos = torch.arange(self.max_len).unsqueeze(0)
         cos, sin = model.model.rotary_emb(self.embed[:1].unsqueeze(0), pos)
@@ -239,9 +241,12 @@ class FastDecoder:
     ) -> torch.Tensor:
         """Causal attention, ``q`` [n, heads, d] after ``start`` cached positions -> [n, heads * d].
 
-        Each query row on its own over exactly the keys it may see (``rowwise_attention``);
+        Each query row on its own over exactly the keys it may see (``rowwise_attention``: one
+        ``specui.cpu_kernels`` call for the block where it runs, else one SDPA call per row);
         a prefill chunk longer than a verify block in one causal SDPA call."""
         n = q.shape[0]
+        if n <= ROWWISE_MAX_ROWS and self.attention_kernel:
+            return cpu_kernels.attention(q, keys, values, start, scale)
         keys, values = keys.unsqueeze(0), values.unsqueeze(0)  # [1, kv_heads, L, d]
         if n > ROWWISE_MAX_ROWS:
             mask = None if start == 0 else torch.ones(n, start + n, dtype=torch.bool).tril(start)

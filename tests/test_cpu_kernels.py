@@ -1,16 +1,16 @@
-"""``specui.int8_kernel``: the int8 verifier's own matmul returns oneDNN's bits, and falls back clearly."""
+"""``specui.cpu_kernels``: the int8 verifier's own matmul returns oneDNN's bits, and falls back clearly."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specui import int8_kernel
-from specui.int8_kernel import Int8Weight
+from specui import cpu_kernels
+from specui.cpu_kernels import Int8Weight
 
 
 def _runnable() -> bool:
-    return int8_kernel.cpu_reason() is None and int8_kernel.compiler() is not None
+    return cpu_kernels.cpu_reason() is None and cpu_kernels.compiler() is not None
 
 
 needs_kernel = pytest.mark.skipif(not _runnable(), reason="no AVX512-VNNI CPU or no C compiler here")
@@ -20,13 +20,13 @@ def _weight(n: int, k: int, gen: torch.Generator, bias: bool = False) -> tuple[t
     wq = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
     scale = torch.rand(n, generator=gen) / 50 + 1e-5
     b = torch.randn(n, generator=gen) if bias else None
-    return wq, int8_kernel.int8_weight(wq, scale, b)
+    return wq, cpu_kernels.int8_weight(wq, scale, b)
 
 
 @needs_kernel
 def test_the_kernel_is_built_and_used_where_the_cpu_and_a_compiler_allow():
-    assert int8_kernel.load() is not None, int8_kernel.status()
-    assert int8_kernel.status().startswith("specui int8_vnni")
+    assert cpu_kernels.load() is not None, cpu_kernels.status()
+    assert cpu_kernels.status().startswith("specui kernels")
 
 
 @needs_kernel
@@ -34,12 +34,12 @@ def test_the_kernel_is_built_and_used_where_the_cpu_and_a_compiler_allow():
 def test_the_kernel_returns_onednns_bits_for_every_row_count(k, n):
     gen = torch.Generator().manual_seed(k * 1000 + n)
     wq, w = _weight(n, k, gen)
-    kernel = int8_kernel.load()
+    kernel = cpu_kernels.load()
     for rows in (1, 2, 3, 8, 9, 12, 13, 25):  # past MAX_ROWS the kernel makes a second pass
         q = torch.randint(0, 256, (rows, k), generator=gen, dtype=torch.uint8)
-        want = int8_kernel.onednn_matmul(q, w)
+        want = cpu_kernels.onednn_matmul(q, w)
         assert torch.equal(kernel.matmul(q, w.vnni, w.scale), want), (rows, k, n)
-        assert torch.equal(int8_kernel.matmul(q, w), want), (rows, k, n)  # the dispatch, both sides of MAX_ROWS
+        assert torch.equal(cpu_kernels.matmul(q, w), want), (rows, k, n)  # the dispatch, both sides of MAX_ROWS
 
 
 @needs_kernel
@@ -48,11 +48,11 @@ def test_extreme_activations_and_weights_sum_exactly():
     k, n = 1536, 48
     wq = torch.full((n, k), 127, dtype=torch.int8)
     wq[::2] = -127
-    w = int8_kernel.int8_weight(wq, torch.ones(n), None)
+    w = cpu_kernels.int8_weight(wq, torch.ones(n), None)
     for value in (0, 1, 255):
         q = torch.full((3, k), value, dtype=torch.uint8)
-        got = int8_kernel.load().matmul(q, w.vnni, w.scale)
-        assert torch.equal(got, int8_kernel.onednn_matmul(q, w))
+        got = cpu_kernels.load().matmul(q, w.vnni, w.scale)
+        assert torch.equal(got, cpu_kernels.onednn_matmul(q, w))
         expect = float((value - 128) * 127 * k)
         assert got[0, 1].item() == expect and got[0, 0].item() == -expect
 
@@ -78,39 +78,39 @@ def test_an_int8_verifier_gives_the_same_logits_with_and_without_the_kernel(monk
         return torch.cat([block, alone])
 
     with_kernel = logits()
-    monkeypatch.setattr(int8_kernel, "MAX_ROWS", 0)  # every matmul through oneDNN
+    monkeypatch.setattr(cpu_kernels, "MAX_ROWS", 0)  # every matmul through oneDNN
     assert torch.equal(logits(), with_kernel)
 
 
 def test_no_compiler_is_a_clear_error_and_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="no C compiler"):
-        int8_kernel.build(tmp_path / "k", cc="/nonexistent/cc")
+        cpu_kernels.build(tmp_path / "k", cc="/nonexistent/cc")
     with pytest.raises(RuntimeError, match="could not build"):
-        int8_kernel.build(tmp_path / "k", cc="false")  # runs, builds nothing
+        cpu_kernels.build(tmp_path / "k", cc="false")  # runs, builds nothing
     assert not any((tmp_path / "k").glob("*")) if (tmp_path / "k").exists() else True
 
 
 @needs_kernel
 def test_a_truncated_cached_library_is_built_again(tmp_path):
-    library = int8_kernel.build(tmp_path)
+    library = cpu_kernels.build(tmp_path)
     library.write_bytes(library.read_bytes()[:100])
-    kernel = int8_kernel.open_kernel(tmp_path)
+    kernel = cpu_kernels.open_kernel(tmp_path)
     gen = torch.Generator().manual_seed(1)
     _, w = _weight(40, 64, gen)
     q = torch.randint(0, 256, (2, 64), generator=gen, dtype=torch.uint8)
-    assert torch.equal(kernel.matmul(q, w.vnni, w.scale), int8_kernel.onednn_matmul(q, w))
+    assert torch.equal(kernel.matmul(q, w.vnni, w.scale), cpu_kernels.onednn_matmul(q, w))
 
 
 def test_switched_off_it_says_so_and_packs_nothing(monkeypatch):
-    monkeypatch.setattr(int8_kernel, "_state", {})
-    monkeypatch.setenv("SPECUI_INT8_KERNEL", "0")
-    assert int8_kernel.load() is None
-    assert int8_kernel.status() == "oneDNN u8s8 (SPECUI_INT8_KERNEL=0)"
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("SPECUI_CPU_KERNELS", "0")
+    assert cpu_kernels.load() is None
+    assert cpu_kernels.status() == "oneDNN u8s8 and SDPA rows (SPECUI_CPU_KERNELS=0)"
     gen = torch.Generator().manual_seed(2)
     wq, w = _weight(20, 70, gen, bias=True)
     assert w.vnni is None
     q = torch.randint(0, 256, (4, 70), generator=gen, dtype=torch.uint8)
-    assert torch.equal(int8_kernel.matmul(q, w), int8_kernel.onednn_matmul(q, w))
+    assert torch.equal(cpu_kernels.matmul(q, w), cpu_kernels.onednn_matmul(q, w))
 
 
 def test_rows_of_the_wrong_shape_are_refused():
@@ -119,6 +119,40 @@ def test_rows_of_the_wrong_shape_are_refused():
     gen = torch.Generator().manual_seed(3)
     _, w = _weight(16, 64, gen)
     with pytest.raises(ValueError, match="64 inputs"):
-        int8_kernel.load().matmul(torch.zeros(2, 63, dtype=torch.uint8), w.vnni, w.scale)
+        cpu_kernels.load().matmul(torch.zeros(2, 63, dtype=torch.uint8), w.vnni, w.scale)
     with pytest.raises(ValueError, match="uint8"):
-        int8_kernel.load().matmul(torch.zeros(2, 64), w.vnni, w.scale)
+        cpu_kernels.load().matmul(torch.zeros(2, 64), w.vnni, w.scale)
+
+
+@needs_kernel
+@pytest.mark.parametrize("heads, kv_heads, d", [(9, 3, 64), (4, 4, 16), (8, 2, 128)])
+def test_attention_gives_a_row_the_same_bits_in_any_block_and_stays_near_sdpa(heads, kv_heads, d):
+    gen = torch.Generator().manual_seed(heads * d)
+    kernel = cpu_kernels.load()
+    buffer = torch.randn(2, kv_heads, 400, d, generator=gen) * 3  # a KV buffer with room to spare
+    keys, values = buffer[0], buffer[1]
+    for start in (0, 1, 15, 16, 17, 255, 300):
+        q = torch.randn(9, heads, d, generator=gen) * 2
+        block = kernel.attention(q, keys, values, start, d**-0.5)
+        for r in range(9):  # alone, and as row 0 or 2 of other blocks
+            assert torch.equal(kernel.attention(q[r : r + 1], keys, values, start + r, d**-0.5), block[r : r + 1])
+        assert torch.equal(kernel.attention(q[2:5], keys, values, start + 2, d**-0.5), block[2:5])
+        sdpa = torch.cat([
+            torch.nn.functional.scaled_dot_product_attention(
+                q[r].view(1, heads, 1, d), keys[None, :, : start + r + 1], values[None, :, : start + r + 1],
+                scale=d**-0.5, enable_gqa=True,
+            )[0, :, 0].reshape(1, -1)
+            for r in range(9)
+        ])  # fmt: skip
+        torch.testing.assert_close(block, sdpa, atol=2e-5, rtol=1e-4)
+
+
+@needs_kernel
+def test_attention_refuses_what_it_cannot_read():
+    kernel = cpu_kernels.load()
+    keys = torch.randn(2, 10, 16)
+    with pytest.raises(ValueError, match="keys"):
+        kernel.attention(torch.randn(3, 4, 16), keys, keys, 8, 0.25)  # 8 + 3 > 10 keys
+    with pytest.raises(ValueError, match="head size"):
+        kernel.attention(torch.randn(1, 4, 12), torch.randn(2, 10, 12), torch.randn(2, 10, 12), 0, 0.25)
+    assert not cpu_kernels.attention_supported(4, 2, 12) and not cpu_kernels.attention_supported(6, 4, 64)

@@ -1,19 +1,33 @@
-"""The int8 verifier's matmul for a few rows: oneDNN's bits, at the memory's speed.
+"""SpecUI's own CPU kernels (``specui/cpu_kernels.c``): the int8 matmul for a few rows, and
+row-wise causal attention.  Both exist for speed, and neither changes what batch invariance
+needs: a token's numbers inside a verify block are bit for bit the ones it gets alone.
+
+**The int8 matmul: oneDNN's bits, at the memory's speed.**
 
 A decode or verify step multiplies 1 to ``MAX_ROWS`` rows by every weight, so it is a stream
 through the weights; oneDNN's u8s8 kernel streams them at about half the speed one core
 reaches (``bench/step_profile.py --ablate``: the matmuls were three quarters of an int8 step).
-``specui/int8_vnni.c`` is a small AVX512-VNNI kernel that reads each weight once for every row
+``specui_int8_matmul`` is a small AVX512-VNNI kernel that reads each weight once for every row
 of the block.  It returns what ``onednn::qlinear_pointwise`` returns for the same operands, bit
 for bit (an exact int32 sum, made float once, times the channel's scale), so using it changes
 no output: ``batch_invariant.int8_matmul`` calls it for blocks of up to ``MAX_ROWS`` rows and
 oneDNN for longer ones (prefills), and the two agree.
 
+**Row-wise attention.**  Batch invariance needs each query row of a block to attend over exactly
+its own keys in an order that does not depend on the block, and one SDPA call per row (what
+``batch_invariant.rowwise_attention`` did) costs ~60 us of fixed cost each: most of what a
+9-token verify adds to a step.  ``specui_attention_rows`` computes every (row, head) on its own
+in a fixed order (scores in key order, exp summed 16 lanes at a time from key 0, values in key
+order) for all rows in one call.  It is its own numerics (within ~1e-6 of SDPA), the same for
+every block size, and :func:`self_check` proves both properties at load.
+
 The C file is compiled at first use with the system's C compiler (``$CC``, else ``cc``/``gcc``)
 into ``data_dir()/kernels`` under a name that hashes the source, the flags and the compiler, and
-loaded with ctypes.  It is used only when that works, the CPU has AVX512-VNNI, and a self-check
-against oneDNN on random operands passes; otherwise (or with ``SPECUI_INT8_KERNEL=0``) every
-int8 matmul stays oneDNN's, and :func:`status` says why.
+loaded with ctypes.  It is used only when that works, the CPU has AVX512-VNNI, and the
+self-check passes (oneDNN's bits on random operands; attention invariant and close to SDPA);
+otherwise (or with ``SPECUI_CPU_KERNELS=0``) every int8 matmul stays oneDNN's and attention one
+SDPA call per row, and :func:`status` says why.  The choice is made once per process, so a
+verifier never mixes the two.
 """
 
 from __future__ import annotations
@@ -35,10 +49,10 @@ from specui.paths import data_dir
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("int8_vnni.c")
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-shared", "-fPIC")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
-MAX_ROWS = 12  # one pass over the weights (int8_vnni.c); longer blocks go to oneDNN
+MAX_ROWS = 12  # one pass over the weights (cpu_kernels.c); longer blocks go to oneDNN
 TILE = 16
 
 
@@ -79,6 +93,32 @@ class Kernel:
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
         fn.restype = ctypes.c_int
         self._fn = fn
+        att = self._lib.specui_attention_rows
+        att.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p]  # fmt: skip
+        att.restype = ctypes.c_int
+        self._attention = att
+
+    def attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float
+    ) -> torch.Tensor:
+        """Causal attention of ``q`` [n, heads, d] (the positions after ``start``) over ``keys``/``values``
+        [kv_heads, >= start + n, d] (rows ``d`` apart, as a KV buffer holds them): float32 ``[n, heads * d]``."""
+        n, heads, d = q.shape
+        kv_heads = keys.shape[0]
+        if keys.shape[1] < start + n or keys.stride()[1:] != (d, 1) or values.stride() != keys.stride():
+            raise ValueError(f"attention kernel: keys {tuple(keys.shape)} strides {keys.stride()} for {n} rows after {start}")
+        if q.dtype != torch.float32 or keys.dtype != torch.float32 or values.dtype != torch.float32:
+            raise ValueError("attention kernel: float32 queries, keys and values")
+        q = q.contiguous()
+        out = torch.empty(n, heads * d)
+        rc = self._attention(q.data_ptr(), n, heads, d, keys.data_ptr(), values.data_ptr(), kv_heads,
+                             keys.stride(0), start, scale, out.data_ptr())  # fmt: skip
+        if rc == -1:
+            raise MemoryError("attention kernel: no memory for its scores")
+        if rc != 0:
+            raise ValueError(f"attention kernel: head size {d} (a multiple of 16, at most 256) or {heads} heads over {kv_heads}")
+        return out
 
     def matmul(self, q: torch.Tensor, w: PackedInt8, scale: torch.Tensor) -> torch.Tensor:
         """float32 ``[rows, out]``: uint8 rows ``q`` (zero point 128) times ``w``, times ``scale``."""
@@ -105,6 +145,16 @@ def onednn_matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     return torch.ops.onednn.qlinear_pointwise(
         q, 1.0, 128, w.onednn, w.scale, w.zero_points, None, 1.0, 0, torch.float32, "none", [], ""
     )
+
+
+def attention_supported(heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether :func:`attention` runs the kernel for this shape (else the caller's SDPA rows)."""
+    return load() is not None and head_dim % 16 == 0 and head_dim <= 256 and heads % kv_heads == 0
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+    """``Kernel.attention`` of the loaded kernel; call only where :func:`attention_supported` holds."""
+    return _state["kernel"].attention(q, keys, values, start, scale)  # type: ignore[union-attr]
 
 
 def matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
@@ -154,11 +204,11 @@ def build(folder: Path, cc: str | None = None) -> Path:
     except (OSError, subprocess.SubprocessError) as e:
         raise RuntimeError(f"C compiler {cc} does not run: {e}") from e
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
-    library = folder / f"int8_vnni-{key}.so"
+    library = folder / f"cpu_kernels-{key}.so"
     if library.exists():
         return library
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".int8_vnni-", suffix=".so")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".cpu_kernels-", suffix=".so")
     os.close(fd)
     try:
         done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
@@ -180,6 +230,21 @@ def self_check(kernel: Kernel) -> str | None:
         onednn = Int8Weight(torch.ops.onednn.qlinear_prepack(wq, [1, k]), scale, torch.zeros(n, dtype=torch.int64), None, None)
         if not torch.equal(kernel.matmul(q, pack(wq), scale), onednn_matmul(q, onednn)):
             return f"its {rows}x{k} by {k}x{n} product differs from oneDNN's"
+    heads, kv_heads, d, start, rows = 6, 2, 32, 21, 5
+    keys, values = (torch.randn(kv_heads, 40, d, generator=gen) for _ in range(2))
+    q = torch.randn(rows, heads, d, generator=gen)
+    block = kernel.attention(q, keys, values, start, 0.2)
+    alone = torch.cat([kernel.attention(q[r : r + 1], keys, values, start + r, 0.2) for r in range(rows)])
+    if not torch.equal(block, alone):
+        return "its attention of a block differs from the same rows alone"
+    expect = torch.cat([
+        torch.nn.functional.scaled_dot_product_attention(
+            q[r].view(1, heads, 1, d), keys[None, :, : start + r + 1], values[None, :, : start + r + 1], scale=0.2, enable_gqa=True,
+        )[0, :, 0].reshape(1, -1)
+        for r in range(rows)
+    ])  # fmt: skip
+    if not torch.allclose(block, expect, atol=1e-5, rtol=1e-4):
+        return f"its attention is {(block - expect).abs().max().item():.1e} from SDPA's"
     return None
 
 
@@ -213,8 +278,8 @@ def load() -> Kernel | None:
         if "kernel" in _state:
             return _state["kernel"]  # type: ignore[return-value]
         kernel, reason = None, None
-        if os.environ.get("SPECUI_INT8_KERNEL", "1") == "0":
-            reason = "SPECUI_INT8_KERNEL=0"
+        if os.environ.get("SPECUI_CPU_KERNELS", "1") == "0":
+            reason = "SPECUI_CPU_KERNELS=0"
         else:
             reason = cpu_reason()
         if reason is None:
@@ -223,7 +288,7 @@ def load() -> Kernel | None:
             except (RuntimeError, OSError) as e:
                 reason = str(e)
         if reason is not None:
-            log.info("int8 matmuls stay oneDNN's: %s", reason)
+            log.info("SpecUI's CPU kernels are off (int8 matmuls oneDNN's, attention SDPA's): %s", reason)
         _state.update(kernel=kernel, reason=reason)
         return kernel
 
@@ -232,5 +297,5 @@ def status() -> str:
     """One line: which int8 matmul this process uses, and why."""
     kernel = load()
     if kernel is not None:
-        return f"specui int8_vnni for up to {MAX_ROWS} rows, oneDNN u8s8 beyond"
-    return f"oneDNN u8s8 ({_state.get('reason')})"
+        return f"specui kernels: int8 matmul for up to {MAX_ROWS} rows (oneDNN u8s8 beyond), row-wise attention"
+    return f"oneDNN u8s8 and SDPA rows ({_state.get('reason')})"

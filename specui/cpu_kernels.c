@@ -1,4 +1,4 @@
-/* The int8 verifier's matmul for a few rows (specui/int8_kernel.py builds and loads this file).
+/* SpecUI's CPU kernels (specui/cpu_kernels.py builds and loads this file).  First: the int8 verifier's matmul for a few rows.
  *
  *   out[r][o] = (float)(sum_k (x[r][k] - 128) * w[o][k]) * wscale[o]
  *
@@ -9,7 +9,7 @@
  *
  * Why a kernel of our own: a decode step multiplies one to a dozen rows by every weight of
  * the model, so it is a stream through the weights.  Here each 64-byte load of weights (16
- * output channels x 4 inputs, the layout `pack` in int8_kernel.py writes) meets every row of
+ * output channels x 4 inputs, the layout `pack` in cpu_kernels.py writes) meets every row of
  * the block in registers (AVX512-VNNI vpdpbusd), with no horizontal sums: one pass over the
  * weights for up to MAX_ROWS rows, at the memory's speed.
  *
@@ -20,6 +20,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #define TILE 16     /* output channels per accumulator (16 int32 lanes) */
@@ -93,5 +94,86 @@ int specui_int8_matmul(const uint8_t *x, int64_t rows, int64_t k, int64_t kp,
         for (; o < n_out; o += TILE) dispatch(xs, xsum, kp, wp, wscale, rows_out, n_out, o, R, 1);
     }
     if (xs != stack) free(xs);
+    return 0;
+}
+
+/* ---- Causal attention, one query row at a time, in a fixed order ------------------------------
+ *
+ *   out[r][h] = sum_j softmax_j(q[r][h] . k[j] * scale) v[j],   j = 0 .. start + r
+ *
+ * Each (row, head) is computed on its own, by the same instructions in the same order,
+ * whatever the other rows of the call: the scores in key order, their maximum, exp(s - max)
+ * summed 16 lanes at a time from key 0, then the values summed in key order.  So a token's
+ * attention in a verify block is bit for bit the one it gets decoded alone (the property
+ * specui.batch_invariant needs), without one SDPA call per row (~60 us each, most of a verify
+ * block's extra cost).  Grouped-query attention: head h reads kv head h / (heads / kv_heads).
+ */
+
+/* e^x for x <= 0 (Cephes' single-precision polynomial after x = n ln2 + r), 16 lanes. */
+static inline __m512 exp_nonpositive(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+    return _mm512_scalef_ps(_mm512_add_ps(p, _mm512_set1_ps(1.0f)), n);
+}
+
+#define MAX_HEAD_CHUNKS 16 /* head_dim up to 256 */
+
+/* q: [rows][heads][d]; k, v: kv_heads x (start + rows) keys, at k + g * head_stride + j * d;
+ * out: [rows][heads][d].  d a multiple of 16.  Returns 0, -1 without memory, -2 on bad shapes. */
+int specui_attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d, const float *k,
+                          const float *v, int64_t kv_heads, int64_t head_stride, int64_t start,
+                          float scale, float *out) {
+    if (d % 16 || d / 16 > MAX_HEAD_CHUNKS || kv_heads <= 0 || heads % kv_heads) return -2;
+    const int64_t chunks = d / 16, group = heads / kv_heads, longest = start + rows;
+    float *scores = malloc(sizeof(float) * (longest + 16));
+    if (!scores) return -1;
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t len = start + r + 1;
+        for (int64_t h = 0; h < heads; ++h) {
+            const float *qh = q + (r * heads + h) * d;
+            const float *kg = k + (h / group) * head_stride, *vg = v + (h / group) * head_stride;
+            __m512 qv[MAX_HEAD_CHUNKS];
+            for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(qh + c * 16);
+            float top = -INFINITY;
+            for (int64_t j = 0; j < len; ++j) {
+                const float *kj = kg + j * d;
+                __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+                for (int64_t c = 1; c < chunks; ++c) acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + c * 16), acc);
+                float s = _mm512_reduce_add_ps(acc) * scale;
+                scores[j] = s;
+                top = s > top ? s : top;
+            }
+            __m512 total = _mm512_setzero_ps();
+            for (int64_t j = 0; j < len; j += 16) {
+                int64_t left = len - j;
+                __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+                __m512 s = _mm512_maskz_loadu_ps(m, scores + j);
+                __m512 p = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(s, _mm512_set1_ps(top))));
+                _mm512_mask_storeu_ps(scores + j, m, p);
+                total = _mm512_add_ps(total, p);
+            }
+            __m512 o[MAX_HEAD_CHUNKS];
+            for (int64_t c = 0; c < chunks; ++c) o[c] = _mm512_setzero_ps();
+            for (int64_t j = 0; j < len; ++j) {
+                __m512 p = _mm512_set1_ps(scores[j]);
+                const float *vj = vg + j * d;
+                for (int64_t c = 0; c < chunks; ++c) o[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + c * 16), o[c]);
+            }
+            __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(total));
+            float *oh = out + (r * heads + h) * d;
+            for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(oh + c * 16, _mm512_mul_ps(o[c], inv));
+        }
+    }
+    free(scores);
     return 0;
 }
