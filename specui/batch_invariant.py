@@ -49,7 +49,7 @@ from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specui import cpu_kernels
-from specui.cpu_kernels import Int8Weight
+from specui.cpu_kernels import Int8Weight, PackedBF16
 from specui.trace import SpecUIError
 
 ATTENTION_NAME = "specui_rowwise"
@@ -67,10 +67,15 @@ class BF16Linear(nn.Linear):
 
     weight_packed: torch.Tensor | None = None
     weight_bf16: torch.Tensor | None = None  # only where oneDNN's packed linear is missing
+    weight_kernel: PackedBF16 | None = None  # specui.cpu_kernels' layout, where that kernel runs
+    bias_f32: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         n = rows.shape[0]
+        if self.weight_kernel is not None and n <= ROWWISE_MAX_ROWS:  # decode and verify blocks
+            out = cpu_kernels.bf16_matmul(rows, self.weight_kernel, self.bias_f32)
+            return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
         if n == 1:  # oneDNN's 1-row kernel sums in another order than its many-row one
             rows = rows.expand(2, -1).contiguous()
         bias = None if self.bias is None else self.bias.to(torch.bfloat16)
@@ -150,6 +155,9 @@ def _fuse_int8_layers(model: nn.Module) -> None:
 def to_bf16_linear(m: nn.Linear) -> None:
     """Switch one ``nn.Linear`` to :class:`BF16Linear` in place (its float32 ``weight`` is kept)."""
     weight = m.weight.detach().to(torch.bfloat16)
+    if cpu_kernels.bf16_available():  # one-token steps and verify blocks: its own kernel
+        m.weight_kernel = cpu_kernels.pack_bf16(weight)
+        m.bias_f32 = None if m.bias is None else m.bias.detach().float().contiguous()
     try:
         m.weight_packed = torch.ops.mkldnn._reorder_linear_weight(weight, 2)
     except (AttributeError, RuntimeError):  # a torch without oneDNN's packed linear: plain F.linear

@@ -50,8 +50,9 @@ from specui.paths import data_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mamx-tile", "-mamx-bf16", "-shared", "-fPIC")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+AMX_FLAGS = ("amx_tile", "amx_bf16")  # the bf16 matmul; without them bf16 stays oneDNN's
 MAX_ROWS = 12  # one pass over the weights (cpu_kernels.c); longer blocks go to oneDNN
 TILE = 16
 
@@ -59,6 +60,16 @@ TILE = 16
 @dataclass(frozen=True)
 class PackedInt8:
     """Weights in the kernel's layout: ``[channels/16, k/4, 16, 4]`` unsigned (``w + 128``)."""
+
+    data: torch.Tensor
+    k: int
+    k_padded: int
+    out_features: int
+
+
+@dataclass(frozen=True)
+class PackedBF16:
+    """bf16 weights in the kernel's layout: ``[channels/16, k/2, 16, 2]`` (AMX's B tiles)."""
 
     data: torch.Tensor
     k: int
@@ -98,6 +109,33 @@ class Kernel:
                         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p]  # fmt: skip
         att.restype = ctypes.c_int
         self._attention = att
+        bf16 = self._lib.specui_bf16_matmul
+        bf16.argtypes = fn.argtypes[:5] + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+        bf16.restype = ctypes.c_int
+        self._bf16 = bf16
+        missing = [f for f in AMX_FLAGS if f not in _cpu_flags()]
+        if missing:
+            self.bf16_reason: str | None = f"the CPU lacks {', '.join(missing)}"
+        elif self._lib.specui_amx_init() != 0:
+            self.bf16_reason = "Linux did not grant AMX's tile state (arch_prctl)"
+        else:
+            self.bf16_reason = None
+
+    def bf16_matmul(self, x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None) -> torch.Tensor:
+        """float32 ``[rows, out]``: bf16 rows ``x`` times ``w`` in float32 sums (one fixed order per output), plus ``bias``."""
+        if self.bf16_reason is not None:  # AMX instructions would fault
+            raise RuntimeError(f"bf16 kernel: {self.bf16_reason}")
+        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != w.k:
+            raise ValueError(f"bf16 kernel: needs bf16 rows of {w.k} inputs, got {tuple(x.shape)} {x.dtype}")
+        if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+            raise ValueError("bf16 kernel: a contiguous float32 bias")
+        x = x.contiguous()
+        out = torch.empty(x.shape[0], w.out_features)
+        rc = self._bf16(x.data_ptr(), x.shape[0], w.k, w.k_padded, w.data.data_ptr(),
+                        None if bias is None else bias.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
+        if rc != 0:
+            raise MemoryError("bf16 kernel: no memory for its scratch rows")
+        return out
 
     def attention(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float
@@ -164,6 +202,26 @@ def matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     return onednn_matmul(q, w)
 
 
+def pack_bf16(w: torch.Tensor) -> PackedBF16:
+    """Weights ``[out, k]`` (any float dtype) as bf16 in the kernel's layout (``k`` padded to 32, ``out`` to 16)."""
+    out_features, k = w.shape
+    kp, op = -(-k // 32) * 32, -(-out_features // TILE) * TILE  # whole AMX tiles
+    wb = torch.zeros(op, kp, dtype=torch.bfloat16)
+    wb[:out_features, :k] = w
+    return PackedBF16(wb.view(op // TILE, TILE, kp // 2, 2).permute(0, 2, 1, 3).contiguous(), k, kp, out_features)
+
+
+def bf16_available() -> bool:
+    """Whether bf16 matmuls of up to a verify block's rows run on the kernel (AMX) in this process."""
+    kernel = load()
+    return kernel is not None and kernel.bf16_reason is None
+
+
+def bf16_matmul(x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None) -> torch.Tensor:
+    """``Kernel.bf16_matmul`` of the loaded kernel (weights packed by :func:`pack_bf16` while it was loaded)."""
+    return _state["kernel"].bf16_matmul(x, w, bias)  # type: ignore[union-attr]
+
+
 def pack(wq: torch.Tensor) -> PackedInt8:
     """int8 weights ``[out, k]`` in the kernel's layout (``k`` padded to 4, ``out`` to 16)."""
     out_features, k = wq.shape
@@ -174,14 +232,20 @@ def pack(wq: torch.Tensor) -> PackedInt8:
     return PackedInt8(data, k, kp, out_features)
 
 
-def cpu_reason() -> str | None:
-    """Why this CPU cannot run the kernel, or None (Linux ``/proc/cpuinfo`` flags)."""
+def _cpu_flags() -> set[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return "no /proc/cpuinfo to read the CPU's features from"
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    missing = [f for f in CPU_FLAGS if f not in line.split()]
+        return set()
+    return set(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split())
+
+
+def cpu_reason() -> str | None:
+    """Why this CPU cannot run the kernels, or None (Linux ``/proc/cpuinfo`` flags)."""
+    flags = _cpu_flags()
+    if not flags:
+        return "no /proc/cpuinfo flags to read the CPU's features from"
+    missing = [f for f in CPU_FLAGS if f not in flags]
     return f"the CPU lacks {', '.join(missing)}" if missing else None
 
 
@@ -230,6 +294,16 @@ def self_check(kernel: Kernel) -> str | None:
         onednn = Int8Weight(torch.ops.onednn.qlinear_prepack(wq, [1, k]), scale, torch.zeros(n, dtype=torch.int64), None, None)
         if not torch.equal(kernel.matmul(q, pack(wq), scale), onednn_matmul(q, onednn)):
             return f"its {rows}x{k} by {k}x{n} product differs from oneDNN's"
+    if kernel.bf16_reason is None:
+        w = torch.randn(37, 131, generator=gen).bfloat16()
+        x = torch.randn(TILE + 3, 131, generator=gen).bfloat16()
+        bias = torch.randn(37, generator=gen)
+        block = kernel.bf16_matmul(x, pack_bf16(w), bias)
+        if not torch.equal(block, torch.cat([kernel.bf16_matmul(x[r : r + 1], pack_bf16(w), bias) for r in range(len(x))])):
+            return "its bf16 product of a block differs from the same rows alone"
+        exact = (x.double() @ w.double().T + bias.double()).float()
+        if not torch.allclose(block, exact, atol=1e-4, rtol=1e-4):
+            return f"its bf16 product is {(block - exact).abs().max().item():.1e} from the exact one"
     heads, kv_heads, d, start, rows = 6, 2, 32, 21, 5
     keys, values = (torch.randn(kv_heads, 40, d, generator=gen) for _ in range(2))
     q = torch.randn(rows, heads, d, generator=gen)
@@ -297,5 +371,6 @@ def status() -> str:
     """One line: which int8 matmul this process uses, and why."""
     kernel = load()
     if kernel is not None:
-        return f"specui kernels: int8 matmul for up to {MAX_ROWS} rows (oneDNN u8s8 beyond), row-wise attention"
+        bf16 = "AMX bf16 matmul" if kernel.bf16_reason is None else f"bf16 matmul oneDNN's ({kernel.bf16_reason})"
+        return f"specui kernels: int8 matmul for up to {MAX_ROWS} rows (oneDNN u8s8 beyond), row-wise attention, {bf16}"
     return f"oneDNN u8s8 and SDPA rows ({_state.get('reason')})"

@@ -113,11 +113,13 @@ def _packed(m: nn.Module) -> tuple:
     if isinstance(m, Int8Linear):
         return m.weight_q8
     bias = None if m.bias is None else m.bias.detach().to(torch.bfloat16)
-    return m.weight_packed, bias
+    return m.weight_packed, bias, m.weight_kernel, m.bias_f32
 
 
-def _mm(xb: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor | None], n: int) -> torch.Tensor:
-    """``BF16Linear`` on an already cast (and padded) input: float32 ``[n, out]``."""
+def _mm(xb: torch.Tensor, w: tuple, n: int) -> torch.Tensor:
+    """``BF16Linear`` on an already cast (and, for oneDNN, padded) input: float32 ``[n, out]``."""
+    if w[2] is not None and n <= ROWWISE_MAX_ROWS:
+        return cpu_kernels.bf16_matmul(xb, w[2], w[3])
     return _linear(xb, w[0], w[1], "none", [], "")[:n].float()
 
 
@@ -126,6 +128,11 @@ def _bf16_rows(x: torch.Tensor) -> torch.Tensor:
     return (
         x.to(torch.bfloat16).expand(2, -1).contiguous() if x.shape[0] == 1 else x.to(torch.bfloat16)
     )
+
+
+def _bf16_rows_kernel(x: torch.Tensor) -> torch.Tensor:
+    # specui.cpu_kernels' bf16 matmul sums a row alike at any row count: no padding.
+    return x.to(torch.bfloat16)
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -163,7 +170,11 @@ class FastDecoder:
         self.model = model
         # How a normed activation is made ready once for every matmul that reads it, and the matmul.
         int8 = isinstance(model.get_output_embeddings(), Int8Linear)
-        self.rows, self.mm = (quantize_rows, int8_matmul) if int8 else (_bf16_rows, _mm)
+        if int8:
+            self.rows, self.mm = quantize_rows, int8_matmul
+        else:  # a block of up to ROWWISE_MAX_ROWS rows goes to the kernel where it runs, unpadded
+            kernel = model.get_output_embeddings().weight_kernel is not None
+            self.rows, self.mm = (_bf16_rows_kernel if kernel else _bf16_rows), _mm
         self.config = cfg
         self.embed = model.get_input_embeddings().weight
         self.head = _packed(model.get_output_embeddings())

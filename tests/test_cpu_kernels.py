@@ -156,3 +156,33 @@ def test_attention_refuses_what_it_cannot_read():
     with pytest.raises(ValueError, match="head size"):
         kernel.attention(torch.randn(1, 4, 12), torch.randn(2, 10, 12), torch.randn(2, 10, 12), 0, 0.25)
     assert not cpu_kernels.attention_supported(4, 2, 12) and not cpu_kernels.attention_supported(6, 4, 64)
+
+
+needs_amx = pytest.mark.skipif(not (_runnable() and {"amx_tile", "amx_bf16"} <= cpu_kernels._cpu_flags()), reason="no AMX here")
+
+
+@needs_amx
+@pytest.mark.parametrize("k, n", [(576, 960), (1536, 576), (131, 37), (33, 16), (7, 5)])
+def test_the_bf16_matmul_sums_a_row_alike_at_any_row_count(k, n):
+    assert cpu_kernels.bf16_available(), cpu_kernels.status()
+    gen = torch.Generator().manual_seed(k + n)
+    w, bias = torch.randn(n, k, generator=gen).bfloat16(), torch.randn(n, generator=gen)
+    packed = cpu_kernels.pack_bf16(w)
+    x = torch.randn(33, k, generator=gen).bfloat16()  # three passes of 16 rows
+    block = cpu_kernels.bf16_matmul(x, packed, bias)
+    for rows in (1, 2, 9, 16, 17):
+        assert torch.equal(cpu_kernels.bf16_matmul(x[:rows], packed, bias), block[:rows])
+    assert torch.equal(cpu_kernels.bf16_matmul(x[20:21], packed, None) + bias, block[20:21])
+    exact = (x.double() @ w.double().T + bias.double()).float()
+    torch.testing.assert_close(block, exact, atol=1e-4, rtol=1e-4)  # float32 sums of exact bf16 products
+
+
+@needs_amx
+def test_onednn_computes_the_same_after_the_kernel_used_the_tiles():
+    # oneDNN keeps its AMX tile configuration per thread: the kernel must put it back.
+    w = torch.randn(576, 576).bfloat16()
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 2)
+    x = torch.randn(300, 576).bfloat16()  # a prefill-sized product: oneDNN's AMX kernel
+    before = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    cpu_kernels.bf16_matmul(x[:3], cpu_kernels.pack_bf16(w), None)
+    assert torch.equal(torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), before)
