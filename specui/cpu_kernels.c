@@ -244,3 +244,47 @@ int specui_bf16_matmul(const uint16_t *x, int64_t rows, int64_t k, int64_t kp, c
     free(xs);
     return 0;
 }
+
+/* ---- The int8 matmul on AMX ------------------------------------------------------------------
+ *
+ * The same product as specui_int8_matmul (oneDNN's bits: exact int32 sums, made float once,
+ * times the channel's scale), with AMX's tdpbusd: 16 rows of uint8 activations by a 64 x 16
+ * tile of int8 weights per instruction, so a verify block costs what a row costs.  Weights:
+ * [channels/16][k/4][16][4] signed (`pack_int8_amx`), k padded to 64; wsum: each channel's
+ * sum of weights, for the zero point (sum((x - 128) w) = sum(x w) - 128 sum(w)).
+ */
+int specui_int8_matmul_amx(const uint8_t *x, int64_t rows, int64_t k, int64_t kp, const int8_t *wp,
+                           const int32_t *wsum, const float *wscale, int64_t n_out, float *out) {
+    uint8_t *xs = aligned_alloc(64, TILE * kp);
+    if (!xs) return -1;
+    tile_config saved, cfg;
+    int32_t c[TILE * TILE] __attribute__((aligned(64)));
+    _tile_storeconfig(&saved);
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 3; ++t) cfg.rows[t] = TILE, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+    for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
+        int64_t R = rows - r0 < TILE ? rows - r0 : TILE;
+        memset(xs, 128, TILE * kp); /* padding: activation 0, weight pad 0 -> adds nothing */
+        for (int64_t i = 0; i < R; ++i) memcpy(xs + i * kp, x + (r0 + i) * k, k);
+        for (int64_t o = 0; o < n_out; o += TILE) {
+            const int8_t *t0 = wp + (o / TILE) * kp * TILE;
+            _tile_zero(0);
+            for (int64_t ks = 0; ks < kp; ks += 64) {
+                _tile_loadd(1, xs + ks, kp);        /* 16 rows x 64 inputs */
+                _tile_loadd(2, t0 + ks * TILE, 64); /* 16 input quads x 16 channels x 4 */
+                _tile_dpbusd(0, 1, 2);
+            }
+            _tile_stored(0, c, 64);
+            int64_t left = n_out - o < TILE ? n_out - o : TILE;
+            for (int64_t i = 0; i < R; ++i)
+                for (int64_t j = 0; j < left; ++j)
+                    out[(r0 + i) * n_out + o + j] = (float)(c[i * TILE + j] - 128 * wsum[o + j]) * wscale[o + j];
+        }
+    }
+    if (saved.palette) _tile_loadconfig(&saved);
+    else _tile_release();
+    free(xs);
+    return 0;
+}

@@ -50,21 +50,30 @@ from specui.paths import data_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mamx-tile", "-mamx-bf16", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mamx-tile", "-mamx-bf16", "-mamx-int8", "-shared", "-fPIC")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
-AMX_FLAGS = ("amx_tile", "amx_bf16")  # the bf16 matmul; without them bf16 stays oneDNN's
-MAX_ROWS = 12  # one pass over the weights (cpu_kernels.c); longer blocks go to oneDNN
+AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")  # the AMX matmuls; without them bf16 stays oneDNN's
+MAX_ROWS = 12  # the AVX512-VNNI int8 kernel: one pass over the weights; longer blocks go to oneDNN
+AMX_MAX_ROWS = 32  # the AMX int8 kernel: two passes of 16 rows
 TILE = 16
 
 
 @dataclass(frozen=True)
 class PackedInt8:
-    """Weights in the kernel's layout: ``[channels/16, k/4, 16, 4]`` unsigned (``w + 128``)."""
+    """Weights in a kernel's layout, ``[channels/16, k/4, 16, 4]``: for AMX (``sums`` set) signed,
+    ``k`` padded to 64, with each channel's sum of weights; for the AVX512-VNNI kernel unsigned
+    (``w + 128``), ``k`` padded to 4."""
 
     data: torch.Tensor
     k: int
     k_padded: int
     out_features: int
+    sums: torch.Tensor | None = None
+
+    @property
+    def max_rows(self) -> int:
+        """The longest block this layout's kernel takes; longer ones go to oneDNN (same bits)."""
+        return AMX_MAX_ROWS if self.sums is not None else MAX_ROWS
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,10 @@ class Kernel:
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
         fn.restype = ctypes.c_int
         self._fn = fn
+        amx = self._lib.specui_int8_matmul_amx
+        amx.argtypes = fn.argtypes[:5] + [ctypes.c_void_p] + fn.argtypes[5:]
+        amx.restype = ctypes.c_int
+        self._int8_amx = amx
         att = self._lib.specui_attention_rows
         att.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                         ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p]  # fmt: skip
@@ -115,16 +128,16 @@ class Kernel:
         self._bf16 = bf16
         missing = [f for f in AMX_FLAGS if f not in _cpu_flags()]
         if missing:
-            self.bf16_reason: str | None = f"the CPU lacks {', '.join(missing)}"
+            self.amx_reason: str | None = f"the CPU lacks {', '.join(missing)}"
         elif self._lib.specui_amx_init() != 0:
-            self.bf16_reason = "Linux did not grant AMX's tile state (arch_prctl)"
+            self.amx_reason = "Linux did not grant AMX's tile state (arch_prctl)"
         else:
-            self.bf16_reason = None
+            self.amx_reason = None
 
     def bf16_matmul(self, x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None) -> torch.Tensor:
         """float32 ``[rows, out]``: bf16 rows ``x`` times ``w`` in float32 sums (one fixed order per output), plus ``bias``."""
-        if self.bf16_reason is not None:  # AMX instructions would fault
-            raise RuntimeError(f"bf16 kernel: {self.bf16_reason}")
+        if self.amx_reason is not None:  # AMX instructions would fault
+            raise RuntimeError(f"bf16 kernel: {self.amx_reason}")
         if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != w.k:
             raise ValueError(f"bf16 kernel: needs bf16 rows of {w.k} inputs, got {tuple(x.shape)} {x.dtype}")
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
@@ -164,8 +177,14 @@ class Kernel:
             raise ValueError(f"int8 kernel: needs uint8 rows of {w.k} inputs, got {tuple(q.shape)} {q.dtype}")
         q = q.contiguous()
         out = torch.empty(q.shape[0], w.out_features)
-        rc = self._fn(q.data_ptr(), q.shape[0], w.k, w.k_padded, w.data.data_ptr(),
-                      scale.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
+        if w.sums is not None:
+            if self.amx_reason is not None:  # AMX instructions would fault
+                raise RuntimeError(f"int8 kernel: {self.amx_reason}")
+            rc = self._int8_amx(q.data_ptr(), q.shape[0], w.k, w.k_padded, w.data.data_ptr(), w.sums.data_ptr(),
+                                scale.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
+        else:
+            rc = self._fn(q.data_ptr(), q.shape[0], w.k, w.k_padded, w.data.data_ptr(),
+                          scale.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
         if rc != 0:
             raise MemoryError("int8 kernel: no memory for its scratch rows")
         return out
@@ -197,7 +216,7 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
 
 def matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     """float32 ``[rows, out]`` of uint8 rows ``q`` times ``w``: the kernel for a short block, else oneDNN (same bits)."""
-    if w.vnni is not None and q.shape[0] <= MAX_ROWS:
+    if w.vnni is not None and q.shape[0] <= w.vnni.max_rows:
         return _state["kernel"].matmul(q, w.vnni, w.scale)  # type: ignore[union-attr]
     return onednn_matmul(q, w)
 
@@ -211,10 +230,13 @@ def pack_bf16(w: torch.Tensor) -> PackedBF16:
     return PackedBF16(wb.view(op // TILE, TILE, kp // 2, 2).permute(0, 2, 1, 3).contiguous(), k, kp, out_features)
 
 
-def bf16_available() -> bool:
-    """Whether bf16 matmuls of up to a verify block's rows run on the kernel (AMX) in this process."""
+def amx_available() -> bool:
+    """Whether the AMX matmuls run in this process (bf16, and int8 blocks of up to ``AMX_MAX_ROWS``)."""
     kernel = load()
-    return kernel is not None and kernel.bf16_reason is None
+    return kernel is not None and kernel.amx_reason is None
+
+
+bf16_available = amx_available  # bf16 matmuls run on the kernel only with AMX
 
 
 def bf16_matmul(x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None) -> torch.Tensor:
@@ -222,9 +244,17 @@ def bf16_matmul(x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None) -> to
     return _state["kernel"].bf16_matmul(x, w, bias)  # type: ignore[union-attr]
 
 
-def pack(wq: torch.Tensor) -> PackedInt8:
-    """int8 weights ``[out, k]`` in the kernel's layout (``k`` padded to 4, ``out`` to 16)."""
+def pack(wq: torch.Tensor, amx: bool | None = None) -> PackedInt8:
+    """int8 weights ``[out, k]`` in a kernel's layout: AMX's where it runs (or ``amx``), else AVX512-VNNI's."""
+    if amx is None:
+        amx = amx_available()
     out_features, k = wq.shape
+    if amx:
+        kp, op = -(-k // 64) * 64, -(-out_features // TILE) * TILE
+        w = torch.zeros(op, kp, dtype=torch.int8)
+        w[:out_features, :k] = wq
+        data = w.view(op // TILE, TILE, kp // 4, 4).permute(0, 2, 1, 3).contiguous()
+        return PackedInt8(data, k, kp, out_features, wq.sum(1, dtype=torch.int32).contiguous())
     kp, op = -(-k // 4) * 4, -(-out_features // TILE) * TILE
     wu = torch.zeros(op, kp, dtype=torch.uint8)
     wu[:out_features, :k] = (wq.to(torch.int16) + 128).to(torch.uint8)
@@ -292,9 +322,10 @@ def self_check(kernel: Kernel) -> str | None:
         scale = torch.rand(n, generator=gen) / 100 + 1e-4
         q = torch.randint(0, 256, (rows, k), generator=gen, dtype=torch.uint8)
         onednn = Int8Weight(torch.ops.onednn.qlinear_prepack(wq, [1, k]), scale, torch.zeros(n, dtype=torch.int64), None, None)
-        if not torch.equal(kernel.matmul(q, pack(wq), scale), onednn_matmul(q, onednn)):
-            return f"its {rows}x{k} by {k}x{n} product differs from oneDNN's"
-    if kernel.bf16_reason is None:
+        for amx in (False, True) if kernel.amx_reason is None else (False,):
+            if not torch.equal(kernel.matmul(q, pack(wq, amx), scale), onednn_matmul(q, onednn)):
+                return f"its {'AMX ' if amx else ''}{rows}x{k} by {k}x{n} int8 product differs from oneDNN's"
+    if kernel.amx_reason is None:
         w = torch.randn(37, 131, generator=gen).bfloat16()
         x = torch.randn(TILE + 3, 131, generator=gen).bfloat16()
         bias = torch.randn(37, generator=gen)
@@ -371,6 +402,9 @@ def status() -> str:
     """One line: which int8 matmul this process uses, and why."""
     kernel = load()
     if kernel is not None:
-        bf16 = "AMX bf16 matmul" if kernel.bf16_reason is None else f"bf16 matmul oneDNN's ({kernel.bf16_reason})"
-        return f"specui kernels: int8 matmul for up to {MAX_ROWS} rows (oneDNN u8s8 beyond), row-wise attention, {bf16}"
+        if kernel.amx_reason is None:
+            return (f"specui kernels: AMX int8 matmul for up to {AMX_MAX_ROWS} rows (oneDNN u8s8 beyond), "
+                    "AMX bf16 matmul, row-wise attention")  # fmt: skip
+        return (f"specui kernels: AVX512-VNNI int8 matmul for up to {MAX_ROWS} rows (oneDNN u8s8 beyond), "
+                f"row-wise attention; bf16 matmuls oneDNN's ({kernel.amx_reason})")  # fmt: skip
     return f"oneDNN u8s8 and SDPA rows ({_state.get('reason')})"

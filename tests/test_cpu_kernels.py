@@ -35,11 +35,15 @@ def test_the_kernel_returns_onednns_bits_for_every_row_count(k, n):
     gen = torch.Generator().manual_seed(k * 1000 + n)
     wq, w = _weight(n, k, gen)
     kernel = cpu_kernels.load()
-    for rows in (1, 2, 3, 8, 9, 12, 13, 25):  # past MAX_ROWS the kernel makes a second pass
+    layouts = [cpu_kernels.pack(wq, amx=False)]  # AVX512-VNNI's, and AMX's where it runs
+    if cpu_kernels.amx_available():
+        layouts.append(cpu_kernels.pack(wq, amx=True))
+    for rows in (1, 2, 3, 8, 9, 12, 13, 16, 17, 25, 33, 40):  # past a pass's rows the kernels pass again
         q = torch.randint(0, 256, (rows, k), generator=gen, dtype=torch.uint8)
         want = cpu_kernels.onednn_matmul(q, w)
-        assert torch.equal(kernel.matmul(q, w.vnni, w.scale), want), (rows, k, n)
-        assert torch.equal(cpu_kernels.matmul(q, w), want), (rows, k, n)  # the dispatch, both sides of MAX_ROWS
+        for packed in layouts:
+            assert torch.equal(kernel.matmul(q, packed, w.scale), want), (rows, k, n, packed.sums is not None)
+        assert torch.equal(cpu_kernels.matmul(q, w), want), (rows, k, n)  # the dispatch, both sides of max_rows
 
 
 @needs_kernel
@@ -49,12 +53,14 @@ def test_extreme_activations_and_weights_sum_exactly():
     wq = torch.full((n, k), 127, dtype=torch.int8)
     wq[::2] = -127
     w = cpu_kernels.int8_weight(wq, torch.ones(n), None)
+    layouts = [cpu_kernels.pack(wq, amx=False)] + ([cpu_kernels.pack(wq, amx=True)] if cpu_kernels.amx_available() else [])
     for value in (0, 1, 255):
         q = torch.full((3, k), value, dtype=torch.uint8)
-        got = cpu_kernels.load().matmul(q, w.vnni, w.scale)
-        assert torch.equal(got, cpu_kernels.onednn_matmul(q, w))
-        expect = float((value - 128) * 127 * k)
-        assert got[0, 1].item() == expect and got[0, 0].item() == -expect
+        for packed in layouts:
+            got = cpu_kernels.load().matmul(q, packed, w.scale)
+            assert torch.equal(got, cpu_kernels.onednn_matmul(q, w))
+            expect = float((value - 128) * 127 * k)
+            assert got[0, 1].item() == expect and got[0, 0].item() == -expect
 
 
 @needs_kernel
@@ -78,7 +84,7 @@ def test_an_int8_verifier_gives_the_same_logits_with_and_without_the_kernel(monk
         return torch.cat([block, alone])
 
     with_kernel = logits()
-    monkeypatch.setattr(cpu_kernels, "MAX_ROWS", 0)  # every matmul through oneDNN
+    monkeypatch.setattr(cpu_kernels.PackedInt8, "max_rows", property(lambda self: 0))  # every matmul oneDNN's
     assert torch.equal(logits(), with_kernel)
 
 
