@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specui import cpu_kernels
 from specui.algorithms.resolve import resolve_drafter
 from specui.data import load_prompts
 from specui.engine import Decoding
@@ -216,6 +217,7 @@ def main() -> None:
     print(f"verifier {first.name}: llama.cpp {gguf.name} ({llama.info['system']}); SpecUI {', '.join(engines)}; "
           f"{len(prompts)} Spec-Bench prompts, {a.max_new_tokens} tokens, greedy, "
           f"{a.threads} thread(s); machine load average {os.getloadavg()[0]:.1f} at the end")  # fmt: skip
+    print(f"SpecUI's matmuls and attention: {cpu_kernels.status()}")
     print(
         f"{'engine':<12} {'mode':<14}{'tok/s [95% CI]':>22}{'tau':>6}{'x llama.cpp plain [95% CI]':>30}  same as plain"
     )

@@ -91,8 +91,10 @@ def ablate(v: Verifier, context: int, steps: int) -> None:
     mm, rows = fd.mm, fd.rows
 
     def no_mm(x, w: tuple, n: int) -> torch.Tensor:
-        # int8: an Int8Weight; bf16: (packed [out, in], bias)
-        return torch.zeros(n, w.out_features if isinstance(w, Int8Weight) else w[0].shape[0])
+        # int8: an Int8Weight; bf16: (oneDNN's packed [out, in] or None, bias, the AMX kernel's PackedBF16 or None, bias)
+        if isinstance(w, Int8Weight):
+            return torch.zeros(n, w.out_features)
+        return torch.zeros(n, w[2].out_features if w[2] is not None else w[0].shape[0])
 
     def no_attention(q: torch.Tensor, keys, values, scale: float, start: int) -> torch.Tensor:
         return torch.zeros(q.shape[0], q.shape[1] * q.shape[2])

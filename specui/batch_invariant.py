@@ -73,7 +73,7 @@ class BF16Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         n = rows.shape[0]
-        if self.weight_kernel is not None and n <= ROWWISE_MAX_ROWS:  # decode and verify blocks
+        if self.weight_kernel is not None:  # AMX (specui.cpu_kernels): a row's sums alike at any row count
             out = cpu_kernels.bf16_matmul(rows, self.weight_kernel, self.bias_f32)
             return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
         if n == 1:  # oneDNN's 1-row kernel sums in another order than its many-row one
@@ -155,9 +155,11 @@ def _fuse_int8_layers(model: nn.Module) -> None:
 def to_bf16_linear(m: nn.Linear) -> None:
     """Switch one ``nn.Linear`` to :class:`BF16Linear` in place (its float32 ``weight`` is kept)."""
     weight = m.weight.detach().to(torch.bfloat16)
-    if cpu_kernels.bf16_available():  # one-token steps and verify blocks: its own kernel
+    if cpu_kernels.bf16_available():  # AMX: the kernel's copy only, for every row count
         m.weight_kernel = cpu_kernels.pack_bf16(weight)
         m.bias_f32 = None if m.bias is None else m.bias.detach().float().contiguous()
+        m.__class__ = BF16Linear
+        return
     try:
         m.weight_packed = torch.ops.mkldnn._reorder_linear_weight(weight, 2)
     except (AttributeError, RuntimeError):  # a torch without oneDNN's packed linear: plain F.linear
@@ -172,7 +174,7 @@ def _free_float_weight(m: BF16Linear | Int8Linear) -> None:
     Where the weight is packed, ``weight`` becomes a bf16 (int8) tensor on the meta device
     (its shape, no memory), so the model costs 2 (1) bytes a weight, not float32's 4 plus a copy.
     """
-    if isinstance(m, Int8Linear) or m.weight_packed is not None:
+    if isinstance(m, Int8Linear) or m.weight_packed is not None or m.weight_kernel is not None:
         dtype = torch.int8 if isinstance(m, Int8Linear) else torch.bfloat16
         placeholder = torch.empty(m.weight.shape, dtype=dtype, device="meta")
         m.weight = nn.Parameter(placeholder, requires_grad=False)

@@ -185,7 +185,8 @@ int specui_attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d
  * Intel AMX multiplies a 16-row tile of activations by a 32 x 16 tile of weights per
  * instruction, so up to 16 rows cost what one row costs: the weights stream through once, and
  * a verify block is nearly free next to a one-token step (AVX512-BF16 dot products made a
- * 9-row block cost 2.2x a row here).  Every call configures the tiles the same way (16 rows,
+ * 9-row block cost 2.2x a row here).  Longer blocks (prefills) pass 16 rows at a time over
+ * each column of 16 channels while it is in cache, so this serves every row count.  Every call configures the tiles the same way (16 rows,
  * the rows past the block zero), and a tile row's sums do not depend on the other rows, so a
  * row's result is the same at any row count.  These are not oneDNN's bits (another order).
  * The weights use the layout `pack_bf16` writes, [channels/16][k/2][16][2], which is AMX's
@@ -211,8 +212,11 @@ typedef struct {
  * out: [rows, n_out] float32.  Returns 0, or -1 when it cannot allocate its scratch. */
 int specui_bf16_matmul(const uint16_t *x, int64_t rows, int64_t k, int64_t kp, const uint16_t *wp,
                        const float *bias, int64_t n_out, float *out) {
-    uint16_t *xs = aligned_alloc(64, sizeof(uint16_t) * TILE * kp);
+    const int64_t padded = (rows + TILE - 1) / TILE * TILE;
+    uint16_t *xs = aligned_alloc(64, sizeof(uint16_t) * padded * kp);
     if (!xs) return -1;
+    memset(xs, 0, sizeof(uint16_t) * padded * kp); /* rows past the block, and k past k: zero */
+    for (int64_t i = 0; i < rows; ++i) memcpy(xs + i * kp, x + i * k, sizeof(uint16_t) * k);
     tile_config saved, cfg;
     float c[TILE * TILE] __attribute__((aligned(64)));
     _tile_storeconfig(&saved);
@@ -220,20 +224,19 @@ int specui_bf16_matmul(const uint16_t *x, int64_t rows, int64_t k, int64_t kp, c
     cfg.palette = 1;
     for (int t = 0; t < 3; ++t) cfg.rows[t] = TILE, cfg.colsb[t] = 64;
     _tile_loadconfig(&cfg);
-    for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
-        int64_t R = rows - r0 < TILE ? rows - r0 : TILE;
-        memset(xs, 0, sizeof(uint16_t) * TILE * kp);
-        for (int64_t i = 0; i < R; ++i) memcpy(xs + i * kp, x + (r0 + i) * k, sizeof(uint16_t) * k);
-        for (int64_t o = 0; o < n_out; o += TILE) {
-            const uint16_t *t0 = wp + (o / TILE) * kp * TILE;
+    /* A column of 16 channels' weights (kp x 32 bytes) stays in cache while every 16 rows pass. */
+    for (int64_t o = 0; o < n_out; o += TILE) {
+        const uint16_t *t0 = wp + (o / TILE) * kp * TILE;
+        int64_t left = n_out - o < TILE ? n_out - o : TILE;
+        for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
             _tile_zero(0);
             for (int64_t ks = 0; ks < kp; ks += 32) {
-                _tile_loadd(1, xs + ks, kp * 2);   /* 16 rows x 32 inputs */
-                _tile_loadd(2, t0 + ks * TILE, 64); /* 16 input pairs x 16 channels x 2 */
+                _tile_loadd(1, xs + r0 * kp + ks, kp * 2); /* 16 rows x 32 inputs */
+                _tile_loadd(2, t0 + ks * TILE, 64);        /* 16 input pairs x 16 channels x 2 */
                 _tile_dpbf16ps(0, 1, 2);
             }
             _tile_stored(0, c, 64);
-            int64_t left = n_out - o < TILE ? n_out - o : TILE;
+            int64_t R = rows - r0 < TILE ? rows - r0 : TILE;
             for (int64_t i = 0; i < R; ++i)
                 for (int64_t j = 0; j < left; ++j)
                     out[(r0 + i) * n_out + o + j] = bias ? c[i * TILE + j] + bias[o + j] : c[i * TILE + j];
@@ -249,14 +252,18 @@ int specui_bf16_matmul(const uint16_t *x, int64_t rows, int64_t k, int64_t kp, c
  *
  * The same product as specui_int8_matmul (oneDNN's bits: exact int32 sums, made float once,
  * times the channel's scale), with AMX's tdpbusd: 16 rows of uint8 activations by a 64 x 16
- * tile of int8 weights per instruction, so a verify block costs what a row costs.  Weights:
+ * tile of int8 weights per instruction, so a verify block costs what a row costs, and, as in
+ * the bf16 matmul, any row count runs.  Weights:
  * [channels/16][k/4][16][4] signed (`pack_int8_amx`), k padded to 64; wsum: each channel's
  * sum of weights, for the zero point (sum((x - 128) w) = sum(x w) - 128 sum(w)).
  */
 int specui_int8_matmul_amx(const uint8_t *x, int64_t rows, int64_t k, int64_t kp, const int8_t *wp,
                            const int32_t *wsum, const float *wscale, int64_t n_out, float *out) {
-    uint8_t *xs = aligned_alloc(64, TILE * kp);
+    const int64_t padded = (rows + TILE - 1) / TILE * TILE;
+    uint8_t *xs = aligned_alloc(64, padded * kp);
     if (!xs) return -1;
+    memset(xs, 128, padded * kp); /* padding: activation 0 (zero point 128), against weight 0 */
+    for (int64_t i = 0; i < rows; ++i) memcpy(xs + i * kp, x + i * k, k);
     tile_config saved, cfg;
     int32_t c[TILE * TILE] __attribute__((aligned(64)));
     _tile_storeconfig(&saved);
@@ -264,20 +271,18 @@ int specui_int8_matmul_amx(const uint8_t *x, int64_t rows, int64_t k, int64_t kp
     cfg.palette = 1;
     for (int t = 0; t < 3; ++t) cfg.rows[t] = TILE, cfg.colsb[t] = 64;
     _tile_loadconfig(&cfg);
-    for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
-        int64_t R = rows - r0 < TILE ? rows - r0 : TILE;
-        memset(xs, 128, TILE * kp); /* padding: activation 0, weight pad 0 -> adds nothing */
-        for (int64_t i = 0; i < R; ++i) memcpy(xs + i * kp, x + (r0 + i) * k, k);
-        for (int64_t o = 0; o < n_out; o += TILE) {
-            const int8_t *t0 = wp + (o / TILE) * kp * TILE;
+    for (int64_t o = 0; o < n_out; o += TILE) {
+        const int8_t *t0 = wp + (o / TILE) * kp * TILE;
+        int64_t left = n_out - o < TILE ? n_out - o : TILE;
+        for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
             _tile_zero(0);
             for (int64_t ks = 0; ks < kp; ks += 64) {
-                _tile_loadd(1, xs + ks, kp);        /* 16 rows x 64 inputs */
-                _tile_loadd(2, t0 + ks * TILE, 64); /* 16 input quads x 16 channels x 4 */
+                _tile_loadd(1, xs + r0 * kp + ks, kp); /* 16 rows x 64 inputs */
+                _tile_loadd(2, t0 + ks * TILE, 64);    /* 16 input quads x 16 channels x 4 */
                 _tile_dpbusd(0, 1, 2);
             }
             _tile_stored(0, c, 64);
-            int64_t left = n_out - o < TILE ? n_out - o : TILE;
+            int64_t R = rows - r0 < TILE ? rows - r0 : TILE;
             for (int64_t i = 0; i < R; ++i)
                 for (int64_t j = 0; j < left; ++j)
                     out[(r0 + i) * n_out + o + j] = (float)(c[i * TILE + j] - 128 * wsum[o + j]) * wscale[o + j];

@@ -38,6 +38,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -54,7 +55,6 @@ FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mamx-
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")  # the AMX matmuls; without them bf16 stays oneDNN's
 MAX_ROWS = 12  # the AVX512-VNNI int8 kernel: one pass over the weights; longer blocks go to oneDNN
-AMX_MAX_ROWS = 32  # the AMX int8 kernel: two passes of 16 rows
 TILE = 16
 
 
@@ -73,7 +73,7 @@ class PackedInt8:
     @property
     def max_rows(self) -> int:
         """The longest block this layout's kernel takes; longer ones go to oneDNN (same bits)."""
-        return AMX_MAX_ROWS if self.sums is not None else MAX_ROWS
+        return sys.maxsize if self.sums is not None else MAX_ROWS
 
 
 @dataclass(frozen=True)
@@ -88,11 +88,12 @@ class PackedBF16:
 
 @dataclass(frozen=True)
 class Int8Weight:
-    """One int8 linear weight as both matmuls read it: oneDNN's packed copy (any row count) and,
-    where the kernel runs, its own (blocks of up to ``MAX_ROWS`` rows).  ``scale``: float32 per
-    output channel; ``bias``: float32 or None (added by the caller, after the row scales)."""
+    """One int8 linear weight as the matmuls read it: with AMX only the kernel's copy (any row
+    count); else oneDNN's packed copy, and where the AVX512-VNNI kernel runs its copy too (blocks
+    of up to ``MAX_ROWS`` rows).  ``scale``: float32 per output channel; ``bias``: float32 or None
+    (added by the caller, after the row scales)."""
 
-    onednn: torch.Tensor
+    onednn: torch.Tensor | None
     scale: torch.Tensor
     zero_points: torch.Tensor
     bias: torch.Tensor | None
@@ -192,9 +193,17 @@ class Kernel:
 
 def int8_weight(wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> Int8Weight:
     """int8 ``wq`` ``[out, k]`` with its channel scales, packed for oneDNN and (where it runs) the kernel."""
-    onednn = torch.ops.onednn.qlinear_prepack(wq, [1, wq.shape[1]])
     zero = torch.zeros(len(scale), dtype=torch.int64)
-    return Int8Weight(onednn, scale.float().contiguous(), zero, bias, pack(wq) if load() else None)
+    scale = scale.float().contiguous()
+    if amx_available():  # one copy: the AMX kernel takes every row count
+        return Int8Weight(None, scale, zero, bias, pack(wq, amx=True))
+    return Int8Weight(onednn_int8_weight(wq, scale).onednn, scale, zero, bias, pack(wq, amx=False) if load() else None)
+
+
+def onednn_int8_weight(wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Weight:
+    """``wq`` packed for oneDNN alone: the reference the kernels are checked against."""
+    onednn = torch.ops.onednn.qlinear_prepack(wq, [1, wq.shape[1]])
+    return Int8Weight(onednn, scale.float().contiguous(), torch.zeros(len(scale), dtype=torch.int64), bias, None)
 
 
 def onednn_matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
@@ -215,8 +224,8 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
 
 
 def matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
-    """float32 ``[rows, out]`` of uint8 rows ``q`` times ``w``: the kernel for a short block, else oneDNN (same bits)."""
-    if w.vnni is not None and q.shape[0] <= w.vnni.max_rows:
+    """float32 ``[rows, out]`` of uint8 rows ``q`` times ``w``: a kernel where it takes the rows, else oneDNN (same bits)."""
+    if w.vnni is not None and (q.shape[0] <= w.vnni.max_rows or w.onednn is None):
         return _state["kernel"].matmul(q, w.vnni, w.scale)  # type: ignore[union-attr]
     return onednn_matmul(q, w)
 
@@ -231,7 +240,7 @@ def pack_bf16(w: torch.Tensor) -> PackedBF16:
 
 
 def amx_available() -> bool:
-    """Whether the AMX matmuls run in this process (bf16, and int8 blocks of up to ``AMX_MAX_ROWS``)."""
+    """Whether the AMX matmuls run in this process (bf16 and int8, every row count)."""
     kernel = load()
     return kernel is not None and kernel.amx_reason is None
 
@@ -317,11 +326,11 @@ def build(folder: Path, cc: str | None = None) -> Path:
 def self_check(kernel: Kernel) -> str | None:
     """None if the kernel returns oneDNN's bits on random operands (tails included), else why not."""
     gen = torch.Generator().manual_seed(0)
-    for k, n, rows in ((576, 40, 1), (130, 33, 5), (67, 100, MAX_ROWS)):
+    for k, n, rows in ((576, 40, 1), (130, 33, 5), (67, 100, MAX_ROWS), (64, 20, 40)):
         wq = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
         scale = torch.rand(n, generator=gen) / 100 + 1e-4
         q = torch.randint(0, 256, (rows, k), generator=gen, dtype=torch.uint8)
-        onednn = Int8Weight(torch.ops.onednn.qlinear_prepack(wq, [1, k]), scale, torch.zeros(n, dtype=torch.int64), None, None)
+        onednn = onednn_int8_weight(wq, scale)
         for amx in (False, True) if kernel.amx_reason is None else (False,):
             if not torch.equal(kernel.matmul(q, pack(wq, amx), scale), onednn_matmul(q, onednn)):
                 return f"its {'AMX ' if amx else ''}{rows}x{k} by {k}x{n} int8 product differs from oneDNN's"
@@ -403,8 +412,7 @@ def status() -> str:
     kernel = load()
     if kernel is not None:
         if kernel.amx_reason is None:
-            return (f"specui kernels: AMX int8 matmul for up to {AMX_MAX_ROWS} rows (oneDNN u8s8 beyond), "
-                    "AMX bf16 matmul, row-wise attention")  # fmt: skip
+            return "specui kernels: AMX int8 and bf16 matmuls, row-wise attention"
         return (f"specui kernels: AVX512-VNNI int8 matmul for up to {MAX_ROWS} rows (oneDNN u8s8 beyond), "
                 f"row-wise attention; bf16 matmuls oneDNN's ({kernel.amx_reason})")  # fmt: skip
     return f"oneDNN u8s8 and SDPA rows ({_state.get('reason')})"

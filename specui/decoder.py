@@ -118,7 +118,7 @@ def _packed(m: nn.Module) -> tuple:
 
 def _mm(xb: torch.Tensor, w: tuple, n: int) -> torch.Tensor:
     """``BF16Linear`` on an already cast (and, for oneDNN, padded) input: float32 ``[n, out]``."""
-    if w[2] is not None and n <= ROWWISE_MAX_ROWS:
+    if w[2] is not None:  # AMX, every row count
         return cpu_kernels.bf16_matmul(xb, w[2], w[3])
     return _linear(xb, w[0], w[1], "none", [], "")[:n].float()
 
@@ -128,6 +128,10 @@ def _bf16_rows(x: torch.Tensor) -> torch.Tensor:
     return (
         x.to(torch.bfloat16).expand(2, -1).contiguous() if x.shape[0] == 1 else x.to(torch.bfloat16)
     )
+
+
+def _is_packed(m: BF16Linear) -> bool:
+    return m.weight_packed is not None or m.weight_kernel is not None
 
 
 def _bf16_rows_kernel(x: torch.Tensor) -> torch.Tensor:
@@ -155,10 +159,10 @@ def unsupported_reason(model: nn.Module) -> str | None:
     head = model.get_output_embeddings()
     if all(isinstance(m, Int8Linear) for m in (*linears, head)):
         return None
-    if not all(isinstance(m, BF16Linear) and m.weight_packed is not None for m in linears):
-        return "linear layers not packed for oneDNN"
-    if not isinstance(head, BF16Linear) or head.weight_packed is None:
-        return "an LM head not packed for oneDNN"
+    if not all(isinstance(m, BF16Linear) and _is_packed(m) for m in linears):
+        return "linear layers not packed for oneDNN or SpecUI's AMX kernel"
+    if not isinstance(head, BF16Linear) or not _is_packed(head):
+        return "an LM head not packed for oneDNN or SpecUI's AMX kernel"
     return None
 
 
@@ -172,7 +176,7 @@ class FastDecoder:
         int8 = isinstance(model.get_output_embeddings(), Int8Linear)
         if int8:
             self.rows, self.mm = quantize_rows, int8_matmul
-        else:  # a block of up to ROWWISE_MAX_ROWS rows goes to the kernel where it runs, unpadded
+        else:  # on AMX (specui.cpu_kernels) unpadded rows, else padded for oneDNN
             kernel = model.get_output_embeddings().weight_kernel is not None
             self.rows, self.mm = (_bf16_rows_kernel if kernel else _bf16_rows), _mm
         self.config = cfg

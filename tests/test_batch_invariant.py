@@ -38,9 +38,10 @@ def test_bf16_keeps_the_residual_stream_and_what_drafters_borrow_in_float32(bf16
     layer_linears = [m for m in v.model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
     weight_dtype = torch.bfloat16 if v.precision == "bf16" else torch.int8
     assert layer_linears and all(m.weight.dtype == weight_dtype for m in layer_linears)
-    # Each layer keeps one copy of its weight (packed for oneDNN), not the float32 one too.
+    # Each layer keeps one copy of its weight (packed for oneDNN or SpecUI's AMX kernel), not the float32 one too.
     if v.precision == "bf16":
-        assert all(m.weight.is_meta and m.weight_packed is not None and m.weight_bf16 is None for m in layer_linears)
+        one_copy = [(m.weight_packed is None) != (m.weight_kernel is None) for m in layer_linears]
+        assert all(one_copy) and all(m.weight.is_meta and m.weight_bf16 is None for m in layer_linears)
     else:
         assert all(m.weight.is_meta and isinstance(m, batch_invariant.Int8Linear) for m in layer_linears)
     assert not v.lm_head.weight.is_meta  # drafters read the borrowed head

@@ -16,11 +16,12 @@ def _runnable() -> bool:
 needs_kernel = pytest.mark.skipif(not _runnable(), reason="no AVX512-VNNI CPU or no C compiler here")
 
 
-def _weight(n: int, k: int, gen: torch.Generator, bias: bool = False) -> tuple[torch.Tensor, Int8Weight]:
+def _weight(n: int, k: int, gen: torch.Generator, bias: bool = False) -> tuple[torch.Tensor, Int8Weight, Int8Weight]:
+    """int8 weights, as the verifier packs them, and packed for oneDNN alone (the reference)."""
     wq = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
     scale = torch.rand(n, generator=gen) / 50 + 1e-5
     b = torch.randn(n, generator=gen) if bias else None
-    return wq, cpu_kernels.int8_weight(wq, scale, b)
+    return wq, cpu_kernels.int8_weight(wq, scale, b), cpu_kernels.onednn_int8_weight(wq, scale, b)
 
 
 @needs_kernel
@@ -33,14 +34,14 @@ def test_the_kernel_is_built_and_used_where_the_cpu_and_a_compiler_allow():
 @pytest.mark.parametrize("k, n", [(576, 960), (1536, 576), (576, 49), (130, 33), (67, 16), (5, 7), (3000, 40)])
 def test_the_kernel_returns_onednns_bits_for_every_row_count(k, n):
     gen = torch.Generator().manual_seed(k * 1000 + n)
-    wq, w = _weight(n, k, gen)
+    wq, w, ref = _weight(n, k, gen)
     kernel = cpu_kernels.load()
     layouts = [cpu_kernels.pack(wq, amx=False)]  # AVX512-VNNI's, and AMX's where it runs
     if cpu_kernels.amx_available():
         layouts.append(cpu_kernels.pack(wq, amx=True))
     for rows in (1, 2, 3, 8, 9, 12, 13, 16, 17, 25, 33, 40):  # past a pass's rows the kernels pass again
         q = torch.randint(0, 256, (rows, k), generator=gen, dtype=torch.uint8)
-        want = cpu_kernels.onednn_matmul(q, w)
+        want = cpu_kernels.onednn_matmul(q, ref)
         for packed in layouts:
             assert torch.equal(kernel.matmul(q, packed, w.scale), want), (rows, k, n, packed.sums is not None)
         assert torch.equal(cpu_kernels.matmul(q, w), want), (rows, k, n)  # the dispatch, both sides of max_rows
@@ -52,40 +53,38 @@ def test_extreme_activations_and_weights_sum_exactly():
     k, n = 1536, 48
     wq = torch.full((n, k), 127, dtype=torch.int8)
     wq[::2] = -127
-    w = cpu_kernels.int8_weight(wq, torch.ones(n), None)
+    ref = cpu_kernels.onednn_int8_weight(wq, torch.ones(n))
     layouts = [cpu_kernels.pack(wq, amx=False)] + ([cpu_kernels.pack(wq, amx=True)] if cpu_kernels.amx_available() else [])
     for value in (0, 1, 255):
         q = torch.full((3, k), value, dtype=torch.uint8)
         for packed in layouts:
-            got = cpu_kernels.load().matmul(q, packed, w.scale)
-            assert torch.equal(got, cpu_kernels.onednn_matmul(q, w))
+            got = cpu_kernels.load().matmul(q, packed, ref.scale)
+            assert torch.equal(got, cpu_kernels.onednn_matmul(q, ref))
             expect = float((value - 128) * 127 * k)
             assert got[0, 1].item() == expect and got[0, 0].item() == -expect
 
 
 @needs_kernel
 @pytest.mark.slow
-def test_an_int8_verifier_gives_the_same_logits_with_and_without_the_kernel(monkeypatch):
+def test_the_verifiers_own_int8_weights_give_onednns_bits():
+    # The embedded verifier's real weights and real activations, not random ones.
+    from specui.batch_invariant import int8_weight, quantize_rows
     from specui.verifier import Verifier
 
-    v = Verifier.load("embedded", precision="int8")
-    head = v.model.get_output_embeddings().weight_q8
-    assert head.vnni is not None  # the kernel is in use for this verifier
-    text = "A train leaves at 3 pm at 60 km/h; a second one follows an hour later at 90 km/h. When does it catch up?"
-    ids = torch.tensor(v.tokenizer(text * 2)["input_ids"][:40])
-    assert len(ids) == 40
-
-    def logits() -> torch.Tensor:
-        cache = v.new_cache()
-        v.forward(ids[:31], cache, logits=False)  # prefill: oneDNN either way (31 > MAX_ROWS)
-        block = v.forward(ids[31:40], cache).logits  # a 9-token verify
-        v.crop(cache, 31)
-        alone = torch.cat([v.forward(ids[i : i + 1], cache).logits for i in range(31, 40)])
-        return torch.cat([block, alone])
-
-    with_kernel = logits()
-    monkeypatch.setattr(cpu_kernels.PackedInt8, "max_rows", property(lambda self: 0))  # every matmul oneDNN's
-    assert torch.equal(logits(), with_kernel)
+    v = Verifier.load("embedded", precision="fp32")
+    layer = v.model.model.layers[3]
+    text = "A train leaves at 3 pm at 60 km/h; a second one follows an hour later. When does it catch up?"
+    ids = torch.tensor(v.tokenizer(text)["input_ids"])
+    hidden = v.model.model.embed_tokens(ids).detach()
+    for linears, x in (([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], hidden),
+                       ([layer.mlp.down_proj], torch.randn(len(ids), layer.mlp.down_proj.in_features))):  # fmt: skip
+        w = int8_weight(linears)
+        assert w.vnni is not None
+        wq = torch.round(torch.cat([m.weight.detach() for m in linears]) / w.scale[:, None]).clamp(-127, 127).to(torch.int8)
+        onednn = cpu_kernels.onednn_int8_weight(wq, w.scale)
+        for rows in (1, 9, len(ids)):
+            q, _ = quantize_rows(x[:rows].float())
+            assert torch.equal(cpu_kernels.matmul(q, w), cpu_kernels.onednn_matmul(q, onednn)), rows
 
 
 def test_no_compiler_is_a_clear_error_and_leaves_nothing(tmp_path):
@@ -102,9 +101,9 @@ def test_a_truncated_cached_library_is_built_again(tmp_path):
     library.write_bytes(library.read_bytes()[:100])
     kernel = cpu_kernels.open_kernel(tmp_path)
     gen = torch.Generator().manual_seed(1)
-    _, w = _weight(40, 64, gen)
+    _, w, ref = _weight(40, 64, gen)
     q = torch.randint(0, 256, (2, 64), generator=gen, dtype=torch.uint8)
-    assert torch.equal(kernel.matmul(q, w.vnni, w.scale), cpu_kernels.onednn_matmul(q, w))
+    assert torch.equal(kernel.matmul(q, w.vnni, w.scale), cpu_kernels.onednn_matmul(q, ref))
 
 
 def test_switched_off_it_says_so_and_packs_nothing(monkeypatch):
@@ -113,8 +112,8 @@ def test_switched_off_it_says_so_and_packs_nothing(monkeypatch):
     assert cpu_kernels.load() is None
     assert cpu_kernels.status() == "oneDNN u8s8 and SDPA rows (SPECUI_CPU_KERNELS=0)"
     gen = torch.Generator().manual_seed(2)
-    wq, w = _weight(20, 70, gen, bias=True)
-    assert w.vnni is None
+    wq, w, _ = _weight(20, 70, gen, bias=True)
+    assert w.vnni is None and w.onednn is not None
     q = torch.randint(0, 256, (4, 70), generator=gen, dtype=torch.uint8)
     assert torch.equal(cpu_kernels.matmul(q, w), cpu_kernels.onednn_matmul(q, w))
 
@@ -123,7 +122,7 @@ def test_rows_of_the_wrong_shape_are_refused():
     if not _runnable():
         pytest.skip("no kernel here")
     gen = torch.Generator().manual_seed(3)
-    _, w = _weight(16, 64, gen)
+    _, w, _ = _weight(16, 64, gen)
     with pytest.raises(ValueError, match="64 inputs"):
         cpu_kernels.load().matmul(torch.zeros(2, 63, dtype=torch.uint8), w.vnni, w.scale)
     with pytest.raises(ValueError, match="uint8"):
