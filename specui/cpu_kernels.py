@@ -97,7 +97,7 @@ class Int8Weight:
     scale: torch.Tensor
     zero_points: torch.Tensor
     bias: torch.Tensor | None
-    vnni: PackedInt8 | None
+    kernel: PackedInt8 | None  # the AMX or AVX512-VNNI kernel's copy, where one runs
 
     @property
     def out_features(self) -> int:
@@ -105,7 +105,7 @@ class Int8Weight:
 
 
 class Kernel:
-    """The compiled ``specui_int8_matmul``, loaded from ``library``."""
+    """The compiled ``cpu_kernels.c`` (its matmuls and attention), loaded from ``library``."""
 
     def __init__(self, library: Path) -> None:
         self._lib = ctypes.CDLL(str(library))
@@ -113,7 +113,7 @@ class Kernel:
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
         fn.restype = ctypes.c_int
-        self._fn = fn
+        self._int8_vnni = fn
         amx = self._lib.specui_int8_matmul_amx
         amx.argtypes = fn.argtypes[:5] + [ctypes.c_void_p] + fn.argtypes[5:]
         amx.restype = ctypes.c_int
@@ -184,7 +184,7 @@ class Kernel:
             rc = self._int8_amx(q.data_ptr(), q.shape[0], w.k, w.k_padded, w.data.data_ptr(), w.sums.data_ptr(),
                                 scale.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
         else:
-            rc = self._fn(q.data_ptr(), q.shape[0], w.k, w.k_padded, w.data.data_ptr(),
+            rc = self._int8_vnni(q.data_ptr(), q.shape[0], w.k, w.k_padded, w.data.data_ptr(),
                           scale.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
         if rc != 0:
             raise MemoryError("int8 kernel: no memory for its scratch rows")
@@ -225,8 +225,8 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
 
 def matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     """float32 ``[rows, out]`` of uint8 rows ``q`` times ``w``: a kernel where it takes the rows, else oneDNN (same bits)."""
-    if w.vnni is not None and (q.shape[0] <= w.vnni.max_rows or w.onednn is None):
-        return _state["kernel"].matmul(q, w.vnni, w.scale)  # type: ignore[union-attr]
+    if w.kernel is not None and (q.shape[0] <= w.kernel.max_rows or w.onednn is None):
+        return _state["kernel"].matmul(q, w.kernel, w.scale)  # type: ignore[union-attr]
     return onednn_matmul(q, w)
 
 

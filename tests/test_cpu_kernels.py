@@ -79,7 +79,7 @@ def test_the_verifiers_own_int8_weights_give_onednns_bits():
     for linears, x in (([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], hidden),
                        ([layer.mlp.down_proj], torch.randn(len(ids), layer.mlp.down_proj.in_features))):  # fmt: skip
         w = int8_weight(linears)
-        assert w.vnni is not None
+        assert w.kernel is not None
         wq = torch.round(torch.cat([m.weight.detach() for m in linears]) / w.scale[:, None]).clamp(-127, 127).to(torch.int8)
         onednn = cpu_kernels.onednn_int8_weight(wq, w.scale)
         for rows in (1, 9, len(ids)):
@@ -103,7 +103,7 @@ def test_a_truncated_cached_library_is_built_again(tmp_path):
     gen = torch.Generator().manual_seed(1)
     _, w, ref = _weight(40, 64, gen)
     q = torch.randint(0, 256, (2, 64), generator=gen, dtype=torch.uint8)
-    assert torch.equal(kernel.matmul(q, w.vnni, w.scale), cpu_kernels.onednn_matmul(q, ref))
+    assert torch.equal(kernel.matmul(q, w.kernel, w.scale), cpu_kernels.onednn_matmul(q, ref))
 
 
 def test_switched_off_it_says_so_and_packs_nothing(monkeypatch):
@@ -113,7 +113,7 @@ def test_switched_off_it_says_so_and_packs_nothing(monkeypatch):
     assert cpu_kernels.status() == "oneDNN u8s8 and SDPA rows (SPECUI_CPU_KERNELS=0)"
     gen = torch.Generator().manual_seed(2)
     wq, w, _ = _weight(20, 70, gen, bias=True)
-    assert w.vnni is None and w.onednn is not None
+    assert w.kernel is None and w.onednn is not None
     q = torch.randint(0, 256, (4, 70), generator=gen, dtype=torch.uint8)
     assert torch.equal(cpu_kernels.matmul(q, w), cpu_kernels.onednn_matmul(q, w))
 
@@ -124,9 +124,9 @@ def test_rows_of_the_wrong_shape_are_refused():
     gen = torch.Generator().manual_seed(3)
     _, w, _ = _weight(16, 64, gen)
     with pytest.raises(ValueError, match="64 inputs"):
-        cpu_kernels.load().matmul(torch.zeros(2, 63, dtype=torch.uint8), w.vnni, w.scale)
+        cpu_kernels.load().matmul(torch.zeros(2, 63, dtype=torch.uint8), w.kernel, w.scale)
     with pytest.raises(ValueError, match="uint8"):
-        cpu_kernels.load().matmul(torch.zeros(2, 64), w.vnni, w.scale)
+        cpu_kernels.load().matmul(torch.zeros(2, 64), w.kernel, w.scale)
 
 
 @needs_kernel
