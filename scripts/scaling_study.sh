@@ -15,15 +15,15 @@
 # `train_shipped_tools.py scaling` turns the JSON files into the table and the plot of
 # docs/results.md (tau against training tokens).
 #
-#   SIZES       corpus sizes in prompts (default "200 600 1200": what two shared cores allowed
-#               in one session beside the other work, about 2 h of training in all)
+#   SIZES       corpus sizes in prompts (default "200 600 1200 2400": what two shared cores
+#               allowed over two sessions beside the other work)
 #   ALGOS       default "dflash eagle3"
 #   EPOCHS      default 1
 set -euo pipefail
 # shellcheck source=scripts/train_lib.sh
 source "$(dirname "$0")/train_lib.sh"
 RUNS=$ROOT/scaling
-SIZES=${SIZES:-"200 600 1200"}
+SIZES=${SIZES:-"200 600 1200 2400"}
 ALGOS=${ALGOS:-"dflash eagle3"}
 EPOCHS=${EPOCHS:-1}
 EVAL_LIMIT=${EVAL_LIMIT:-12}
