@@ -70,6 +70,11 @@ class BF16Linear(nn.Linear):
     weight_kernel: PackedBF16 | None = None  # specui.cpu_kernels' layout, where that kernel runs
     bias_f32: torch.Tensor | None = None
 
+    @property
+    def is_packed(self) -> bool:
+        """Its weight lives in a packed copy (oneDNN's or the AMX kernel's), not a plain one."""
+        return self.weight_packed is not None or self.weight_kernel is not None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         n = rows.shape[0]
@@ -155,7 +160,7 @@ def _fuse_int8_layers(model: nn.Module) -> None:
 def to_bf16_linear(m: nn.Linear) -> None:
     """Switch one ``nn.Linear`` to :class:`BF16Linear` in place (its float32 ``weight`` is kept)."""
     weight = m.weight.detach().to(torch.bfloat16)
-    if cpu_kernels.bf16_available():  # AMX: the kernel's copy only, for every row count
+    if cpu_kernels.amx_available():  # AMX: the kernel's copy only, for every row count
         m.weight_kernel = cpu_kernels.pack_bf16(weight)
         m.bias_f32 = None if m.bias is None else m.bias.detach().float().contiguous()
         m.__class__ = BF16Linear
@@ -174,7 +179,7 @@ def _free_float_weight(m: BF16Linear | Int8Linear) -> None:
     Where the weight is packed, ``weight`` becomes a bf16 (int8) tensor on the meta device
     (its shape, no memory), so the model costs 2 (1) bytes a weight, not float32's 4 plus a copy.
     """
-    if isinstance(m, Int8Linear) or m.weight_packed is not None or m.weight_kernel is not None:
+    if isinstance(m, Int8Linear) or m.is_packed:
         dtype = torch.int8 if isinstance(m, Int8Linear) else torch.bfloat16
         placeholder = torch.empty(m.weight.shape, dtype=dtype, device="meta")
         m.weight = nn.Parameter(placeholder, requires_grad=False)

@@ -208,6 +208,22 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
+/* Tiles 0-2 as 16 rows of 64 bytes (C, A, B), the caller's configuration kept in `saved`:
+ * oneDNN keeps one per thread and expects to find it again. */
+static void amx_begin(tile_config *saved) {
+    tile_config cfg;
+    _tile_storeconfig(saved);
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < 3; ++t) cfg.rows[t] = TILE, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+static void amx_end(const tile_config *saved) {
+    if (saved->palette) _tile_loadconfig(saved);
+    else _tile_release();
+}
+
 /* x: [rows, k] bf16; wp: packed weights, kp a multiple of 32; bias: float32 or NULL;
  * out: [rows, n_out] float32.  Returns 0, or -1 when it cannot allocate its scratch. */
 int specui_bf16_matmul(const uint16_t *x, int64_t rows, int64_t k, int64_t kp, const uint16_t *wp,
@@ -217,13 +233,9 @@ int specui_bf16_matmul(const uint16_t *x, int64_t rows, int64_t k, int64_t kp, c
     if (!xs) return -1;
     memset(xs, 0, sizeof(uint16_t) * padded * kp); /* rows past the block, and k past k: zero */
     for (int64_t i = 0; i < rows; ++i) memcpy(xs + i * kp, x + i * k, sizeof(uint16_t) * k);
-    tile_config saved, cfg;
+    tile_config saved;
     float c[TILE * TILE] __attribute__((aligned(64)));
-    _tile_storeconfig(&saved);
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 3; ++t) cfg.rows[t] = TILE, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
+    amx_begin(&saved);
     /* A column of 16 channels' weights (kp x 32 bytes) stays in cache while every 16 rows pass. */
     for (int64_t o = 0; o < n_out; o += TILE) {
         const uint16_t *t0 = wp + (o / TILE) * kp * TILE;
@@ -242,8 +254,7 @@ int specui_bf16_matmul(const uint16_t *x, int64_t rows, int64_t k, int64_t kp, c
                     out[(r0 + i) * n_out + o + j] = bias ? c[i * TILE + j] + bias[o + j] : c[i * TILE + j];
         }
     }
-    if (saved.palette) _tile_loadconfig(&saved);
-    else _tile_release();
+    amx_end(&saved);
     free(xs);
     return 0;
 }
@@ -254,7 +265,7 @@ int specui_bf16_matmul(const uint16_t *x, int64_t rows, int64_t k, int64_t kp, c
  * times the channel's scale), with AMX's tdpbusd: 16 rows of uint8 activations by a 64 x 16
  * tile of int8 weights per instruction, so a verify block costs what a row costs, and, as in
  * the bf16 matmul, any row count runs.  Weights:
- * [channels/16][k/4][16][4] signed (`pack_int8_amx`), k padded to 64; wsum: each channel's
+ * [channels/16][k/4][16][4] signed (`pack(wq, amx=True)`), k padded to 64; wsum: each channel's
  * sum of weights, for the zero point (sum((x - 128) w) = sum(x w) - 128 sum(w)).
  */
 int specui_int8_matmul_amx(const uint8_t *x, int64_t rows, int64_t k, int64_t kp, const int8_t *wp,
@@ -264,13 +275,9 @@ int specui_int8_matmul_amx(const uint8_t *x, int64_t rows, int64_t k, int64_t kp
     if (!xs) return -1;
     memset(xs, 128, padded * kp); /* padding: activation 0 (zero point 128), against weight 0 */
     for (int64_t i = 0; i < rows; ++i) memcpy(xs + i * kp, x + i * k, k);
-    tile_config saved, cfg;
+    tile_config saved;
     int32_t c[TILE * TILE] __attribute__((aligned(64)));
-    _tile_storeconfig(&saved);
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 3; ++t) cfg.rows[t] = TILE, cfg.colsb[t] = 64;
-    _tile_loadconfig(&cfg);
+    amx_begin(&saved);
     for (int64_t o = 0; o < n_out; o += TILE) {
         const int8_t *t0 = wp + (o / TILE) * kp * TILE;
         int64_t left = n_out - o < TILE ? n_out - o : TILE;
@@ -288,8 +295,7 @@ int specui_int8_matmul_amx(const uint8_t *x, int64_t rows, int64_t k, int64_t kp
                     out[(r0 + i) * n_out + o + j] = (float)(c[i * TILE + j] - 128 * wsum[o + j]) * wscale[o + j];
         }
     }
-    if (saved.palette) _tile_loadconfig(&saved);
-    else _tile_release();
+    amx_end(&saved);
     free(xs);
     return 0;
 }

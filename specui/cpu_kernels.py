@@ -1,5 +1,5 @@
-"""SpecUI's own CPU kernels (``specui/cpu_kernels.c``): the int8 matmul for a few rows, and
-row-wise causal attention.  Both exist for speed, and neither changes what batch invariance
+"""SpecUI's own CPU kernels (``specui/cpu_kernels.c``): the int8 and bf16 matmuls, and row-wise
+causal attention.  Both exist for speed, and neither changes what batch invariance
 needs: a token's numbers inside a verify block are bit for bit the ones it gets alone.
 
 **The int8 matmul: oneDNN's bits, at the memory's speed.**
@@ -7,11 +7,14 @@ needs: a token's numbers inside a verify block are bit for bit the ones it gets 
 A decode or verify step multiplies 1 to ``MAX_ROWS`` rows by every weight, so it is a stream
 through the weights; oneDNN's u8s8 kernel streams them at about half the speed one core
 reaches (``bench/step_profile.py --ablate``: the matmuls were three quarters of an int8 step).
-``specui_int8_matmul`` is a small AVX512-VNNI kernel that reads each weight once for every row
-of the block.  It returns what ``onednn::qlinear_pointwise`` returns for the same operands, bit
-for bit (an exact int32 sum, made float once, times the channel's scale), so using it changes
-no output: ``batch_invariant.int8_matmul`` calls it for blocks of up to ``MAX_ROWS`` rows and
-oneDNN for longer ones (prefills), and the two agree.
+On AMX (``specui_int8_matmul_amx``) 16 rows cost what one costs and every row count runs, so
+each weight keeps only the kernel's copy; elsewhere ``specui_int8_matmul`` (AVX512-VNNI) reads
+each weight once for up to ``MAX_ROWS`` rows and oneDNN takes longer blocks (prefills).  Both
+return what ``onednn::qlinear_pointwise`` returns for the same operands, bit for bit (an exact
+int32 sum, made float once, times the channel's scale), so using them changes no output.
+
+**The bf16 matmul** (AMX only, ``specui_bf16_matmul``) sums each output in one fixed order at any
+row count: batch-invariant without padding a single row, but its own bits, not oneDNN's.
 
 **Row-wise attention.**  Batch invariance needs each query row of a block to attend over exactly
 its own keys in an order that does not depend on the block, and one SDPA call per row (what
@@ -185,7 +188,7 @@ class Kernel:
                                 scale.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
         else:
             rc = self._int8_vnni(q.data_ptr(), q.shape[0], w.k, w.k_padded, w.data.data_ptr(),
-                          scale.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
+                                 scale.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
         if rc != 0:
             raise MemoryError("int8 kernel: no memory for its scratch rows")
         return out
@@ -193,17 +196,24 @@ class Kernel:
 
 def int8_weight(wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> Int8Weight:
     """int8 ``wq`` ``[out, k]`` with its channel scales, packed for oneDNN and (where it runs) the kernel."""
-    zero = torch.zeros(len(scale), dtype=torch.int64)
-    scale = scale.float().contiguous()
     if amx_available():  # one copy: the AMX kernel takes every row count
-        return Int8Weight(None, scale, zero, bias, pack(wq, amx=True))
-    return Int8Weight(onednn_int8_weight(wq, scale).onednn, scale, zero, bias, pack(wq, amx=False) if load() else None)
+        return _int8_weight(None, scale, bias, pack(wq, amx=True))
+    return _int8_weight(_onednn_pack(wq), scale, bias, pack(wq, amx=False) if load() else None)
 
 
 def onednn_int8_weight(wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Weight:
     """``wq`` packed for oneDNN alone: the reference the kernels are checked against."""
-    onednn = torch.ops.onednn.qlinear_prepack(wq, [1, wq.shape[1]])
-    return Int8Weight(onednn, scale.float().contiguous(), torch.zeros(len(scale), dtype=torch.int64), bias, None)
+    return _int8_weight(_onednn_pack(wq), scale, bias, None)
+
+
+def _onednn_pack(wq: torch.Tensor) -> torch.Tensor:
+    return torch.ops.onednn.qlinear_prepack(wq, [1, wq.shape[1]])
+
+
+def _int8_weight(onednn: torch.Tensor | None, scale: torch.Tensor, bias: torch.Tensor | None,
+                 kernel: PackedInt8 | None) -> Int8Weight:  # fmt: skip
+    zero_points = torch.zeros(len(scale), dtype=torch.int64)
+    return Int8Weight(onednn, scale.float().contiguous(), zero_points, bias, kernel)
 
 
 def onednn_matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
@@ -230,13 +240,20 @@ def matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     return onednn_matmul(q, w)
 
 
+def _blocked(w: torch.Tensor, k_multiple: int, group: int) -> tuple[torch.Tensor, int]:
+    """``w`` ``[out, k]`` zero-padded to ``[out/16, k_padded/group, 16, group]`` (16 channels by
+    ``group`` inputs per 64 bytes, the kernels' layout), and ``k_padded``."""
+    out_features, k = w.shape
+    kp, op = -(-k // k_multiple) * k_multiple, -(-out_features // TILE) * TILE
+    padded = torch.zeros(op, kp, dtype=w.dtype)
+    padded[:out_features, :k] = w
+    return padded.view(op // TILE, TILE, kp // group, group).permute(0, 2, 1, 3).contiguous(), kp
+
+
 def pack_bf16(w: torch.Tensor) -> PackedBF16:
     """Weights ``[out, k]`` (any float dtype) as bf16 in the kernel's layout (``k`` padded to 32, ``out`` to 16)."""
-    out_features, k = w.shape
-    kp, op = -(-k // 32) * 32, -(-out_features // TILE) * TILE  # whole AMX tiles
-    wb = torch.zeros(op, kp, dtype=torch.bfloat16)
-    wb[:out_features, :k] = w
-    return PackedBF16(wb.view(op // TILE, TILE, kp // 2, 2).permute(0, 2, 1, 3).contiguous(), k, kp, out_features)
+    data, kp = _blocked(w.to(torch.bfloat16), 32, 2)  # whole AMX tiles
+    return PackedBF16(data, w.shape[1], kp, w.shape[0])
 
 
 def amx_available() -> bool:
@@ -244,8 +261,6 @@ def amx_available() -> bool:
     kernel = load()
     return kernel is not None and kernel.amx_reason is None
 
-
-bf16_available = amx_available  # bf16 matmuls run on the kernel only with AMX
 
 
 def bf16_matmul(x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None) -> torch.Tensor:
@@ -258,16 +273,10 @@ def pack(wq: torch.Tensor, amx: bool | None = None) -> PackedInt8:
     if amx is None:
         amx = amx_available()
     out_features, k = wq.shape
-    if amx:
-        kp, op = -(-k // 64) * 64, -(-out_features // TILE) * TILE
-        w = torch.zeros(op, kp, dtype=torch.int8)
-        w[:out_features, :k] = wq
-        data = w.view(op // TILE, TILE, kp // 4, 4).permute(0, 2, 1, 3).contiguous()
+    if amx:  # signed, whole AMX tiles, with each channel's sum for the zero point
+        data, kp = _blocked(wq, 64, 4)
         return PackedInt8(data, k, kp, out_features, wq.sum(1, dtype=torch.int32).contiguous())
-    kp, op = -(-k // 4) * 4, -(-out_features // TILE) * TILE
-    wu = torch.zeros(op, kp, dtype=torch.uint8)
-    wu[:out_features, :k] = (wq.to(torch.int16) + 128).to(torch.uint8)
-    data = wu.view(op // TILE, TILE, kp // 4, 4).permute(0, 2, 1, 3).contiguous()
+    data, kp = _blocked((wq.to(torch.int16) + 128).to(torch.uint8), 4, 4)  # unsigned for vpdpbusd
     return PackedInt8(data, k, kp, out_features)
 
 
@@ -408,7 +417,7 @@ def load() -> Kernel | None:
 
 
 def status() -> str:
-    """One line: which int8 matmul this process uses, and why."""
+    """One line: which matmuls and attention this process uses, and why."""
     kernel = load()
     if kernel is not None:
         if kernel.amx_reason is None:

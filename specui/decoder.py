@@ -130,10 +130,6 @@ def _bf16_rows(x: torch.Tensor) -> torch.Tensor:
     )
 
 
-def _is_packed(m: BF16Linear) -> bool:
-    return m.weight_packed is not None or m.weight_kernel is not None
-
-
 def _bf16_rows_kernel(x: torch.Tensor) -> torch.Tensor:
     # specui.cpu_kernels' bf16 matmul sums a row alike at any row count: no padding.
     return x.to(torch.bfloat16)
@@ -159,9 +155,9 @@ def unsupported_reason(model: nn.Module) -> str | None:
     head = model.get_output_embeddings()
     if all(isinstance(m, Int8Linear) for m in (*linears, head)):
         return None
-    if not all(isinstance(m, BF16Linear) and _is_packed(m) for m in linears):
+    if not all(isinstance(m, BF16Linear) and m.is_packed for m in linears):
         return "linear layers not packed for oneDNN or SpecUI's AMX kernel"
-    if not isinstance(head, BF16Linear) or not _is_packed(head):
+    if not isinstance(head, BF16Linear) or not head.is_packed:
         return "an LM head not packed for oneDNN or SpecUI's AMX kernel"
     return None
 
