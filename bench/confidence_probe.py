@@ -73,7 +73,6 @@ from specui.data.distill import self_distill
 from specui.data.hidden import HiddenStateStore, LocalExtractor
 from specui.metrics import auroc
 from specui.training.config import TrainConfig
-from specui.training.objectives import TargetHead
 from specui.verifier import Verifier
 
 
@@ -86,7 +85,8 @@ def slot_features(model, verifier: Verifier, samples, cache_dir: Path) -> tuple[
     DSpark's own training objective lays out the blocks (``DSparkObjective.blocks``), with
     more anchors allowed than any sample has positions: every response position anchors."""
     cfg = TrainConfig(algorithm="dspark", block_size=model.config.block_size, max_anchors=1 << 30)
-    objective = DSparkObjective(cfg, verifier, TargetHead(verifier, draft_target_ids(model.d2t), torch.device("cpu")))
+    objective = DSparkObjective(cfg, verifier)
+    objective.draft_vocab = draft_target_ids(model.d2t)
     store = HiddenStateStore(LocalExtractor(verifier, model.config.aux_layer_ids), samples, "mixed", cache_dir / "hidden")
     gen = torch.Generator().manual_seed(0)  # unused: no sample has more positions than anchors allowed
     feats, labels, logits, top_probs = [], [], [], []
@@ -95,7 +95,7 @@ def slot_features(model, verifier: Verifier, samples, cache_dir: Path) -> tuple[
         _, anchors, out, targets, valid = objective.blocks(model, store.get([i]), gen)
         if anchors.numel() == 0:
             continue
-        hit = out.markov_logits.argmax(-1) == targets.argmax(-1)
+        hit = out.markov_logits.argmax(-1) == targets.top
         earlier_hit = torch.cat([torch.ones(len(anchors), 1, dtype=torch.bool), hit[:, :-1]], 1).cumprod(1).bool()
         scored = valid & earlier_hit  # up to the first miss, as decoding scores them
         x = torch.cat([out.hidden, model.markov_head.markov_w1(out.prev_token_ids)], -1)

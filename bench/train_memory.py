@@ -28,13 +28,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from specui.algorithms.objective import objective_for  # noqa: E402
+from specui.algorithms.objective import pack as pack_batch  # noqa: E402
+
 from specui.algorithms.dflash.objective import select_anchors  # noqa: E402
 from specui.data.distill import self_distill  # noqa: E402
 from specui.data.hidden import HiddenStateStore, LocalExtractor  # noqa: E402
 from specui.data.prompts import load_prompts  # noqa: E402
 from specui.training.config import TrainConfig  # noqa: E402
-from specui.training.objectives import TargetHead, objective_for  # noqa: E402
-from specui.training.objectives import pack as pack_batch  # noqa: E402
 from specui.verifier import Verifier, cache_dir  # noqa: E402
 
 
@@ -84,16 +85,17 @@ def main() -> int:
                       draft_vocab_size=args.draft_vocab_size)  # fmt: skip
     kept = None
     if args.draft_vocab_size:
-        from specui.training.objectives import most_frequent_tokens
+        from specui.algorithms.objective import most_frequent_tokens
 
         kept = most_frequent_tokens(samples, verifier.vocab_size, args.draft_vocab_size)
-    objective = objective_for(cfg, verifier, TargetHead(verifier, kept, device))
+    objective = objective_for(cfg, verifier)
+    objective.draft_vocab = kept
     objective.draft_vocab = kept
     model = objective.build().to(device).train()
     store = HiddenStateStore(LocalExtractor(verifier, model.config.aux_layer_ids), samples, "online", "/nonexistent")
     batch = [s for s in store.get(range(len(samples)))]
     if device.type == "cuda":
-        batch = [type(s)(*(t.to(device) for t in (s.input_ids, s.hidden_states, s.last_hidden, s.loss_mask))) for s in batch]
+        batch = [type(s)(*(t.to(device) for t in (s.input_ids, s.hidden_states, s.target_ids, s.target_logprobs, s.loss_mask))) for s in batch]
     tokens = sum(len(s) for s in batch)
     all_anchors = len(select_anchors(pack_batch(batch), args.block_size, 10**9, torch.Generator()))
 

@@ -236,6 +236,24 @@ class Verifier:
         taps = self._run(input_ids.view(1, -1), pos, None, layer_ids, keep=1)
         return torch.stack([taps[i][0] for i in layer_ids], dim=1).float()
 
+    @torch.inference_mode()
+    def taps_batch(self, input_ids: torch.Tensor, lengths: list[int], layer_ids: list[int]) -> torch.Tensor:
+        """Taps of N right-padded sequences at once, without cache: ``[N, T, len(layer_ids), H]``.
+
+        Row i holds ``lengths[i]`` real tokens, then padding; causal attention keeps the
+        padding out of every real position, so those match ``taps`` of the row alone.
+        """
+        n, width = input_ids.shape
+        mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
+        local = self._local
+        local.capture, local.wanted = {}, set(layer_ids)
+        try:
+            self.model(input_ids=input_ids, attention_mask=mask.to(input_ids.device), use_cache=False, logits_to_keep=1)
+            taps = local.capture
+        finally:
+            local.capture = None
+        return torch.stack([taps[i] for i in layer_ids], dim=2)
+
     def _run(self, ids: torch.Tensor, pos: torch.Tensor, cache, layer_ids: list[int] | None, keep: int = 0) -> dict[int, torch.Tensor]:
         local = self._local
         local.capture = {} if layer_ids else None

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from specui.data import load_prompts, prompt_sets, read_prompt_file
 from specui.data.distill import TokenSample, generate_greedy, self_distill, synthetic_prompts
-from specui.data.hidden import HiddenStateStore, LocalExtractor, read_sample
+from specui.data.hidden import HiddenStateStore, LocalExtractor, read_sample, write_sample
 from specui.data.prompts import Prompt, split_of, write_prompt_file
 from specui.trace import SpecUIError
 
@@ -221,7 +221,7 @@ def samples(fixture_verifier, id_prompts):
 
 
 def test_extracted_file_has_the_speculators_layout(fixture_verifier, samples, tmp_path):
-    ex = LocalExtractor(fixture_verifier, AUX)
+    ex = LocalExtractor(fixture_verifier, AUX, dtype=torch.float32)
     (path,) = ex.extract(samples[:1], tmp_path)
     t = load_file(str(path))
     T, N, H = len(samples[0]), fixture_verifier.num_layers, fixture_verifier.hidden_size
@@ -230,12 +230,61 @@ def test_extracted_file_has_the_speculators_layout(fixture_verifier, samples, tm
     assert t["loss_mask"].tolist() == samples[0].loss_mask
     taps = fixture_verifier.taps(torch.tensor(samples[0].input_ids), [*AUX, N])
     assert torch.allclose(t["hidden_states"].float(), taps, atol=0.05, rtol=0.02)  # bf16 storage
-    # The last entry is the PRE-norm last layer: norm + LM head give the verifier's logits.
-    s = read_sample(path, len(AUX))
-    logits = fixture_verifier.lm_head(fixture_verifier.final_norm(s.last_hidden))
+    # The targets are the verifier's own next-token distribution after each position.
     ref = fixture_verifier.forward(torch.tensor(samples[0].input_ids)).logits
-    assert (logits.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+    assert t["target_ids"].shape == (T, 16) and t["target_logprobs"].dtype == torch.float32
+    assert torch.equal(t["target_ids"][:, 0], ref.argmax(-1))
+    torch.testing.assert_close(t["target_logprobs"], ref.log_softmax(-1).topk(16).values, atol=1e-4, rtol=0)
+    s = read_sample(path, len(AUX))
     assert s.hidden_states.shape == (T, len(AUX) * H)
+    assert torch.equal(s.target_ids, t["target_ids"])
+
+
+def test_batched_extraction_equals_one_sample_at_a_time(fixture_verifier, samples, tmp_path):
+    """Right-padded batches: padding never reaches a real position."""
+    one = LocalExtractor(fixture_verifier, AUX, dtype=torch.float32, batch_tokens=1)
+    many = LocalExtractor(fixture_verifier, AUX, dtype=torch.float32, batch_tokens=4096)
+    for a, b in zip(one.extract(samples, tmp_path / "one"), many.extract(samples, tmp_path / "many"), strict=True):
+        ta, tb = load_file(str(a)), load_file(str(b))
+        torch.testing.assert_close(ta["hidden_states"].float(), tb["hidden_states"].float(), atol=2e-2, rtol=0)
+        assert torch.equal(ta["target_ids"][:, 0], tb["target_ids"][:, 0])
+
+
+def test_a_file_without_targets_gets_them_once(fixture_verifier, samples, tmp_path):
+    """A vLLM-written file (taps only) is completed from its tap[N] on first read, then reused."""
+    ex = LocalExtractor(fixture_verifier, AUX, dtype=torch.float32)
+    (path,) = ex.extract(samples[:1], tmp_path)
+    t = load_file(str(path))
+    write_sample(path, t["hidden_states"], t["token_ids"], t["loss_mask"], {"verifier": "x"})
+    assert "target_ids" not in load_file(str(path))
+    with pytest.raises(SpecUIError, match="no targets"):
+        read_sample(path, len(AUX))
+    calls = []
+
+    def head(h):
+        calls.append(h.shape[0])
+        return ex.targets(h)
+
+    s = read_sample(path, len(AUX), head)
+    # From the bf16-stored tap[N]: the same best token, log-probs within its rounding.
+    assert torch.equal(s.target_ids[:, 0], t["target_ids"][:, 0]) and calls == [len(samples[0])]
+    torch.testing.assert_close(s.target_logprobs[:, 0], t["target_logprobs"][:, 0], atol=0.05, rtol=0)
+    again = read_sample(path, len(AUX), head)
+    assert torch.equal(again.target_ids, s.target_ids) and len(calls) == 1  # stored, not recomputed
+
+
+def test_extraction_refuses_a_disk_too_small(fixture_verifier, samples, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    store = HiddenStateStore(LocalExtractor(fixture_verifier, AUX), samples, "offline", tmp_path / "hidden")
+    need = store.bytes_needed(range(len(samples)), fixture_verifier.hidden_size)
+    assert need == sum(len(s) for s in samples) * (4 * 64 * 2 + 16 * 12 + 16)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(need, 0, need // 2))
+    with pytest.raises(SpecUIError, match="GiB are free"):
+        store.check_disk(range(len(samples)), fixture_verifier.hidden_size)
+    assert not (tmp_path / "hidden").exists()
 
 
 def test_online_mode_leaves_nothing_on_disk(fixture_verifier, samples, tmp_path):

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("models", (
         "specui.data", "specui.verifier", "specui.decoder", "specui.batch_invariant", "specui.cpu_kernels", "specui.sampling",
         "specui.algorithms",
-        "specui.training.config", "specui.training.objectives", "specui.training.state", "specui.training.distributed",
+        "specui.training.config", "specui.training.state", "specui.training.distributed",
         "specui.vllm.install",
     )),  # fmt: skip
     ("engine", ("specui.engine",)),

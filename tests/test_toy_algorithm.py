@@ -130,9 +130,9 @@ def test_the_toy_is_a_train_tab_choice(toy, tmp_path: Path, monkeypatch) -> None
 
 
 def test_a_toy_checkpoint_loads_trains_and_exports_to_vllm(toy, fixture_verifier, tmp_path: Path) -> None:
+    from specui.algorithms.objective import objective_for
     from specui.export import speculative_config, vllm_serve_command
     from specui.training.config import TrainConfig
-    from specui.training.objectives import TargetHead, objective_for
     from specui.vllm.server import speculator_algorithm
 
     drafter = create_drafter(toy, fixture_verifier, num_layers=1, seed=0)
@@ -144,7 +144,7 @@ def test_a_toy_checkpoint_loads_trains_and_exports_to_vllm(toy, fixture_verifier
     assert torch.equal(loaded.model.fc.weight, drafter.model.fc.weight)
 
     cfg = TrainConfig(algorithm=toy, out=str(tmp_path / "run"), block_size=4)
-    model = objective_for(cfg, fixture_verifier, TargetHead(fixture_verifier, None, torch.device("cpu"))).build()
+    model = objective_for(cfg, fixture_verifier).build()
     assert type(model).__name__ == "ToyModel" and len(model.layers) == 1  # the spec's default depth
 
     assert speculative_config(folder)["method"] == "dflash"

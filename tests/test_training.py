@@ -101,15 +101,13 @@ def test_train_lowers_the_loss_and_saves_a_loadable_drafter(
 
 
 def test_dspark_warm_start_copies_the_dflash_backbone(data, fixture_dir, fixture_verifier):
+    from specui.algorithms.objective import objective_for
     from specui.training.loop import warm_start
-    from specui.training.objectives import TargetHead, objective_for
 
     cfg = TrainConfig(
         algorithm="dspark", verifier=str(data["verifier"]), aux_layer_ids=[1, 3, 4], markov_rank=16
     )
-    model = objective_for(
-        cfg, fixture_verifier, TargetHead(fixture_verifier, None, torch.device("cpu"))
-    ).build()
+    model = objective_for(cfg, fixture_verifier).build()
     said = []
     warm_start(model, fixture_dir / "dflash", fixture_verifier, TrainHooks(log=said.append))
     ref = load_model(fixture_dir / "dflash", fixture_verifier).state_dict()
@@ -125,13 +123,11 @@ def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(
     """The head's BCE target: 1 - TV of draft and verifier distributions at the configured
     temperature; at 0 both are one-hot, so it is whether the argmaxes agree."""
     from specui.algorithms.dspark import DSparkObjective
-    from specui.training.objectives import TargetHead
+    from specui.algorithms.objective import Targets
 
     cfg = TrainConfig(algorithm="dspark", verifier=str(data["verifier"]), aux_layer_ids=[1, 3, 4], markov_rank=16,
                       confidence_temperature=temperature)  # fmt: skip
-    objective = DSparkObjective(
-        cfg, fixture_verifier, TargetHead(fixture_verifier, None, torch.device("cpu"))
-    )
+    objective = DSparkObjective(cfg, fixture_verifier)
     gen = torch.Generator().manual_seed(0)
     logits, targets = (
         torch.randn(3, 4, 50, generator=gen) * 3,
@@ -140,7 +136,7 @@ def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(
     targets[0, :2] = logits[0, :2]  # some slots agree, so a greedy target has both outcomes
     tv1 = 1 - torch.minimum(logits.softmax(-1), targets.softmax(-1)).sum(-1)
     hit = logits.argmax(-1) == targets.argmax(-1)
-    got = objective.acceptance_target(logits, targets, tv1, hit)
+    got = objective.acceptance_target(logits, Targets.from_logits(targets, 50), tv1, hit)  # k = V: exact
     if temperature == 0:
         expected = hit.float()
         assert 0 < expected.mean() < 1

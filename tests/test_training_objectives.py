@@ -12,17 +12,17 @@ from safetensors.torch import load_file
 from specui.algorithms.checkpoint import load_model
 from specui.algorithms.dflash.objective import decay_weights, dpace_weights, select_anchors
 from specui.algorithms.eagle3.objective import pack_shifted
-from specui.data.hidden import SampleTensors
-from specui.trace import SpecUIError
-from specui.training.config import TrainConfig
-from specui.training.loop import batch_indices, lr_at
-from specui.training.objectives import (
-    TargetHead,
+from specui.algorithms.objective import (
+    Targets,
     block_metrics,
     most_frequent_tokens,
     objective_for,
     pack,
 )
+from specui.data.hidden import SampleTensors, topk_targets
+from specui.trace import SpecUIError
+from specui.training.config import TrainConfig
+from specui.training.loop import batch_indices, lr_at
 
 ATOL = 1e-4
 
@@ -31,16 +31,28 @@ def ref(fixture_dir, algo: str) -> dict[str, torch.Tensor]:
     return load_file(str(fixture_dir / algo / "reference.safetensors"))
 
 
-def unshifted_sample(r: dict[str, torch.Tensor]) -> SampleTensors:
-    return SampleTensors(
-        input_ids=r["input_ids"][0], hidden_states=r["hidden_states"][0],
-        last_hidden=r["verifier_last_hidden_states"][0], loss_mask=r["loss_mask"][0],
-    )  # fmt: skip
+def with_targets(verifier, input_ids, hidden_states, last_hidden, loss_mask) -> SampleTensors:
+    """A sample as the extraction writes it: the verifier's top-k after each position."""
+    ids, logprobs = topk_targets(verifier, last_hidden)
+    return SampleTensors(input_ids=input_ids, hidden_states=hidden_states, target_ids=ids,
+                         target_logprobs=logprobs, loss_mask=loss_mask)
+
+
+def unshifted_sample(r: dict[str, torch.Tensor], verifier) -> SampleTensors:
+    return with_targets(verifier, r["input_ids"][0], r["hidden_states"][0],
+                        r["verifier_last_hidden_states"][0], r["loss_mask"][0])
 
 
 def objective(algo: str, verifier, **kw):
     cfg = TrainConfig(algorithm=algo, aux_layer_ids=[1, 3, 4], block_size=8, **kw)
-    return objective_for(cfg, verifier, TargetHead(verifier, None, torch.device("cpu")))
+    return objective_for(cfg, verifier)
+
+
+def assert_targets_match(got: Targets, dense: torch.Tensor) -> None:
+    """Stored top-k targets are the top-k of the reference's dense verifier logits."""
+    want = Targets.from_logits(dense, got.ids.shape[-1])
+    assert torch.equal(got.ids, want.ids)
+    torch.testing.assert_close(got.logprobs, want.logprobs, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("algo", ["dflash", "dspark"])
@@ -49,10 +61,11 @@ def test_block_layout_matches_the_speculators_reference(algo, fixture_dir, fixtu
     obj = objective(algo, fixture_verifier, max_anchors=512)
     model = load_model(fixture_dir / algo, fixture_verifier)
     # loss_mask is 1 only at position 20, so the anchor is deterministic (as in the reference).
-    _, anchors, out, targets, valid = obj.blocks(model, [unshifted_sample(r)], torch.Generator().manual_seed(0))
+    sample = unshifted_sample(r, fixture_verifier)
+    _, anchors, out, targets, valid = obj.blocks(model, [sample], torch.Generator().manual_seed(0))
     assert anchors.tolist() == r["anchor_position"].tolist()
     # One anchor: [A=1, B, ...] as the reference's [batch=1, B, ...].
-    torch.testing.assert_close(targets, r["block_targets"], atol=ATOL, rtol=0)
+    assert_targets_match(targets, r["block_targets"])
     torch.testing.assert_close(out.logits, r["block_logits"], atol=ATOL, rtol=0)
     assert valid.tolist() == r["block_loss_mask"].bool().tolist()
     if algo == "dspark":
@@ -60,35 +73,35 @@ def test_block_layout_matches_the_speculators_reference(algo, fixture_dir, fixtu
         torch.testing.assert_close(out.confidence_logits, r["confidence_logits"], atol=ATOL, rtol=0)
 
 
-def verifier_sample(fixture_dir) -> SampleTensors:
+def verifier_sample(fixture_dir, verifier) -> SampleTensors:
     v = load_file(str(fixture_dir / "verifier" / "reference.safetensors"))
     taps = v["taps"]  # [N+1, T, H]
-    return SampleTensors(
-        input_ids=v["input_ids"], hidden_states=torch.cat([taps[i] for i in (1, 3, 4)], -1),
-        last_hidden=taps[-1], loss_mask=torch.ones_like(v["input_ids"]),
-    )  # fmt: skip
+    return with_targets(verifier, v["input_ids"], torch.cat([taps[i] for i in (1, 3, 4)], -1), taps[-1],
+                        torch.ones_like(v["input_ids"]))
 
 
 @pytest.mark.parametrize("algo", ["peagle", "eagle3"])
 def test_shifted_layout_matches_the_speculators_reference(algo, fixture_dir, fixture_verifier):
     r = ref(fixture_dir, algo)
-    p = pack_shifted([verifier_sample(fixture_dir)])
+    p = pack_shifted([verifier_sample(fixture_dir, fixture_verifier)])
     assert p.input_ids.tolist() == r["input_ids"][0].tolist()
     torch.testing.assert_close(p.hidden_states, r["hidden_states"][0], atol=ATOL, rtol=0)
-    torch.testing.assert_close(p.last_hidden, r["verifier_last_hidden_states"][0], atol=ATOL, rtol=0)
-    head = TargetHead(fixture_verifier, None, torch.device("cpu"))
+    # The shifted targets are the verifier's after the reference's last-layer states.
+    ref_ids, ref_lp = topk_targets(fixture_verifier, r["verifier_last_hidden_states"][0])
+    assert torch.equal(p.target_ids, ref_ids)
+    targets = Targets(p.target_ids, p.target_logprobs)
     if algo == "eagle3":  # step s of row i is scored against row i+s: step 0 against row i itself
-        torch.testing.assert_close(head(p.last_hidden), r["step0_targets"][0], atol=ATOL, rtol=0)
+        assert_targets_match(targets, r["step0_targets"][0])
     else:  # row (a, d) is scored against the verifier at shifted index a+d
         q = r["row_anchor_pos"][r["chain_row_indices"]] + r["row_depth"][r["chain_row_indices"]]
-        torch.testing.assert_close(head(p.last_hidden[q]), r["chain_targets"], atol=ATOL, rtol=0)
+        assert_targets_match(targets[q], r["chain_targets"])
 
 
 @pytest.mark.parametrize("algo", ["dflash", "dspark", "peagle", "eagle3"])
 def test_loss_is_finite_and_reaches_every_trainable_parameter(algo, fixture_dir, fixture_verifier):
     obj = objective(algo, fixture_verifier, markov_rank=16, max_anchors=8)
     model = obj.build().train()
-    s = verifier_sample(fixture_dir)
+    s = verifier_sample(fixture_dir, fixture_verifier)
     loss, metrics = obj.loss(model, [s, s], torch.Generator().manual_seed(0))
     assert torch.isfinite(loss)
     loss.backward()
@@ -98,7 +111,7 @@ def test_loss_is_finite_and_reaches_every_trainable_parameter(algo, fixture_dir,
 
 
 def test_kl_loss_option_changes_the_loss(fixture_dir, fixture_verifier):
-    s = verifier_sample(fixture_dir)
+    s = verifier_sample(fixture_dir, fixture_verifier)
     ce = objective("dflash", fixture_verifier, max_anchors=8)
     kl = objective("dflash", fixture_verifier, max_anchors=8, extra={"loss": "kl"})
     model = ce.build()
@@ -144,7 +157,8 @@ def test_anchors_are_response_positions_away_from_each_documents_end():
     def sample(n: int, prompt: int) -> SampleTensors:
         mask = torch.zeros(n, dtype=torch.long)
         mask[prompt:] = 1
-        return SampleTensors(torch.zeros(n, dtype=torch.long), torch.zeros(n, 2), torch.zeros(n, 2), mask)
+        k = torch.zeros(n, 4, dtype=torch.long)
+        return SampleTensors(torch.zeros(n, dtype=torch.long), torch.zeros(n, 2), k, k.float(), mask)
 
     p = pack([sample(20, 5), sample(12, 2)])
     anchors = select_anchors(p, block_size=4, max_anchors=100, gen=torch.Generator())
@@ -175,3 +189,75 @@ def test_draft_vocabulary_is_the_most_frequent_response_tokens():
     samples = [TokenSample("a", (9, 9, 9), (5, 5, 5, 7, 7, 1)), TokenSample("b", (9,), (7, 3))]
     assert most_frequent_tokens(samples, 10, 3).tolist() == [1, 5, 7]  # 7x3, 5x3, then ids 1 and 3 once: 1 first
     assert most_frequent_tokens(samples, 10, 6).tolist() == [0, 1, 2, 3, 5, 7]  # padded with the lowest ids
+
+
+# --- per-document attention ------------------------------------------------------------------
+
+
+def two_documents(fixture_dir, verifier) -> list[SampleTensors]:
+    s = verifier_sample(fixture_dir, verifier)
+    n = len(s)
+    cut = SampleTensors(*(t[: n * 2 // 3] for t in (s.input_ids, s.hidden_states, s.target_ids,
+                                                   s.target_logprobs, s.loss_mask)))  # fmt: skip
+    return [s, cut]
+
+
+@pytest.mark.parametrize("algo", ["dflash", "dspark", "peagle", "eagle3"])
+def test_per_document_attention_gives_the_packed_loss_and_gradients(algo, fixture_dir, fixture_verifier):
+    """One pass per document computes what the packed pass under its document mask did
+    (to 1e-5 in float32), without the scores across documents."""
+    obj = objective(algo, fixture_verifier, markov_rank=16, max_anchors=8)
+    model = obj.build().train()
+    batch = two_documents(fixture_dir, fixture_verifier)
+    results = []
+    for packed in (True, False):
+        obj.packed_attention = packed
+        model.zero_grad()
+        loss, metrics = obj.loss(model, batch, torch.Generator().manual_seed(0))
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), metrics, grads))
+    (l0, m0, g0), (l1, m1, g1) = results
+    torch.testing.assert_close(l1, l0, atol=1e-5, rtol=1e-5)
+    assert g0.keys() == g1.keys() and g0
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], atol=1e-5, rtol=1e-4, msg=name)
+    assert m0["accept_len"] == pytest.approx(float(m1["accept_len"]), nan_ok=True)
+
+
+def test_dflash_blocks_of_each_document_match_the_packed_pass(fixture_dir, fixture_verifier):
+    obj = objective("dflash", fixture_verifier, max_anchors=8)
+    model = obj.build()
+    batch = two_documents(fixture_dir, fixture_verifier)
+    outs = []
+    for packed in (True, False):
+        obj.packed_attention = packed
+        _, anchors, out, _, valid = obj.blocks(model, batch, torch.Generator().manual_seed(0))
+        outs.append((anchors, out.logits, valid))
+    (a0, x0, v0), (a1, x1, v1) = outs
+    assert torch.equal(a0, a1) and torch.equal(v0, v1) and len(a0) > 8  # anchors in both documents
+    torch.testing.assert_close(x1[v1], x0[v0], atol=1e-5, rtol=0)
+
+
+def test_metrics_are_computed_only_when_asked(fixture_dir, fixture_verifier):
+    obj = objective("dflash", fixture_verifier, max_anchors=8)
+    model = obj.build()
+    s = verifier_sample(fixture_dir, fixture_verifier)
+    loss, metrics = obj.loss(model, [s], torch.Generator().manual_seed(0), metrics=False)
+    assert metrics == {} and torch.isfinite(loss)
+    loss2, metrics2 = obj.loss(model, [s], torch.Generator().manual_seed(0))
+    assert loss2 == loss and "accept_len" in metrics2
+
+
+def test_targets_outside_the_draft_vocabulary_are_dropped():
+    """A reduced draft vocabulary keeps the best kept token as the target; a position
+    whose top-k holds none is no target at all."""
+    t = Targets(torch.tensor([[5, 2, 9], [7, 8, 4]]), torch.tensor([[-0.1, -2.0, -3.0], [-0.5, -1.0, -4.0]]))
+    from specui.algorithms.objective import draft_index
+
+    d = t.to_draft(draft_index(torch.tensor([2, 9]), 10))
+    assert d.top.tolist() == [0, -1]  # token 2 is draft slot 0; row 1 keeps nothing
+    assert d.valid.tolist() == [True, False]
+    assert d.ids[0].tolist() == [0, 1, -1]
+    p = d.probs()
+    assert p[0, 2] == 0 and p[0].sum() == pytest.approx(1.0) and p[1].sum() == 0

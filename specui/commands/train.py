@@ -202,8 +202,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--max-new-tokens", type=int, default=256, help="length of the self-distilled responses")
     d.add_argument("--gen-batch-size", type=int, default=8)
     d.add_argument("--max-seq-len", type=int, default=1024)
-    d.add_argument("--extraction", default="mixed",
-                   help="hidden states: offline | online | mixed (with --extractor vllm, mixed runs as offline)")
+    d.add_argument("--extraction", default="offline",
+                   help="hidden states: offline (all first, then training reads them from disk) | online | mixed")
+    d.add_argument("--extract-batch-tokens", type=int, default=4096,
+                   help="padded tokens per batched extraction forward (local extractor)")
+    d.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+                   help="training matmuls: bf16 autocast with float32 master weights, fp32, or auto "
+                        "(bf16 where the CPU has AMX / AVX512-BF16, or on a GPU)")
     d.add_argument("--cache-dir", default=None, help="responses and hidden states (default OUT/cache)")
     d.add_argument("--extractor", default="local",
                    help="hidden states from the verifier in this process (local) or from a vLLM server the run "
@@ -261,7 +266,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 CONFIG_KEYS = (
     "algorithm", "verifier", "prompts", "out", "resume", "steps", "batch_size", "lr", "min_lr_ratio",
     "warmup_steps", "schedule", "weight_decay", "grad_clip", "seed", "threads", "device", "num_prompts",
-    "max_new_tokens", "gen_batch_size", "max_seq_len", "extraction", "cache_dir", "extractor", "vllm_python",
+    "max_new_tokens", "gen_batch_size", "max_seq_len", "extraction", "extract_batch_tokens", "precision",
+    "cache_dir", "extractor", "vllm_python",
     "vllm_gpu_memory_utilization", "layers", "block_size",
     "max_anchors", "num_depths", "ttt_steps", "aux_layer_ids", "draft_vocab_size", "mask_token_id",
     "markov_rank", "init_from", "freeze_embeddings", "gamma", "dpace", "tv_weight", "confidence_weight",

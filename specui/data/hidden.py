@@ -8,7 +8,11 @@ writes them (plus the loss mask):
   norm (the trainer turns it into target logits with the verifier's norm and
   LM head);
 * ``token_ids`` ``[T]`` int64;
-* ``loss_mask`` ``[T]`` int64 (1 on response tokens).
+* ``loss_mask`` ``[T]`` int64 (1 on response tokens);
+* ``target_ids`` ``[T, k]`` int64 and ``target_logprobs`` ``[T, k]`` float32: the
+  verifier's top-k next tokens after each position and their log-probabilities,
+  so a training step runs no part of the verifier (files vLLM writes lack them;
+  they are added from ``tap[N]`` once, when such a file is first read).
 
 Three ways to feed a trainer (``HiddenStateStore``):
 
@@ -22,14 +26,16 @@ Files are content-addressed (verifier, layers, token ids), so a cache is shared
 by runs and a stale file is never used for another verifier.
 
 ``HiddenStateExtractor`` is the interface; ``LocalExtractor`` runs the verifier
-with ``transformers`` in this process.  A vLLM extractor (batched, on a server)
+with ``transformers`` in this process, in bf16, many samples per forward.  A vLLM extractor (batched, on a server)
 implements the same ``extract`` and returns the files vLLM wrote.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
+import shutil
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -38,13 +44,17 @@ from enum import StrEnum
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from specui.data.distill import TokenSample, verifier_fingerprint
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
-STORE_DTYPE = torch.bfloat16  # on disk; training computes in fp32
+STORE_DTYPE = torch.bfloat16  # on disk; training computes in bf16 autocast, fp32 master weights
+TOPK = 16  # targets kept per position (specui.algorithms.objective.Targets)
+# (last_hidden [T, H] pre-norm) -> (ids [T, k], logprobs [T, k]): the verifier's final norm
+# and LM head, for files written without targets.
+TargetFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 class ExtractionMode(StrEnum):
@@ -59,7 +69,8 @@ class SampleTensors:
 
     input_ids: torch.Tensor  # [T] int64
     hidden_states: torch.Tensor  # [T, n_aux * H] cat of the aux taps (speculators' `hidden_states`)
-    last_hidden: torch.Tensor  # [T, H] tap[N], pre-final-norm (`verifier_last_hidden_states`)
+    target_ids: torch.Tensor  # [T, k] int64 the verifier's top-k after each position
+    target_logprobs: torch.Tensor  # [T, k] float32
     loss_mask: torch.Tensor  # [T] int64
 
     def __len__(self) -> int:
@@ -88,37 +99,129 @@ class HiddenStateExtractor(ABC):
 
 
 class LocalExtractor(HiddenStateExtractor):
-    """Hidden states from a ``specui.verifier.Verifier`` in this process."""
+    """Hidden states and targets from a ``specui.verifier.Verifier`` in this process.
 
-    def __init__(self, verifier, aux_layer_ids: Sequence[int]) -> None:
+    Batched: samples of similar length share a forward (right padding, at most
+    ``batch_tokens`` padded tokens), through a bf16 copy of the model where
+    ``dtype`` is bf16 (the default: 5-10x float32's matmul rate on CPUs with AMX or
+    AVX512-BF16).  The targets' top-k come from bf16 logits and are then recomputed
+    in float32 from the normed state, so near ties are ordered as float32 orders them.
+    """
+
+    def __init__(self, verifier, aux_layer_ids: Sequence[int], dtype: torch.dtype | None = None,
+                 batch_tokens: int = 4096, topk: int = TOPK) -> None:
         verifier.check_aux_layer_ids(list(aux_layer_ids))
         self.verifier = verifier
         self.aux_layer_ids = list(aux_layer_ids)
         self.num_layers = verifier.num_layers
         self.fingerprint = verifier_fingerprint(verifier)
+        self.dtype = dtype or default_extraction_dtype()
+        self.batch_tokens = batch_tokens
+        self.topk = min(topk, verifier.vocab_size)
+        self._runner = None
+
+    def runner(self):
+        """The verifier that runs the forwards: itself, or its bf16 copy (made once)."""
+        if self._runner is None:
+            v = self.verifier
+            if self.dtype == v.dtype:
+                self._runner = v
+            else:
+                model = copy.deepcopy(v.model).to(self.dtype)
+                self._runner = type(v)(model, v.tokenizer, v.name)
+        return self._runner
+
+    def targets(self, last_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids [T, k], logprobs [T, k]) of the verifier after each position."""
+        return topk_targets(self.verifier, last_hidden, self.topk, self.runner())
 
     def extract(self, samples: Sequence[TokenSample], out_dir: Path) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
-        paths = []
-        device = next(self.verifier.model.parameters()).device
-        for s in samples:
-            ids = torch.tensor(s.input_ids, dtype=torch.long)
-            taps = self.verifier.taps(ids.to(device), self.layer_ids)  # [T, n_aux + 1, H]
-            path = out_dir / self.file_name(s)
-            write_sample(path, taps, ids, torch.tensor(s.loss_mask, dtype=torch.long),
-                         {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)})
-            paths.append(path)
-        return paths
+        runner = self.runner()
+        device = next(runner.model.parameters()).device
+        paths: dict[int, Path] = {}
+        for batch in length_batches([len(s) for s in samples], self.batch_tokens):
+            width = max(len(samples[i]) for i in batch)
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            for row, i in enumerate(batch):
+                ids[row, : len(samples[i])] = torch.tensor(samples[i].input_ids, dtype=torch.long)
+            lengths = [len(samples[i]) for i in batch]
+            taps = runner.taps_batch(ids.to(device), lengths, self.layer_ids)  # [N, W, n_aux + 1, H]
+            for row, i in enumerate(batch):
+                s, n = samples[i], lengths[row]
+                t = taps[row, :n]
+                target_ids, target_logprobs = self.targets(t[:, -1])
+                path = out_dir / self.file_name(s)
+                write_sample(path, t, ids[row, :n], torch.tensor(s.loss_mask, dtype=torch.long),
+                             {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)},
+                             target_ids=target_ids, target_logprobs=target_logprobs)
+                paths[i] = path
+        return [paths[i] for i in range(len(samples))]
+
+
+def default_extraction_dtype() -> torch.dtype:
+    """bf16 where this CPU (or any CUDA GPU) has fast bf16 matmuls, else float32."""
+    if torch.cuda.is_available():
+        return torch.bfloat16
+    return torch.bfloat16 if torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX") else torch.float32
+
+
+def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+    """Indices grouped by similar length, each group at most ``batch_tokens`` padded tokens
+    (a longer sample goes alone): little compute is spent on padding."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and lengths[i] * (len(batches[-1]) + 1) <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+@torch.inference_mode()
+def topk_targets(verifier, last_hidden: torch.Tensor, k: int = TOPK, runner=None,
+                 spare: int = 8, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """The verifier's top-k log-probs after each position, from its pre-norm last layer.
+
+    The LM head runs in ``runner``'s dtype (bf16: the costly 49k-row matmul); the best
+    ``k + spare`` candidates are then scored again in float32, which fixes their order
+    and values, and the log-normaliser comes from the bf16 logits (its error is far
+    below bf16's resolution of a single logit).
+    """
+    runner = runner or verifier
+    head = runner.lm_head.weight
+    head32 = verifier.lm_head.weight.float()
+    bias = getattr(verifier.lm_head, "bias", None)
+    ids_out, lp_out = [], []
+    for start in range(0, last_hidden.shape[0], chunk):
+        h = last_hidden[start : start + chunk]
+        normed = runner.final_norm(h.to(head.dtype))
+        logits = torch.nn.functional.linear(normed, head, getattr(runner.lm_head, "bias", None)).float()
+        lse = torch.logsumexp(logits, -1, keepdim=True)
+        cand = logits.topk(min(k + spare, logits.shape[-1]), dim=-1).indices  # [t, c]
+        h32 = verifier.final_norm(h.to(head32.dtype)).float()
+        exact = torch.einsum("th,tch->tc", h32, head32[cand])
+        if bias is not None:
+            exact = exact + bias.float()[cand]
+        values, order = exact.topk(min(k, cand.shape[1]), dim=-1)
+        ids_out.append(cand.gather(-1, order))
+        lp_out.append(values - lse)
+    return torch.cat(ids_out).cpu(), torch.cat(lp_out).cpu()
 
 
 def write_sample(path: Path, hidden_states: torch.Tensor, token_ids: torch.Tensor, loss_mask: torch.Tensor,
-                 metadata: dict[str, str] | None = None) -> None:
+                 metadata: dict[str, str] | None = None, *, target_ids: torch.Tensor | None = None,
+                 target_logprobs: torch.Tensor | None = None) -> None:
     """Write one sample file atomically (a reader never sees half a file)."""
     tensors = {
         "hidden_states": hidden_states.to("cpu", STORE_DTYPE).contiguous(),
         "token_ids": token_ids.to("cpu", torch.long).contiguous(),
         "loss_mask": loss_mask.to("cpu", torch.long).contiguous(),
     }
+    if target_ids is not None and target_logprobs is not None:
+        tensors["target_ids"] = target_ids.to("cpu", torch.long).contiguous()
+        tensors["target_logprobs"] = target_logprobs.to("cpu", torch.float32).contiguous()
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=path.parent)
     os.close(fd)
     try:
@@ -129,32 +232,59 @@ def write_sample(path: Path, hidden_states: torch.Tensor, token_ids: torch.Tenso
         raise
 
 
-def read_sample(path: Path, n_aux: int) -> SampleTensors:
-    """Load a layout file: split the stored taps into aux features and the last layer."""
+def read_sample(path: Path, n_aux: int, targets: TargetFn | None = None) -> SampleTensors:
+    """Load a layout file (memory-mapped): the aux taps as features, and the targets.
+
+    A file without targets (vLLM's) gets them from its ``tap[N]`` through ``targets``,
+    and is rewritten with them, so the verifier's head runs once per sample, not per step.
+    """
     try:
-        t = load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            names = set(f.keys())
+            metadata = f.metadata()
+            hs = f.get_slice("hidden_states")
+            shape = hs.get_shape()
+            if len(shape) != 3 or shape[1] != n_aux + 1:
+                raise SpecUIError(f"hidden-state file {path} holds {tuple(shape)}; expected [T, {n_aux + 1}, H]")
+            stored = "target_ids" in names and "target_logprobs" in names
+            taps = hs[:, :n_aux] if stored else f.get_tensor("hidden_states")
+            t = {k: f.get_tensor(k) for k in ("token_ids", "loss_mask", "target_ids", "target_logprobs") if k in names}
     except (OSError, SafetensorError) as e:
         raise SpecUIError(f"cannot read hidden-state file {path}: {e}") from None
-    hs = t["hidden_states"].float()  # [T, n_aux + 1, H]
-    if hs.dim() != 3 or hs.shape[1] != n_aux + 1:
-        raise SpecUIError(f"hidden-state file {path} holds {tuple(hs.shape)}; expected [T, {n_aux + 1}, H]")
-    T = hs.shape[0]
+    T = shape[0]
     mask = t.get("loss_mask")
     if mask is None:  # a vLLM-written file has no mask: train on every position
         mask = torch.ones(T, dtype=torch.long)
+    if not stored:
+        if targets is None:
+            raise SpecUIError(f"hidden-state file {path} has no targets and no verifier head was given to add them")
+        ids, lps = targets(taps[:, n_aux].float())
+        write_sample(path, taps, t["token_ids"], mask, metadata, target_ids=ids, target_logprobs=lps)
+        t["target_ids"], t["target_logprobs"] = ids, lps
+        taps = taps[:, :n_aux]
     return SampleTensors(
         input_ids=t["token_ids"].long(),
-        hidden_states=hs[:, :n_aux].reshape(T, -1),
-        last_hidden=hs[:, n_aux],
+        hidden_states=taps.reshape(T, -1).float(),
+        target_ids=t["target_ids"].long(),
+        target_logprobs=t["target_logprobs"].float(),
         loss_mask=mask.long(),
     )
 
 
+def bytes_per_token(n_taps: int, hidden_size: int, topk: int = TOPK) -> int:
+    """Disk one sequence token takes in a layout file (taps, targets, ids and mask)."""
+    return n_taps * hidden_size * STORE_DTYPE.itemsize + topk * (8 + 4) + 16
+
+
 class HiddenStateStore:
-    """Hands a trainer the hidden states of sample ``i`` in the chosen mode."""
+    """Hands a trainer the hidden states of sample ``i`` in the chosen mode.
+
+    ``targets`` adds the verifier's targets to files written without them (see
+    ``read_sample``); a ``LocalExtractor`` brings its own.
+    """
 
     def __init__(self, extractor: HiddenStateExtractor, samples: Sequence[TokenSample], mode: str | ExtractionMode,
-                 cache_dir: str | Path) -> None:
+                 cache_dir: str | Path, targets: TargetFn | None = None) -> None:
         try:
             self.mode = ExtractionMode(mode)
         except ValueError:
@@ -163,6 +293,7 @@ class HiddenStateStore:
         self.samples = list(samples)
         self.cache_dir = Path(cache_dir)
         self.n_aux = len(extractor.aux_layer_ids)
+        self.target_fn = targets or getattr(extractor, "targets", None)
 
     def path(self, i: int) -> Path:
         return self.cache_dir / self.extractor.file_name(self.samples[i])
@@ -171,11 +302,35 @@ class HiddenStateStore:
         indices = range(len(self.samples)) if indices is None else indices
         return [i for i in indices if not self.path(i).is_file()]
 
-    def prepare(self, indices: Sequence[int] | None = None, progress: Callable[[int, int], None] | None = None, chunk: int = 8) -> None:
-        """Offline mode: extract every missing sample of ``indices`` (default: all) now."""
+    def bytes_needed(self, indices: Sequence[int], hidden_size: int) -> int:
+        """Disk the missing samples of ``indices`` will take once extracted."""
+        per = bytes_per_token(len(self.extractor.layer_ids), hidden_size)
+        return per * sum(len(self.samples[i]) for i in self.missing(indices))
+
+    def check_disk(self, indices: Sequence[int], hidden_size: int) -> int:
+        """Refuse, before extracting anything, when the cache's disk cannot hold the files."""
+        need = self.bytes_needed(indices, hidden_size)
+        where = self.cache_dir
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        free = shutil.disk_usage(where).free
+        if need > 0.95 * free:
+            raise SpecUIError(f"extracting hidden states needs {need / 2**30:.1f} GiB in {self.cache_dir}, but only "
+                              f"{free / 2**30:.1f} GiB are free; free some space, or pass --cache-dir on a larger disk")
+        return need
+
+    def prepare(self, indices: Sequence[int] | None = None, progress: Callable[[int, int], None] | None = None, chunk: int = 64) -> None:
+        """Offline mode: extract every missing sample of ``indices`` (default: all) now.
+
+        ``chunk`` samples per call of the extractor (a local one batches them by length);
+        each call's files are complete on disk before the next, so a killed run resumes
+        where it stopped.
+        """
         if self.mode != ExtractionMode.OFFLINE:
             return
         todo = self.missing(indices)
+        if progress:
+            progress(0, len(todo))
         for start in range(0, len(todo), chunk):
             part = todo[start : start + chunk]
             self.extractor.extract([self.samples[i] for i in part], self.cache_dir)
@@ -187,7 +342,7 @@ class HiddenStateStore:
         if self.mode == ExtractionMode.ONLINE:
             with tempfile.TemporaryDirectory(prefix="specui-hidden-") as scratch:
                 paths = self.extractor.extract([self.samples[i] for i in indices], Path(scratch))
-                out = [read_sample(p, self.n_aux) for p in paths]
+                out = [read_sample(p, self.n_aux, self.target_fn) for p in paths]
                 for p in paths:
                     p.unlink(missing_ok=True)  # delete after use, as soon as read
                 return out
@@ -196,4 +351,4 @@ class HiddenStateStore:
             if self.mode == ExtractionMode.OFFLINE:
                 raise SpecUIError(f"{len(missing)} hidden-state files missing from {self.cache_dir}; run the offline extraction first")
             self.extractor.extract([self.samples[i] for i in missing], self.cache_dir)
-        return [read_sample(self.path(i), self.n_aux) for i in indices]
+        return [read_sample(self.path(i), self.n_aux, self.target_fn) for i in indices]

@@ -13,6 +13,7 @@ from specui.vllm.install import vllm_python
 
 SCHEDULES = ("cosine", "linear", "constant")
 EXTRACTION_MODES = ("offline", "online", "mixed")
+PRECISIONS = ("auto", "bf16", "fp32")
 EXTRACTORS = ("local", "vllm")  # who computes the verifier's hidden states (see specui.training.loop)
 
 # The algorithms and their default draft depth (AlgorithmSpec.default_layers: one that
@@ -39,13 +40,19 @@ class TrainConfig:
     seed: int = 0
     threads: int | None = None  # torch CPU threads (None: torch's default)
     device: str = "auto"  # auto | cpu | cuda
+    # Matmuls of a training step: bf16 autocast (float32 master weights, softmax and losses),
+    # fp32, or auto: bf16 where the device multiplies it fast (specui.training.loop.compute_dtype).
+    precision: str = "auto"
 
     # --- data
     num_prompts: int | None = None  # first N prompts of the train split (None: all)
     max_new_tokens: int = 256  # self-distilled response length
     gen_batch_size: int = 8
     max_seq_len: int = 1024  # longer samples are cut (the loss needs the start of the response)
-    extraction: str = "mixed"  # offline | online | mixed (see specui.data.hidden)
+    # offline (every sample's hidden states and targets first, then training reads them from
+    # disk: the verifier never runs in a step) | online | mixed (see specui.data.hidden)
+    extraction: str = "offline"
+    extract_batch_tokens: int = 4096  # padded tokens per extraction forward (local extractor)
     cache_dir: str | None = None  # responses + hidden states (default: OUT/cache)
     # Hidden states from the verifier in this process ("local") or from a vLLM server the
     # run launches and stops ("vllm"; it extracts offline, see specui.training.loop).
@@ -97,6 +104,8 @@ class TrainConfig:
             raise SpecUIError(f"unknown algorithm {self.algorithm!r}; use one of {', '.join(algorithm_names(trainable=True))}")
         if self.schedule not in SCHEDULES:
             raise SpecUIError(f"unknown schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
+        if self.precision not in PRECISIONS:
+            raise SpecUIError(f"unknown training precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
         if self.extraction not in EXTRACTION_MODES:
             raise SpecUIError(f"unknown extraction mode {self.extraction!r}; use one of {', '.join(EXTRACTION_MODES)}")
         positive = {
@@ -105,6 +114,7 @@ class TrainConfig:
             "max_anchors": self.max_anchors, "num_depths": self.num_depths, "ttt_steps": self.ttt_steps,
             "log_every": self.log_every, "checkpoint_every": self.checkpoint_every,
             "keep_checkpoints": self.keep_checkpoints, "markov_rank": self.markov_rank,
+            "extract_batch_tokens": self.extract_batch_tokens,
         }  # fmt: skip
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:

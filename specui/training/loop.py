@@ -10,8 +10,11 @@ extracts everything first and stops before the first step (see
 ``hidden_state_store``).  Both write the same cache files, so either reuses
 what the other extracted.
 
-Compute is fp32 (bf16 is slow on CPUs without AVX-512; hidden states are only
-*stored* in bf16).  Everything random is derived from (seed, step, rank) --
+Compute runs under bf16 autocast where the CPU has fast bf16 matmuls (AMX or
+AVX512-BF16; ``cfg.precision``), with float32 master weights, softmax and
+losses.  The verifier runs once per sample, at extraction (hidden states and its
+top-k targets, ``specui.data.hidden``); a training step reads them from disk and
+runs no part of it.  Everything random is derived from (seed, step, rank) --
 batch order, anchors, sparsified depths -- so a run resumed from a checkpoint
 draws exactly what the uninterrupted run would have drawn.
 """
@@ -33,14 +36,20 @@ from safetensors import SafetensorError
 from torch import nn
 
 from specui.algorithms.layers import draft_target_ids
+from specui.algorithms.objective import Objective, most_frequent_tokens, objective_for
 from specui.atomic import write_json, write_text
 from specui.data.distill import TokenSample, self_distill
-from specui.data.hidden import HiddenStateExtractor, HiddenStateStore, LocalExtractor, SampleTensors
+from specui.data.hidden import (
+    HiddenStateExtractor,
+    HiddenStateStore,
+    LocalExtractor,
+    SampleTensors,
+    topk_targets,
+)
 from specui.data.prompts import load_prompts
 from specui.trace import SpecUIError
 from specui.training import distributed
 from specui.training.config import TrainConfig
-from specui.training.objectives import Objective, TargetHead, most_frequent_tokens, objective_for
 from specui.training.state import (
     latest_checkpoint,
     list_checkpoints,
@@ -96,8 +105,8 @@ class StepModule(nn.Module):
         self.model = model
         self.objective = objective
 
-    def forward(self, batch: list[SampleTensors], gen: torch.Generator):
-        return self.objective.loss(self.model, batch, gen)
+    def forward(self, batch: list[SampleTensors], gen: torch.Generator, metrics: bool = True):
+        return self.objective.loss(self.model, batch, gen, metrics)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -274,7 +283,7 @@ def _train(
             )
         else:
             kept = most_frequent_tokens(samples, verifier.vocab_size, cfg.draft_vocab_size)
-    objective = objective_for(cfg, verifier, TargetHead(verifier, kept, d.device))
+    objective = objective_for(cfg, verifier)
     objective.draft_vocab = kept
     usable = [s for s in samples if objective.usable(s)]
     if not usable:
@@ -347,6 +356,11 @@ def _train(
             _trim_metrics(metrics_path, resumed_from)
     last: dict[str, float] = {}
     window: list[dict[str, torch.Tensor]] = []
+    shown: dict[str, torch.Tensor] = {}  # metrics of the logging step (computed on those only)
+    dtype = compute_dtype(cfg, d.device)
+    autocast = torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
+    hooks.say("compute: " + ("bf16 autocast, float32 master weights and losses" if dtype == torch.bfloat16
+                             else "float32"))
     t_window, tokens_window = time.perf_counter(), 0
     status = "finished"
 
@@ -371,7 +385,9 @@ def _train(
         idx = batch_indices(step, len(samples), cfg.batch_size, d.world, d.rank, cfg.seed)
         batch = [_to(s, d.device) for s in store.get(idx)]
         gen.manual_seed(step_seed(cfg.seed, step, d.rank))
-        loss, metrics = runner(batch, gen)
+        logging = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps
+        with autocast:
+            loss, metrics = runner(batch, gen, logging)
         if not torch.isfinite(loss):
             raise SpecUIError(f"the loss became {loss.item()} at step {step}; lower --lr")
         optimizer.zero_grad(set_to_none=True)
@@ -381,16 +397,13 @@ def _train(
         step += 1
 
         tokens_window += sum(len(s) for s in batch)
-        window.append(
-            {
-                "loss": loss.detach(),
-                "grad_norm": grad_norm.detach(),
-                **{k: v.detach() for k, v in metrics.items()},
-            }
-        )
+        window.append({"loss": loss.detach(), "grad_norm": grad_norm.detach()})
+        shown.update({k: v.detach() for k, v in metrics.items()})  # the logging step's only
         if step % cfg.log_every == 0 or step == cfg.steps:
             elapsed = time.perf_counter() - t_window
             last = summarize(window, d)
+            last.update(summarize([shown], d) if shown else {})
+            shown = {}
             last.update(
                 lr=lr,
                 step_time_s=elapsed / len(window),
@@ -447,7 +460,7 @@ def make_extractor(
     """The extractor ``cfg.extractor`` names.  A vLLM one starts its server on first use
     (never, when the cache is already full) and must be closed."""
     if cfg.extractor == "local":
-        return LocalExtractor(verifier, aux_layer_ids)
+        return LocalExtractor(verifier, aux_layer_ids, batch_tokens=cfg.extract_batch_tokens)
     from specui.vllm.extract import VLLMExtractor
     from specui.vllm.server import ServerConfig, VLLMServer, is_cpu_build, vllm_python
 
@@ -529,7 +542,8 @@ def hidden_state_store(
                 else "extracted first, the server stops before training"
             )
         )
-    store = HiddenStateStore(extractor, samples, mode, cache_dir)
+    # Files a vLLM server wrote lack the targets: the verifier's head adds them once per file.
+    store = HiddenStateStore(extractor, samples, mode, cache_dir, targets=lambda h: topk_targets(verifier, h))
     if mode != "offline" or not prepare:
         return store
     # The local verifier runs in every process: each extracts its share.  One vLLM
@@ -538,9 +552,12 @@ def hidden_state_store(
         mine = range(len(samples)) if d.is_main else range(0)
         chunk = 4 * getattr(extractor, "concurrency", 1)  # requests vLLM can batch
     else:
-        mine, chunk = range(d.rank, len(samples), d.world), 8
+        # Enough samples per call for the local extractor's length batches to fill.
+        mine, chunk = range(d.rank, len(samples), d.world), 64
+    need = store.check_disk(mine, verifier.hidden_size)
     hooks.say(
-        f"extracting hidden states of {len(store.missing(mine))} of {len(samples)} samples (offline, {cfg.extractor})"
+        f"extracting hidden states of {len(store.missing(mine))} of {len(samples)} samples "
+        f"(offline, {cfg.extractor}): {need / 2**30:.2f} GiB in {cache_dir}"
     )
 
     def progress(done: int, total: int) -> None:
@@ -552,6 +569,19 @@ def hidden_state_store(
         close()  # the server's memory goes back before the drafter trains
     d.barrier()
     return store
+
+
+def compute_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
+    """The matmul dtype of training steps: bf16 where asked, or under ``auto`` where the
+    device multiplies bf16 fast (a GPU; a CPU with AMX or AVX512-BF16, where it is 5-10x
+    float32's rate; elsewhere bf16 on a CPU is slower than float32)."""
+    if cfg.precision == "fp32":
+        return torch.float32
+    if cfg.precision == "bf16" or device.type == "cuda":
+        return torch.bfloat16
+    from specui.data.hidden import default_extraction_dtype
+
+    return default_extraction_dtype()
 
 
 def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -583,7 +613,7 @@ def _to(s: SampleTensors, device: torch.device) -> SampleTensors:
     return SampleTensors(
         *(
             t.to(device, non_blocking=True)
-            for t in (s.input_ids, s.hidden_states, s.last_hidden, s.loss_mask)
+            for t in (s.input_ids, s.hidden_states, s.target_ids, s.target_logprobs, s.loss_mask)
         )
     )
 

@@ -35,7 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from specui.data.distill import TokenSample, verifier_fingerprint
-from specui.data.hidden import HiddenStateExtractor, write_sample
+from specui.data.hidden import HiddenStateExtractor, TargetFn, topk_targets, write_sample
 from specui.paths import REPO_ROOT
 from specui.trace import SpecUIError
 from specui.vllm.server import (
@@ -93,6 +93,7 @@ class VLLMExtractor(HiddenStateExtractor):
         server_config: ServerConfig | None = None,
         concurrency: int = 4,
         on_launch: Callable[[VLLMServer], None] | None = None,
+        targets: TargetFn | None = None,
     ) -> None:
         bad = [i for i in aux_layer_ids if not 0 <= i <= num_layers]
         if bad:
@@ -104,6 +105,9 @@ class VLLMExtractor(HiddenStateExtractor):
         self.concurrency = max(1, concurrency)
         self._base = server_config or ServerConfig()
         self._on_launch = on_launch  # told of each server started (a trainer logs its pid and log file)
+        # The verifier's head, so each file gets its targets as a local extraction's does;
+        # None leaves them to the store, which adds them when it first reads the file.
+        self.targets = targets
         self._server: VLLMServer | None = None
         self._storage: Path | None = None
         self._lock = threading.Lock()
@@ -113,6 +117,7 @@ class VLLMExtractor(HiddenStateExtractor):
         """For ``verifier`` (loaded from ``spec``: embedded or a folder)."""
         aux = list(aux_layer_ids) if aux_layer_ids is not None else verifier.default_aux_layer_ids()
         verifier.check_aux_layer_ids(aux)
+        kw.setdefault("targets", lambda h: topk_targets(verifier, h))
         return cls(spec, aux, num_layers=verifier.num_layers, fingerprint=verifier_fingerprint(verifier), **kw)
 
     # -- the server --
@@ -186,8 +191,10 @@ class VLLMExtractor(HiddenStateExtractor):
                               f"expected [{len(ids)}, {len(unique)}, H]")
         taps = hs[:, [unique.index(i) for i in self.layer_ids]]  # file order: aux layers, then tap[N]
         path = out_dir / self.file_name(sample)
+        target_ids, target_logprobs = self.targets(taps[:, -1].float()) if self.targets else (None, None)
         write_sample(path, taps, token_ids, torch.tensor(sample.loss_mask, dtype=torch.long),
-                     {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)})
+                     {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)},
+                     target_ids=target_ids, target_logprobs=target_logprobs)
         return path
 
 

@@ -4,10 +4,11 @@ Per batch (packed into one sequence):
 
 1. anchors: up to ``max_anchors`` random response positions per document;
 2. ``DFlashModel.forward_blocks`` drafts every block ``[x[p], MASK x (B-1)]``
-   in one pass under the block mask (context j < p of the same document,
-   the block's own slots);
-3. targets: the verifier's logits at ``model.target_positions`` -- slot k
-   predicts x[p+k] (DSpark: x[p+k+1]) -- from the stored pre-norm last layer;
+   in one pass per document (context j < p, the block's own slots): a document
+   never attends to another, so the packed batch's cross-document scores, most of
+   them masked, are never computed (``packed_attention`` runs the old single pass);
+3. targets: the verifier's stored top-k at ``model.target_positions`` -- slot k
+   predicts x[p+k] (DSpark: x[p+k+1]) -- gathered, not recomputed;
 4. loss: per-slot CE against the verifier's argmax (speculators' DFlash loss;
    ``extra={"loss": "kl"}`` for the soft KL), weighted ``exp(-(k-1)/gamma)``
    over drafted slots k = 1.., or by D-PACE.
@@ -18,11 +19,13 @@ from __future__ import annotations
 import torch
 
 from specui.algorithms.dflash.model import DFlashModel
-from specui.training.objectives import (
+from specui.algorithms.objective import (
     Metrics,
     Objective,
     Packed,
+    Targets,
     block_metrics,
+    cat_outputs,
     pack,
     slot_loss_fn,
     slot_stats,
@@ -103,11 +106,24 @@ class DFlashObjective(Objective):
         # The first response token must be able to anchor a whole block.
         return len(sample.response_ids) > self.cfg.block_size
 
+    def forward(self, model: DFlashModel, packed: Packed, anchors: torch.Tensor):
+        """The model's blocks for ``anchors``: one pass per document (or one packed pass)."""
+        if self.packed_attention:
+            return model.forward_blocks(packed.hidden_states, packed.input_ids, anchors, packed.position_ids,
+                                        packed.document_ids)
+        outs = []
+        for doc in packed.documents():
+            mine = anchors[(anchors >= doc.start) & (anchors < doc.stop)]  # sorted: documents in order
+            if mine.numel():
+                outs.append(model.forward_blocks(packed.hidden_states[doc], packed.input_ids[doc],
+                                                 mine - doc.start, packed.position_ids[doc]))
+        return cat_outputs(outs)
+
     def blocks(self, model: DFlashModel, batch, gen: torch.Generator):
-        """Shared by DSpark: (packed batch, anchors, model output, targets [A, B, Vd], valid [A, B])."""
+        """Shared by DSpark: (packed batch, anchors, model output, targets [A, B], valid [A, B])."""
         packed: Packed = pack(batch)
         anchors = select_anchors(packed, self.cfg.block_size, self.cfg.max_anchors, gen)
-        out = model.forward_blocks(packed.hidden_states, packed.input_ids, anchors, packed.position_ids, packed.document_ids)
+        out = self.forward(model, packed, anchors)
         T, B = len(packed), self.cfg.block_size
         tgt_pos, valid = model.target_positions(anchors, T)
         # The slot predicts the token after tgt_pos: it must lie in the anchor's document.
@@ -117,24 +133,26 @@ class DFlashObjective(Objective):
         # predicted token; DSpark: the token before it, as EAGLE masks by input token).
         slot_pos = (anchors[:, None] + torch.arange(B, device=anchors.device)).clamp(max=T - 1)
         valid = valid & packed.loss_mask[slot_pos].bool()
-        targets = self.targets(packed.last_hidden[tgt_pos])  # [A, B, Vd]
-        return packed, anchors, out, targets, valid
+        targets = self.targets(packed.target_ids[tgt_pos], packed.target_logprobs[tgt_pos])  # [A, B, k]
+        return packed, anchors, out, targets, valid & targets.valid
 
-    def slot_loss(self, logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def slot_loss(self, logits: torch.Tensor, targets: Targets, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weighted mean loss, position weights [A|1, S]) over drafted slots."""
-        A, S, V = logits.shape
-        per_slot = slot_loss_fn(self.cfg, "ce")(logits.reshape(-1, V), targets.reshape(-1, V)).view(A, S)
+        S = logits.shape[1]
+        per_slot = slot_loss_fn(self.cfg, "ce")(logits, targets)  # [A, S]
         if self.cfg.dpace:
             w = dpace_weights(per_slot.detach(), valid)
         else:
             w = decay_weights(S, self.cfg.gamma, logits.device)[None]
         return weighted_mean(per_slot, w, valid), w
 
-    def loss(self, model: DFlashModel, batch, gen: torch.Generator) -> tuple[torch.Tensor, Metrics]:
+    def loss(self, model: DFlashModel, batch, gen: torch.Generator, metrics: bool = True) -> tuple[torch.Tensor, Metrics]:
         _, _, out, targets, valid = self.blocks(model, batch, gen)
         f = self.first_slot
         logits, targets, valid = out.logits[:, f:], targets[:, f:], valid[:, f:]
         loss, _ = self.slot_loss(logits, targets, valid)
-        metrics = block_metrics(*slot_stats(logits.detach(), targets), valid, self.num_positions)
-        metrics["anchors"] = torch.tensor(float(valid.shape[0]))
-        return loss, metrics
+        if not metrics:
+            return loss, {}
+        stats = block_metrics(*slot_stats(logits.detach(), targets), valid, self.num_positions)
+        stats["anchors"] = torch.tensor(float(valid.shape[0]))
+        return loss, stats

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from specui.algorithms.dflash.objective import DFlashObjective
 from specui.algorithms.dspark.model import DSparkModel
-from specui.training.objectives import Metrics, block_metrics, tv_distance, weighted_mean
+from specui.algorithms.objective import Metrics, Targets, block_metrics, tv_distance, weighted_mean
 
 
 class DSparkObjective(DFlashObjective):
@@ -30,39 +30,43 @@ class DSparkObjective(DFlashObjective):
     def create_options(self) -> dict:
         return {"markov_rank": self.cfg.markov_rank}
 
-    def loss(self, model: DSparkModel, batch, gen: torch.Generator) -> tuple[torch.Tensor, Metrics]:
+    def loss(self, model: DSparkModel, batch, gen: torch.Generator, metrics: bool = True) -> tuple[torch.Tensor, Metrics]:
         _, _, out, targets, valid = self.blocks(model, batch, gen)
         logits = out.markov_logits  # [A, B, Vd]; all B slots are drafted
-        A, S, V = logits.shape
         ce, w = self.slot_loss(logits, targets, valid)
         tw = self.cfg.tv_weight
-        with torch.set_grad_enabled(tw > 0):  # no graph for a TV term the loss does not use
-            tv = tv_distance(logits.reshape(-1, V), targets.reshape(-1, V)).view(A, S)
+        needs_tv = tw > 0 or metrics or out.confidence_logits is not None
+        tv = None
+        if needs_tv:
+            with torch.set_grad_enabled(tw > 0 and torch.is_grad_enabled()):  # no graph for an unused TV
+                tv = tv_distance(logits, targets)
         loss = (1 - tw) * ce + tw * weighted_mean(tv, w, valid) if tw > 0 else ce
-        hit = logits.detach().argmax(-1) == targets.argmax(-1)
-        metrics = block_metrics(hit, (1.0 - tv).detach(), valid, self.num_positions)
-        metrics["ce"] = ce.detach()
-        metrics["tv"] = weighted_mean(tv.detach(), torch.ones_like(w), valid)
+        stats: Metrics = {}
+        hit = (logits.detach().argmax(-1) == targets.top) & targets.valid
+        if metrics:
+            stats = block_metrics(hit, (1.0 - tv).detach(), valid, self.num_positions)
+            stats["ce"] = ce.detach()
+            stats["tv"] = weighted_mean(tv.detach(), torch.ones_like(w), valid)
         if out.confidence_logits is not None:
             accept = self.acceptance_target(logits.detach(), targets, tv.detach(), hit)
-            bce = F.binary_cross_entropy_with_logits(out.confidence_logits, accept, reduction="none")
+            bce = F.binary_cross_entropy_with_logits(out.confidence_logits.float(), accept, reduction="none")
             conf_loss = weighted_mean(bce, w, valid)
             loss = loss + self.cfg.confidence_weight * conf_loss
-            with torch.no_grad():
-                m = valid.float()
-                prob = torch.sigmoid(out.confidence_logits)
-                metrics["confidence_loss"] = conf_loss.detach()
-                metrics["confidence_abs_error"] = ((prob - accept).abs() * m).sum() / m.sum().clamp_min(1)
-                metrics["confidence_mean"] = (prob * m).sum() / m.sum().clamp_min(1)
-                metrics["accept_rate"] = (accept * m).sum() / m.sum().clamp_min(1)
-        return loss, metrics
+            if metrics:
+                with torch.no_grad():
+                    m = valid.float()
+                    prob = torch.sigmoid(out.confidence_logits.float())
+                    stats["confidence_loss"] = conf_loss.detach()
+                    stats["confidence_abs_error"] = ((prob - accept).abs() * m).sum() / m.sum().clamp_min(1)
+                    stats["confidence_mean"] = (prob * m).sum() / m.sum().clamp_min(1)
+                    stats["accept_rate"] = (accept * m).sum() / m.sum().clamp_min(1)
+        return loss, stats
 
-    def acceptance_target(self, logits: torch.Tensor, targets: torch.Tensor, tv: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:
+    def acceptance_target(self, logits: torch.Tensor, targets: Targets, tv: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:
         """Each slot's analytic acceptance probability at ``confidence_temperature`` [A, B]."""
         t = self.cfg.confidence_temperature
         if t == 0:
             return hit.float()
         if t == 1:
             return 1.0 - tv  # already taken at temperature 1
-        A, S, V = logits.shape
-        return 1.0 - tv_distance(logits.reshape(-1, V) / t, targets.reshape(-1, V) / t).view(A, S)
+        return 1.0 - tv_distance(logits, targets, temperature=t)

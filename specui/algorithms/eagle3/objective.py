@@ -15,8 +15,7 @@ from __future__ import annotations
 import torch
 
 from specui.algorithms.eagle3.model import Eagle3Model
-from specui.data.hidden import SampleTensors
-from specui.training.objectives import (
+from specui.algorithms.objective import (
     Metrics,
     Objective,
     Packed,
@@ -25,17 +24,18 @@ from specui.training.objectives import (
     slot_loss_fn,
     slot_stats,
 )
+from specui.data.hidden import SampleTensors
 
 
 def pack_shifted(batch: list[SampleTensors]) -> Packed:
     """The EAGLE layout (speculators' ``shift_batch``), packed: row i of a document
-    holds token x[i+1], the verifier taps of position i, the pre-norm last layer
-    of position i+1 (its logits predict x[i+2]) and the loss mask of x[i+1]
+    holds token x[i+1], the verifier taps of position i, the verifier's targets
+    after position i+1 (they predict x[i+2]) and the loss mask of x[i+1]
     (rows whose input token is a response token: the rows drafting starts from)."""
     shifted = [
         SampleTensors(
             input_ids=s.input_ids[1:], hidden_states=s.hidden_states[:-1],
-            last_hidden=s.last_hidden[1:], loss_mask=s.loss_mask[1:],
+            target_ids=s.target_ids[1:], target_logprobs=s.target_logprobs[1:], loss_mask=s.loss_mask[1:],
         )  # fmt: skip
         for s in batch
     ]
@@ -58,23 +58,28 @@ class Eagle3Objective(Objective):
             seed=cfg.seed,
         )
 
-    def loss(self, model: Eagle3Model, batch, gen: torch.Generator) -> tuple[torch.Tensor, Metrics]:
+    def forward(self, model: Eagle3Model, p: Packed, S: int):
+        """TTT logits [S, T', Vd]: one pass per document, whose keys are only its own rows
+        (``packed_attention``: the whole packed batch in one masked pass, the old path)."""
+        if self.packed_attention:
+            return model.forward_ttt(p.hidden_states, p.input_ids, S, p.position_ids + 1, p.document_ids).logits
+        outs = [model.forward_ttt(p.hidden_states[doc], p.input_ids[doc], S, p.position_ids[doc] + 1).logits
+                for doc in p.documents()]  # fmt: skip
+        return torch.cat(outs, dim=1)
+
+    def loss(self, model: Eagle3Model, batch, gen: torch.Generator, metrics: bool = True) -> tuple[torch.Tensor, Metrics]:
         p = pack_shifted(batch)
         T, S = len(p), self.cfg.ttt_steps
-        out = model.forward_ttt(p.hidden_states, p.input_ids, S, p.position_ids + 1, p.document_ids)
-        targets = self.targets(p.last_hidden)  # [T', Vd]: row j predicts x[j+2]
-        loss_fn = slot_loss_fn(self.cfg, "kl")
-        i = torch.arange(T, device=targets.device)
-        step_losses, hits, accepts, valids = [], [], [], []
-        for s in range(S):
-            j = (i + s).clamp(max=T - 1)  # step s of row i is scored against row i+s's target
-            valid = (i + s < T) & (p.document_ids[j] == p.document_ids) & p.loss_mask[j].bool()
-            per_row = loss_fn(out.logits[s], targets[j])
-            step_losses.append((per_row * valid).sum() / valid.sum().clamp_min(1))
-            hit, accept = slot_stats(out.logits[s].detach(), targets[j])
-            hits.append(hit)
-            accepts.append(accept)
-            valids.append(valid)
-        loss = torch.stack(step_losses).mean()
-        metrics = block_metrics(torch.stack(hits, 1), torch.stack(accepts, 1), torch.stack(valids, 1), S)
-        return loss, metrics
+        logits = self.forward(model, p, S)
+        i = torch.arange(T, device=p.input_ids.device)
+        # Step s of row i is scored against row i+s's target: one gather of all steps' targets.
+        j = (i[None] + torch.arange(S, device=i.device)[:, None]).clamp(max=T - 1)  # [S, T']
+        targets = self.targets(p.target_ids[j], p.target_logprobs[j])  # [S, T', k]
+        valid = (i[None] + torch.arange(S, device=i.device)[:, None] < T) & (p.document_ids[j] == p.document_ids[None])
+        valid = valid & p.loss_mask[j].bool() & targets.valid
+        per_row = slot_loss_fn(self.cfg, "kl")(logits, targets)  # [S, T']
+        loss = ((per_row * valid).sum(-1) / valid.sum(-1).clamp_min(1)).mean()
+        if not metrics:
+            return loss, {}
+        hit, accept = slot_stats(logits.detach(), targets)
+        return loss, block_metrics(hit.T, accept.T, valid.T, S)

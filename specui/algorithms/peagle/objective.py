@@ -15,8 +15,15 @@ from __future__ import annotations
 import torch
 
 from specui.algorithms.eagle3.objective import pack_shifted
+from specui.algorithms.objective import (
+    Metrics,
+    Objective,
+    block_metrics,
+    cat_outputs,
+    slot_loss_fn,
+    slot_stats,
+)
 from specui.algorithms.peagle.model import PEagleModel
-from specui.training.objectives import Metrics, Objective, block_metrics, slot_loss_fn, slot_stats
 
 
 def cod_rows(
@@ -72,21 +79,29 @@ class PEagleObjective(Objective):
             **options,
         )
 
-    def loss(self, model: PEagleModel, batch, gen: torch.Generator) -> tuple[torch.Tensor, Metrics]:
+    def loss(self, model: PEagleModel, batch, gen: torch.Generator, metrics: bool = True) -> tuple[torch.Tensor, Metrics]:
         p = pack_shifted(batch)
         K, dev = self.cfg.num_depths, p.input_ids.device
-        anchors, depths = [], []
-        for start, n in zip(p.starts, p.lengths, strict=True):
-            a, d = cod_rows(p.loss_mask[start : start + n], K, self.cfg.cod_ratio, self.cfg.cod_min_ratio, gen)
-            anchors.append(a + start)
+        anchors, depths, outs = [], [], []
+        for doc in p.documents():
+            a, d = cod_rows(p.loss_mask[doc], K, self.cfg.cod_ratio, self.cfg.cod_min_ratio, gen)
+            a, d = a.to(dev), d.to(dev)
+            if not self.packed_attention:  # each document's rows attend only to its own rows
+                outs.append(model.forward_rows(p.hidden_states[doc], p.input_ids[doc], a, d))
+            anchors.append(a + doc.start)
             depths.append(d)
-        row_a, row_d = torch.cat(anchors).to(dev), torch.cat(depths).to(dev)
-        out = model.forward_rows(p.hidden_states, p.input_ids, row_a, row_d, p.document_ids)
+        row_a, row_d = torch.cat(anchors), torch.cat(depths)
+        if self.packed_attention:
+            out = model.forward_rows(p.hidden_states, p.input_ids, row_a, row_d, p.document_ids)
+        else:
+            out = cat_outputs(outs)
         q = row_a + row_d  # the row's own shifted index: its target is the verifier there
-        valid = p.loss_mask[q].bool()
-        targets = self.targets(p.last_hidden[q])  # [R, Vd]
+        targets = self.targets(p.target_ids[q], p.target_logprobs[q])  # [R, k]
+        valid = p.loss_mask[q].bool() & targets.valid
         per_row = slot_loss_fn(self.cfg, "kl")(out.logits, targets)
         loss = (per_row * valid).sum() / valid.sum().clamp_min(1)
+        if not metrics:
+            return loss, {}
 
         # Metrics on a grid [anchor, depth]: only rollouts kept at every depth give tau.
         hit, accept = slot_stats(out.logits.detach(), targets)
@@ -95,6 +110,6 @@ class PEagleObjective(Objective):
         grid[row_a, row_d] = valid
         g_hit[row_a, row_d] = hit
         g_acc[row_a, row_d] = accept
-        metrics = block_metrics(g_hit, g_acc, grid, K)
-        metrics["rows"] = torch.tensor(float(row_a.numel()))
-        return loss, metrics
+        stats = block_metrics(g_hit, g_acc, grid, K)
+        stats["rows"] = torch.tensor(float(row_a.numel()))
+        return loss, stats
