@@ -28,10 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from specui.algorithms.dflash.objective import select_anchors  # noqa: E402
 from specui.algorithms.objective import objective_for  # noqa: E402
 from specui.algorithms.objective import pack as pack_batch  # noqa: E402
-
-from specui.algorithms.dflash.objective import select_anchors  # noqa: E402
 from specui.data.distill import self_distill  # noqa: E402
 from specui.data.hidden import HiddenStateStore, LocalExtractor  # noqa: E402
 from specui.data.prompts import load_prompts  # noqa: E402
@@ -95,7 +94,8 @@ def main() -> int:
     store = HiddenStateStore(LocalExtractor(verifier, model.config.aux_layer_ids), samples, "online", "/nonexistent")
     batch = [s for s in store.get(range(len(samples)))]
     if device.type == "cuda":
-        batch = [type(s)(*(t.to(device) for t in (s.input_ids, s.hidden_states, s.target_ids, s.target_logprobs, s.loss_mask))) for s in batch]
+        fields = ("input_ids", "hidden_states", "target_ids", "target_logprobs", "loss_mask")
+        batch = [type(s)(*(getattr(s, f).to(device) for f in fields)) for s in batch]
     tokens = sum(len(s) for s in batch)
     all_anchors = len(select_anchors(pack_batch(batch), args.block_size, 10**9, torch.Generator()))
 
