@@ -191,6 +191,98 @@ def test_torn_cache_line_is_regenerated(fixture_verifier, id_prompts, tmp_path):
     assert self_distill(fixture_verifier, id_prompts[:2], max_new_tokens=4, cache_dir=tmp_path) == first
 
 
+def _distill(verifier, prompts, n, cache_dir):
+    """self_distill, and how many prompts it had to generate (its first progress report)."""
+    totals: list[int] = []
+    out = self_distill(verifier, prompts, n, batch_size=4, cache_dir=cache_dir,
+                       progress=lambda done, total: totals.append(total))  # fmt: skip
+    return [s.response_ids for s in out], totals[0]
+
+
+@pytest.fixture
+def eos_verifier(tmp_path, monkeypatch):
+    """A tiny verifier whose greedy responses to ``eos_prompts`` end at EOS (token 3) at
+    several lengths, some before 6 tokens, some after; no shipped responses in the way."""
+    from tests.conftest import make_tiny_verifier
+
+    monkeypatch.setenv("SPECUI_SHIPPED_DIR", str(tmp_path / "shipped"))
+    return make_tiny_verifier(vocab_size=8, eos=3)
+
+
+EOS = 3
+
+
+def eos_prompts():
+    return synthetic_prompts(12, 8, exclude=[EOS])
+
+
+def test_a_cache_of_a_longer_cap_serves_a_shorter_request_by_cutting(eos_verifier, tmp_path):
+    prompts = eos_prompts()
+    long_, generated = _distill(eos_verifier, prompts, 6, tmp_path / "run")
+    assert generated == len(prompts)
+    short, generated = _distill(eos_verifier, prompts, 2, tmp_path / "run")
+    assert generated == 0  # every one cut from the 6-token responses
+    fresh, _ = _distill(eos_verifier, prompts, 2, tmp_path / "fresh")
+    assert short == fresh and short == [r[:2] for r in long_]
+    assert any(len(r) == 1 and r[-1] == EOS for r in short)  # an EOS within the cap stays its end
+    assert not list((tmp_path / "run").glob("*-n2.jsonl"))  # nothing new was written
+
+
+def test_a_response_that_ended_serves_any_longer_request(eos_verifier, tmp_path):
+    prompts = eos_prompts()
+    short, _ = _distill(eos_verifier, prompts, 6, tmp_path / "run")
+    ended = [r for r in short if r[-1] == EOS]
+    assert 0 < len(ended) < len(prompts)  # the test needs both kinds
+    long_, generated = _distill(eos_verifier, prompts, 12, tmp_path / "run")
+    assert generated == len(prompts) - len(ended)  # only the ones cut by the 6-token cap
+    fresh, _ = _distill(eos_verifier, prompts, 12, tmp_path / "fresh")
+    assert long_ == fresh
+    assert [r for r in long_ if r[-1] == EOS and len(r) <= 6] == ended
+    # The 12-token cache now answers 6 as well, and the 6-token one still wins at 6.
+    assert _distill(eos_verifier, prompts, 6, tmp_path / "run") == (short, 0)
+
+
+def test_serve_response_keeps_the_first_eos_and_refuses_what_the_cap_cut():
+    from specui.data.distill import serve_response
+
+    assert serve_response((5, 6, 7, 8), 4, 2, {3}) == (5, 6)  # cut to the shorter cap
+    assert serve_response((5, 3, 7, 3), 4, 3, {3}) == (5, 3)  # a file not cut at its first EOS
+    assert serve_response((5, 6, 3), 4, 9, {3}) == (5, 6, 3)  # ended before its cap
+    assert serve_response((5, 6, 7, 3), 4, 9, {3}) == (5, 6, 7, 3)  # ended at its cap with EOS
+    assert serve_response((5, 6), 4, 9, {3}) == (5, 6)  # stopped short of its cap without EOS
+    assert serve_response((5, 6, 7, 8), 4, 9, {3}) is None  # the cap cut it: 9 needs more
+    assert serve_response((5, 6, 7, 8), 4, 4, {3}) == (5, 6, 7, 8)
+
+
+def test_cache_files_rank_exact_cap_then_the_run_over_the_shipped(tmp_path):
+    from specui.data.distill import cached_responses
+
+    def write(folder, cap, rows, gz=False):
+        folder.mkdir(parents=True, exist_ok=True)
+        text = "".join(json.dumps({"key": k, "response_ids": v}) + "\n" for k, v in rows.items())
+        name = f"responses-abc123-n{cap}.jsonl"
+        if gz:
+            import gzip
+
+            (folder / f"{name}.gz").write_bytes(gzip.compress(text.encode()))
+        else:
+            (folder / name).write_text(text)
+
+    shipped, run = tmp_path / "shipped", tmp_path / "run"
+    write(shipped, 8, {"a": [1] * 8, "b": [2] * 8, "c": [9] * 8}, gz=True)
+    write(run, 8, {"b": [4] * 8})
+    write(run, 4, {"a": [5, 5, 5, 5], "d": [6, 6, 6, 6], "e": [7, 3]})
+    write(run, 2, {"z": [8, 8]})  # a shorter cap without an EOS answers nothing at 4
+    write(tmp_path / "other", 4, {"x": [1, 2, 3, 4]})  # another folder is not looked in
+    other_verifier = json.dumps({"key": "f", "response_ids": [1]}) + "\n"
+    (run / "responses-fff000-n4.jsonl").write_text(other_verifier)
+    got = cached_responses("abc123", 4, {3}, [shipped, run])
+    assert got == {"a": (5,) * 4, "b": (4,) * 4, "c": (9,) * 4, "d": (6,) * 4, "e": (7, 3)}
+    assert cached_responses("abc123", 6, {3}, [shipped, run]) == {
+        "a": (1,) * 6, "b": (4,) * 6, "c": (9,) * 6, "e": (7, 3)
+    }  # fmt: skip
+
+
 def test_prompts_with_their_own_response_skip_generation(fixture_verifier):
     p = Prompt("x", "t", token_ids=(1, 2, 3), response_ids=(4, 5))
     (s,) = self_distill(fixture_verifier, [p], max_new_tokens=8)

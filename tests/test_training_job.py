@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +41,22 @@ def test_train_job_reports_progress_cancels_and_resumes(tmp_path: Path, fixture_
         _wait("loss metrics", lambda: len(store.job_metrics(job.id, "loss")) >= 2)
         running = store.get_job(job.id)
         assert running.status == JobStatus.RUNNING and 0 < running.progress < 1
-        assert running.message.startswith("step ")
+        # The stage, its count, rate and ETA, as the Train tab shows them while the job runs.
+        line = r"step \d+/100000 · [\d.]+ (?:steps/s|s/step) · ETA [\d.]+ (?:s|min|h) · loss [\d.]+"
+        assert re.fullmatch(line, running.message), running.message
+        from specui.ui.train import job_view
+
+        head = job_view(store, f"{job.id}: train")[0]  # the job has moved on since: a later step
+        assert re.search(r"\*\*running\*\* · \d+% · step \d+/100000 · .+ · ETA .+ · loss ", head)
+        # ... and the log says each stage: what generation costs, its count and rate, the steps.
+        tail = running.log_tail
+        plan = r"self-distillation: 0 of (\d+) responses cached; generating \1 \(up to 32 new"
+        n = re.search(plan, tail)
+        assert n, tail  # the train split of the 12
+        assert re.search(rf"^generating responses 0/{n[1]}$", tail, re.M), tail
+        rate = r"[\d.]+ (?:prompts/s|s/prompt)"
+        assert re.search(rf"^generating responses {n[1]}/{n[1]} · {rate}$", tail, re.M), tail
+        assert re.search(r"^step 0/100000$", tail, re.M), tail
         queue.cancel(store, job.id)
         _wait("the cancel", lambda: store.get_job(job.id).status != JobStatus.RUNNING)
         cancelled = store.get_job(job.id)

@@ -1,6 +1,6 @@
 """``specui train``: train a drafter by self-distillation, with a progress bar.
 
-    specui train --algorithm dflash --verifier embedded --prompts gsm-symbolic --out runs/dflash
+    specui train --algorithm dflash --verifier embedded --prompts general --out runs/dflash
     specui train ... --extractor vllm    # hidden states from a vLLM server (.venv-vllm)
 
 Runs under ``torchrun --nproc-per-node N -m specui train ...`` too (DDP).
@@ -17,7 +17,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from specui.algorithms.spec import algorithm_names, algorithm_specs, labels
+from specui.data import prompt_sets
 from specui.trace import SpecUIError
+from specui.training.config import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPTS
 
 if TYPE_CHECKING:
     from specui.training.config import TrainConfig
@@ -170,14 +172,27 @@ def _position_weights(text: str) -> bool:
     return SPECULATORS_POSITION_WEIGHTS[text]
 
 
+def _prompts_help() -> str:
+    """--prompts' help from the prompt-set registry (a set added there is listed here)."""
+    sets = prompt_sets()
+    trainable = sorted(name for name, ps in sets.items() if not ps.evaluation_only)
+    # Evaluation-only sets by family ("spec-bench" for it and its "spec-bench:qa" groups).
+    refused = sorted({name.split(":", 1)[0] for name, ps in sets.items() if ps.evaluation_only})
+    text = (f"a prompt set ({', '.join(trainable)}; default {DEFAULT_PROMPTS}), a JSONL file, "
+            "or a mix a,b (alternating)")
+    if refused:
+        its = "its" if len(refused) == 1 else "their"
+        text += f"; evaluation sets ({', '.join(refused)} and {its} groups) are refused"
+    return text
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a drafter (DFlash, DSpark, P-EAGLE, EAGLE-3) on the verifier's own outputs")
     # Not argparse choices: the config reports an unknown algorithm with the list, as the job API does.
     p.add_argument(*_spellings("--algorithm"), dest="algorithm", type=_algorithm, required=True,
                    help=" | ".join(algorithm_names(trainable=True)))
     p.add_argument(*_spellings("--verifier"), dest="verifier", default="embedded", help="embedded | HF folder | .gguf file | hub id")
-    p.add_argument("--prompts", default="gsm-symbolic",
-                   help="a prompt set (humaneval, gsm-symbolic, rg-math, demo), a JSONL file, or a mix a,b (alternating)")
+    p.add_argument("--prompts", default=DEFAULT_PROMPTS, help=_prompts_help())
     p.add_argument(*_spellings("--out"), dest="out", required=True, help="output folder (final drafter, checkpoints/, metrics.jsonl)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--no-resume-from-checkpoint", dest="resume", action="store_const", const=False, default=argparse.SUPPRESS,
@@ -199,7 +214,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     d = p.add_argument_group("data")
     d.add_argument("--num-prompts", type=int, default=None, help="use the first N training prompts")
-    d.add_argument("--max-new-tokens", type=int, default=256, help="length of the self-distilled responses")
+    d.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                   help="length of the self-distilled responses (default: that of the shipped "
+                        "general responses; a longer one generates again every response that "
+                        "reached it: hours on a CPU)")
     d.add_argument("--gen-batch-size", type=int, default=8)
     d.add_argument("--max-seq-len", type=int, default=1024)
     d.add_argument("--extraction", default="offline",
@@ -290,38 +308,51 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from specui.training.loop import TrainHooks, train
+    from specui.training.progress import stage_unit
 
     main = int(os.environ.get("RANK", "0")) == 0
     bar = None  # made at the first step (after data preparation), starting at a resumed step
+    stage_bars: dict[str, tqdm] = {}  # one per data-preparation stage while it runs
 
     def say(line: str) -> None:
-        if not main:
-            return
-        if bar is not None:
-            bar.write(line, file=sys.stderr)
-        else:
-            print(line, file=sys.stderr, flush=True)
+        if main:
+            tqdm.write(line, file=sys.stderr)  # above the bars, not through them
 
     def progress(step: int, total: int, metrics: dict[str, float]) -> None:
         nonlocal bar
         if args.no_progress or not main:
             return
         if bar is None:
-            bar = tqdm(total=total, initial=step, unit="step", dynamic_ncols=True, file=sys.stderr)
-        bar.n = step
+            bar = tqdm(total=total, initial=step, desc="training", unit="step", dynamic_ncols=True,
+                       file=sys.stderr)
+        bar.update(step - bar.n)  # update, not n =: tqdm's rate (and ETA) follows the updates
         if metrics:
             bar.set_postfix(loss=f"{metrics['loss']:.3f}", tau=f"{metrics.get('accept_len', float('nan')):.2f}", refresh=False)
         bar.refresh()
 
     def stage(what: str, done: int, total: int) -> None:
-        if done == total:
-            say(f"{what}: {done}/{total}")
+        if not main:
+            return
+        if args.no_progress:
+            if done == total:
+                say(f"{what}: {done}/{total}")
+            return
+        b = stage_bars.get(what)
+        if b is None:
+            if done >= total:
+                return  # nothing left to do (all cached): no bar
+            b = stage_bars[what] = tqdm(total=total, initial=done, desc=what, unit=stage_unit(what),
+                                        dynamic_ncols=True, file=sys.stderr)
+        b.update(done - b.n)
+        if done >= total:
+            b.close()
+            del stage_bars[what]
 
     try:
         result = train(cfg, TrainHooks(progress=progress, log=say, stage=stage))
     finally:
-        if bar is not None:
-            bar.close()
+        for b in [*stage_bars.values(), *([bar] if bar is not None else [])]:
+            b.close()
     if main:
         m = result.metrics
         summary = f"{result.status} at step {result.step}: {result.out}"

@@ -14,7 +14,8 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,14 +112,17 @@ def self_distill(
             raise SpecUIError(f"prompt {p.id}: token ids {bad[:5]} outside the verifier's vocabulary ({verifier.vocab_size})")
         encoded.append((p, tuple(ids)))
 
-    name = f"responses-{verifier_fingerprint(verifier)}-n{max_new_tokens}.jsonl"
+    fingerprint = verifier_fingerprint(verifier)
+    name = f"responses-{fingerprint}-n{max_new_tokens}.jsonl"
     # The responses the repository ships (data/corpus/, for the embedded verifier) first: hours
-    # of generation nobody has to repeat; the run's own cache adds to them.
-    cache: dict[str, tuple[int, ...]] = _read_cache(shipped_data_dir() / "corpus" / f"{name}.gz")
+    # of generation nobody has to repeat; the run's own cache adds to them.  Caches of any cap
+    # serve: a longer one by cutting, a shorter one where the response ended before its cap.
+    folders = [shipped_data_dir() / "corpus"]
     path = None
     if cache_dir is not None:
         path = Path(cache_dir) / name
-        cache.update(_read_cache(path))
+        folders.append(Path(cache_dir))
+    cache = cached_responses(fingerprint, max_new_tokens, verifier.eos_token_ids, folders)
 
     todo = [(p, ids) for p, ids in encoded if p.response_ids is None and _hash_ids(ids) not in cache]
     # Similar lengths in one batch waste less compute on padding.
@@ -183,6 +187,57 @@ def generate_greedy(verifier, prompts: Sequence[Sequence[int]], max_new_tokens: 
         cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
         responses.append(tuple(row[:cut]))
     return responses
+
+
+_CACHE_FILE = re.compile(r"responses-(?P<fingerprint>[0-9a-f]+)-n(?P<cap>[0-9]+)\.jsonl(?:\.gz)?")
+
+
+def cached_responses(
+    fingerprint: str, max_new_tokens: int, eos: Collection[int], folders: Sequence[Path]
+) -> dict[str, tuple[int, ...]]:
+    """prompt key -> the response greedy generation with a cap of ``max_new_tokens`` gives,
+    for every prompt some response cache of this verifier in ``folders`` answers.
+
+    A cache file is ``responses-{fingerprint}-n{cap}.jsonl[.gz]``.  Greedy decoding is
+    prefix-consistent, so a response of a longer cap, cut to ``max_new_tokens``, is the
+    shorter request's response; one that stopped before its cap (at an EOS) is the response
+    of every longer cap too.  Where several files answer a prompt, a file of exactly this cap
+    wins, then a later folder (the run's own cache over the shipped one).
+    """
+    found: list[tuple[bool, int, int, Path]] = []
+    for rank, folder in enumerate(folders):
+        if not folder.is_dir():
+            continue
+        for f in folder.glob(f"responses-{fingerprint}-n*"):
+            m = _CACHE_FILE.fullmatch(f.name)
+            if m and m["fingerprint"] == fingerprint and f.is_file():
+                found.append((int(m["cap"]) == max_new_tokens, rank, int(m["cap"]), f))
+    stops = frozenset(eos)
+    cache: dict[str, tuple[int, ...]] = {}
+    for _, _, cap, f in sorted(found):  # least preferred first: the later ones overwrite
+        for key, resp in _read_cache(f).items():
+            served = serve_response(resp, cap, max_new_tokens, stops)
+            if served is not None:
+                cache[key] = served
+    return cache
+
+
+def serve_response(
+    response: Sequence[int], cap: int, max_new_tokens: int, eos: Collection[int]
+) -> tuple[int, ...] | None:
+    """What a response cached with a cap of ``cap`` new tokens says for a request of
+    ``max_new_tokens`` (None: nothing, its generation had not ended at its cap)."""
+    head = tuple(response[:max_new_tokens])
+    # Generation cuts after the first EOS; cut here too (a file written otherwise), since
+    # generation with this cap would stop there as well.
+    stop = next((i + 1 for i, t in enumerate(head) if t in eos), None)
+    if stop is not None:
+        return head[:stop]  # it ended within this request's cap: complete for any cap
+    if max_new_tokens <= cap or len(response) < cap:
+        # Cut to a shorter cap, or it stopped before its own without an EOS (the context's end):
+        # greedy decoding is prefix-consistent, so this is what the request would generate.
+        return head
+    return None
 
 
 def _read_cache(path: Path) -> dict[str, tuple[int, ...]]:

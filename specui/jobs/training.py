@@ -10,9 +10,14 @@ Cancelling saves a checkpoint at the current step and ends the job.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from specui.jobs import JobContext, job_kind
+
+# How often a running stage writes its count and ETA into the job's log (its message, which
+# the Train tab shows, follows every report).
+LOG_EVERY_S = 60.0
 
 
 @job_kind("train")
@@ -20,24 +25,37 @@ def train_job(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     # Imported here: registering the kind (the UI, `specui jobs`) must not import torch.
     from specui.training.config import TrainConfig
     from specui.training.loop import TrainHooks, train
+    from specui.training.progress import StageClock
 
     p = dict(params)
     p.setdefault("out", str(ctx.checkpoint_dir / "drafter"))
     p["resume"] = True
     cfg = TrainConfig.from_dict(p)
 
+    clocks: dict[str, StageClock] = {}  # the rate and ETA of each stage, from its first report
+    logged: dict[str, float] = {}  # when each stage last wrote its line into the log
+
+    def report(what: str, done: int, total: int, label: str | None = None, extra: str = "") -> str:
+        """The stage's line (count, rate, ETA) as the job's message, and now and then in its
+        log: when the stage starts, once a minute, and when it ends."""
+        line = clocks.setdefault(what, StageClock(what)).report(done, total, label) + extra
+        now = time.monotonic()
+        if what not in logged or done >= total or now - logged[what] >= LOG_EVERY_S:
+            logged[what] = now
+            ctx.log(line)
+        return line
+
     def progress(step: int, total: int, metrics: dict[str, float]) -> None:
-        msg = f"step {step}/{total}"
-        if "loss" in metrics:
-            msg += f", loss {metrics['loss']:.4f}"
-        ctx.progress(min(1.0, step / total), msg)
+        extra = f" · loss {metrics['loss']:.4f}" if "loss" in metrics else ""
+        ctx.progress(min(1.0, step / total), report("training", step, total, "step", extra))
 
     def metric(step: int, name: str, value: float) -> None:
         if not math.isnan(value):  # an empty metric (e.g. no complete block) is not a data point
             ctx.metric(step, name, value)
 
     def stage(what: str, done: int, total: int) -> None:
-        ctx.progress(0.0, f"{what} {done}/{total}")
+        if total > 0:  # nothing to do (every response cached): the run's log already says so
+            ctx.progress(0.0, report(what, done, total))
 
     def before_checkpoint(step: int) -> None:
         # The heartbeat writes metrics only every second or so; a worker killed after a checkpoint

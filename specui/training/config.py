@@ -16,6 +16,14 @@ EXTRACTION_MODES = ("offline", "online", "mixed")
 PRECISIONS = ("auto", "bf16", "fp32")
 EXTRACTORS = ("local", "vllm")  # who computes the verifier's hidden states (see specui.training.loop)
 
+# What a run trains on unless told otherwise: the corpus the shipped drafters train on,
+# with the response length its shipped responses have (data/corpus/responses-*-n128.jsonl.gz).
+# A longer default would generate again every response that reached 128 tokens (most of
+# them: hours on a CPU) before the first step; a newcomer's first run should start at once.
+# Longer responses stay one --max-new-tokens away (the cached ones that ended are reused).
+DEFAULT_PROMPTS = "general"
+DEFAULT_MAX_NEW_TOKENS = 128
+
 # The algorithms and their default draft depth (AlgorithmSpec.default_layers: one that
 # trains in minutes on two CPU cores; the papers use 1 (EAGLE-3), 2-4 (P-EAGLE) and 5
 # (DFlash) layers on GPUs) come from the registry, specui.algorithms.spec.
@@ -25,7 +33,7 @@ EXTRACTORS = ("local", "vllm")  # who computes the verifier's hidden states (see
 class TrainConfig:
     algorithm: str
     verifier: str = "embedded"
-    prompts: str = "gsm-symbolic"  # a registered prompt set or a JSONL file
+    prompts: str = DEFAULT_PROMPTS  # a registered prompt set or a JSONL file
     out: str = "drafter"  # output folder: final drafter, checkpoints/, metrics.jsonl
 
     # --- optimisation
@@ -46,7 +54,7 @@ class TrainConfig:
 
     # --- data
     num_prompts: int | None = None  # first N prompts of the train split (None: all)
-    max_new_tokens: int = 256  # self-distilled response length
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # self-distilled response length
     gen_batch_size: int = 8
     max_seq_len: int = 1024  # longer samples are cut (the loss needs the start of the response)
     # offline (every sample's hidden states and targets first, then training reads them from

@@ -50,6 +50,7 @@ from specui.data.prompts import load_prompts
 from specui.trace import SpecUIError
 from specui.training import distributed
 from specui.training.config import TrainConfig
+from specui.training.progress import generation_plan
 from specui.training.state import (
     latest_checkpoint,
     list_checkpoints,
@@ -155,8 +156,16 @@ def prepare_samples(
     if not prompts:
         raise SpecUIError(f"prompt set {cfg.prompts!r} has no training prompts")
 
+    planned = False
+
     def progress(done: int, total: int) -> None:
-        if hooks.stage and d.is_main:
+        nonlocal planned
+        if not d.is_main:
+            return
+        if not planned:  # the first report, before any generation: what it will cost
+            planned = True
+            hooks.say(generation_plan(len(prompts), total - done, cfg.max_new_tokens))
+        if hooks.stage:
             hooks.stage("generating responses", done, total)
 
     # The first process generates (and caches); the others then read the cache.
@@ -555,8 +564,9 @@ def hidden_state_store(
         # Enough samples per call for the local extractor's length batches to fill.
         mine, chunk = range(d.rank, len(samples), d.world), 64
     need = store.check_disk(mine, verifier.hidden_size)
+    missing = len(store.missing(mine))
     hooks.say(
-        f"extracting hidden states of {len(store.missing(mine))} of {len(samples)} samples "
+        f"extracting hidden states of {missing} of {len(samples)} samples "
         f"(offline, {cfg.extractor}): {need / 2**30:.2f} GiB in {cache_dir}"
     )
 
@@ -564,6 +574,7 @@ def hidden_state_store(
         if hooks.stage and d.is_main:
             hooks.stage("extracting hidden states", done, total)
 
+    progress(0, missing)  # the bar from the start, not from the end of the first chunk
     store.prepare(mine, progress=progress, chunk=chunk)
     if close is not None:
         close()  # the server's memory goes back before the drafter trains

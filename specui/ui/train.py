@@ -15,12 +15,20 @@ from specui.data import prompt_sets
 from specui.jobs import queue as jobs
 from specui.store import Job, JobStatus, Store, admin_mode, check_owner
 from specui.trace import SpecUIError
+from specui.training.config import DEFAULT_PROMPTS
 from specui.workbench import trained_drafters_dir
 
 
 def algorithm_choices() -> list[str]:
     """The Algorithm dropdown: every trainable algorithm in the registry, in list order."""
     return algorithm_names(trainable=True)
+
+
+def prompt_choices() -> list[str]:
+    """The Prompt set dropdown: the registered sets a drafter may train on (evaluation sets
+    are refused by training, so they are not offered), the default first."""
+    names = sorted(name for name, ps in prompt_sets().items() if not ps.evaluation_only)
+    return sorted(names, key=lambda name: name != DEFAULT_PROMPTS)
 
 
 # Where the verifier's hidden states come from (TrainConfig.extractor): (label, value).
@@ -105,8 +113,10 @@ def build(store: Store) -> None:
             choices = algorithm_choices()
             algorithm = gr.Dropdown(choices, value=choices[0], label="Algorithm", elem_id="train-algorithm")
             verifier = gr.Dropdown(["embedded"], value="embedded", label="Verifier", allow_custom_value=True)
-            prompts = gr.Dropdown(list(prompt_sets()), value="gsm-symbolic", label="Prompt set (train split)",
-                                  allow_custom_value=True)
+            # The shipped drafters' corpus: its responses ship too, so a job trains at once.
+            prompts = gr.Dropdown(prompt_choices(), value=DEFAULT_PROMPTS,
+                                  label="Prompt set (train split)", allow_custom_value=True,
+                                  elem_id="train-prompts")
             steps = gr.Number(200, precision=0, label="Steps", elem_id="train-steps")
             block = gr.Number(8, precision=0, label="Block size / K")
             anchors = gr.Number(64, precision=0, label=f"Anchors per sequence ({labels('max_anchors')})")
