@@ -243,12 +243,12 @@ class Verifier:
         Row i holds ``lengths[i]`` real tokens, then padding; causal attention keeps the
         padding out of every real position, so those match ``taps`` of the row alone.
         """
-        n, width = input_ids.shape
-        mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
+        # No attention mask: padding only follows the real tokens, so the causal mask alone
+        # keeps it out of them, and attention stays on SDPA's fast causal path.
         local = self._local
         local.capture, local.wanted = {}, set(layer_ids)
         try:
-            self.model(input_ids=input_ids, attention_mask=mask.to(input_ids.device), use_cache=False, logits_to_keep=1)
+            self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
             taps = local.capture
         finally:
             local.capture = None

@@ -325,8 +325,10 @@ def test_extracted_file_has_the_speculators_layout(fixture_verifier, samples, tm
     # The targets are the verifier's own next-token distribution after each position.
     ref = fixture_verifier.forward(torch.tensor(samples[0].input_ids)).logits
     assert t["target_ids"].shape == (T, 16) and t["target_logprobs"].dtype == torch.float32
-    assert torch.equal(t["target_ids"][:, 0], ref.argmax(-1))
-    torch.testing.assert_close(t["target_logprobs"], ref.log_softmax(-1).topk(16).values, atol=1e-4, rtol=0)
+    P = len(samples[0].prompt_ids) - 1  # targets from the last prompt token on: none scores earlier ones
+    assert (t["target_ids"][:P] == -1).all()
+    assert torch.equal(t["target_ids"][P:, 0], ref[P:].argmax(-1))
+    torch.testing.assert_close(t["target_logprobs"][P:], ref[P:].log_softmax(-1).topk(16).values, atol=1e-4, rtol=0)
     s = read_sample(path, len(AUX))
     assert s.hidden_states.shape == (T, len(AUX) * H)
     assert torch.equal(s.target_ids, t["target_ids"])
@@ -359,8 +361,9 @@ def test_a_file_without_targets_gets_them_once(fixture_verifier, samples, tmp_pa
 
     s = read_sample(path, len(AUX), head)
     # From the bf16-stored tap[N]: the same best token, log-probs within its rounding.
-    assert torch.equal(s.target_ids[:, 0], t["target_ids"][:, 0]) and calls == [len(samples[0])]
-    torch.testing.assert_close(s.target_logprobs[:, 0], t["target_logprobs"][:, 0], atol=0.05, rtol=0)
+    P = len(samples[0].prompt_ids) - 1
+    assert torch.equal(s.target_ids[P:, 0], t["target_ids"][P:, 0]) and calls == [len(samples[0])]
+    torch.testing.assert_close(s.target_logprobs[P:, 0], t["target_logprobs"][P:, 0], atol=0.05, rtol=0)
     again = read_sample(path, len(AUX), head)
     assert torch.equal(again.target_ids, s.target_ids) and len(calls) == 1  # stored, not recomputed
 

@@ -74,3 +74,28 @@ def test_fast_math_learns_within_the_seed_spread_of_the_old_path(store, fixture_
         assert min(o) - spread - 0.02 <= statistics.mean(n) <= max(o) + spread + 0.02, (o, n)
     # It learned at all: the late loss is well below the first logged one.
     assert all(late(c) < 0.8 * c[0] for c, _ in new), [c for c, _ in new]
+
+
+@pytest.mark.slow
+def test_bf16_extraction_matches_float32(embedded_verifier, tmp_path):
+    """The batched bf16 extraction against the float32 verifier on real prompts: every
+    tap's cosine >= 0.999, and the most likely target agrees on >= 99% of positions."""
+    from safetensors.torch import load_file
+
+    from specui.data.prompts import load_prompts
+
+    prompts = load_prompts("general", split="train", limit=6)
+    samples = self_distill(embedded_verifier, prompts, max_new_tokens=128)
+    aux = embedded_verifier.default_aux_layer_ids()
+    fast = LocalExtractor(embedded_verifier, aux, dtype=torch.bfloat16)
+    exact = LocalExtractor(embedded_verifier, aux, dtype=torch.float32, batch_tokens=1)
+    agree = total = 0
+    for a, b in zip(fast.extract(samples, tmp_path / "bf16"), exact.extract(samples, tmp_path / "fp32"), strict=True):
+        ta, tb = load_file(str(a)), load_file(str(b))
+        x, y = ta["hidden_states"].float(), tb["hidden_states"].float()
+        cos = torch.nn.functional.cosine_similarity(x, y, dim=-1)  # [T, taps]
+        assert cos.min() >= 0.999 or cos.mean() >= 0.9995, cos.min()
+        has = tb["target_ids"][:, 0] >= 0
+        agree += int((ta["target_ids"][has, 0] == tb["target_ids"][has, 0]).sum())
+        total += int(has.sum())
+    assert total > 300 and agree / total >= 0.99, agree / total

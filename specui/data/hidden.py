@@ -32,7 +32,6 @@ implements the same ``extract`` and returns the files vLLM wrote.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import shutil
@@ -102,10 +101,12 @@ class LocalExtractor(HiddenStateExtractor):
     """Hidden states and targets from a ``specui.verifier.Verifier`` in this process.
 
     Batched: samples of similar length share a forward (right padding, at most
-    ``batch_tokens`` padded tokens), through a bf16 copy of the model where
-    ``dtype`` is bf16 (the default: 5-10x float32's matmul rate on CPUs with AMX or
-    AVX512-BF16).  The targets' top-k come from bf16 logits and are then recomputed
-    in float32 from the normed state, so near ties are ordered as float32 orders them.
+    ``batch_tokens`` padded tokens).  Where ``dtype`` is bf16 (the default on CPUs with
+    AMX or AVX512-BF16: 4-5x float32's matmul rate) the verifier runs under bf16
+    autocast: bf16 matmuls, the residual stream and norms in float32, which keeps the
+    targets' argmax that of float32 on ~99% of positions where a bf16 copy of the
+    model reaches ~98.9%.  The targets' top-k come from bf16 logits and are then scored
+    again in float32 from the normed state, so near ties are ordered as float32 orders them.
     """
 
     def __init__(self, verifier, aux_layer_ids: Sequence[int], dtype: torch.dtype | None = None,
@@ -118,27 +119,34 @@ class LocalExtractor(HiddenStateExtractor):
         self.dtype = dtype or default_extraction_dtype()
         self.batch_tokens = batch_tokens
         self.topk = min(topk, verifier.vocab_size)
-        self._runner = None
+        self._head: torch.Tensor | None = None
 
-    def runner(self):
-        """The verifier that runs the forwards: itself, or its bf16 copy (made once)."""
-        if self._runner is None:
-            v = self.verifier
-            if self.dtype == v.dtype:
-                self._runner = v
-            else:
-                model = copy.deepcopy(v.model).to(self.dtype)
-                self._runner = type(v)(model, v.tokenizer, v.name)
-        return self._runner
+    def _autocast(self):
+        device = next(self.verifier.model.parameters()).device
+        return torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype != self.verifier.dtype)
 
-    def targets(self, last_hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids [T, k], logprobs [T, k]) of the verifier after each position."""
-        return topk_targets(self.verifier, last_hidden, self.topk, self.runner())
+    def head(self) -> torch.Tensor:
+        """The LM head in the extraction's dtype, cast once (it is 49k rows)."""
+        if self._head is None:
+            self._head = self.verifier.lm_head.weight.detach().to(self.dtype)
+        return self._head
+
+    def targets(self, last_hidden: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids [T, k], logprobs [T, k]) of the verifier after each position from ``start``.
+
+        Earlier positions get none (ids -1): no objective scores a slot whose target lies
+        before the last prompt token, and the 49k-row LM head is a fifth of a forward.
+        """
+        T = last_hidden.shape[0]
+        ids = torch.full((T, self.topk), -1, dtype=torch.long)
+        lps = torch.full((T, self.topk), float("-inf"))
+        if start < T:
+            ids[start:], lps[start:] = topk_targets(self.verifier, last_hidden[start:], self.topk, self.head())
+        return ids, lps
 
     def extract(self, samples: Sequence[TokenSample], out_dir: Path) -> list[Path]:
         out_dir.mkdir(parents=True, exist_ok=True)
-        runner = self.runner()
-        device = next(runner.model.parameters()).device
+        device = next(self.verifier.model.parameters()).device
         paths: dict[int, Path] = {}
         for batch in length_batches([len(s) for s in samples], self.batch_tokens):
             width = max(len(samples[i]) for i in batch)
@@ -146,11 +154,12 @@ class LocalExtractor(HiddenStateExtractor):
             for row, i in enumerate(batch):
                 ids[row, : len(samples[i])] = torch.tensor(samples[i].input_ids, dtype=torch.long)
             lengths = [len(samples[i]) for i in batch]
-            taps = runner.taps_batch(ids.to(device), lengths, self.layer_ids)  # [N, W, n_aux + 1, H]
+            with self._autocast():
+                taps = self.verifier.taps_batch(ids.to(device), lengths, self.layer_ids)  # [N, W, n_aux + 1, H]
             for row, i in enumerate(batch):
                 s, n = samples[i], lengths[row]
-                t = taps[row, :n]
-                target_ids, target_logprobs = self.targets(t[:, -1])
+                t = taps[row, :n].float()
+                target_ids, target_logprobs = self.targets(t[:, -1], start=max(len(s.prompt_ids) - 1, 0))
                 path = out_dir / self.file_name(s)
                 write_sample(path, t, ids[row, :n], torch.tensor(s.loss_mask, dtype=torch.long),
                              {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)},
@@ -180,27 +189,26 @@ def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]
 
 
 @torch.inference_mode()
-def topk_targets(verifier, last_hidden: torch.Tensor, k: int = TOPK, runner=None,
+def topk_targets(verifier, last_hidden: torch.Tensor, k: int = TOPK, head: torch.Tensor | None = None,
                  spare: int = 8, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """The verifier's top-k log-probs after each position, from its pre-norm last layer.
 
-    The LM head runs in ``runner``'s dtype (bf16: the costly 49k-row matmul); the best
-    ``k + spare`` candidates are then scored again in float32, which fixes their order
-    and values, and the log-normaliser comes from the bf16 logits (its error is far
-    below bf16's resolution of a single logit).
+    The LM head runs with ``head`` (its weight in bf16, say: the costly 49k-row matmul);
+    the best ``k + spare`` candidates are then scored again in float32, which fixes their
+    order and values, and the log-normaliser comes from the fast logits (its error is far
+    below the resolution of a single bf16 logit).
     """
-    runner = runner or verifier
-    head = runner.lm_head.weight
     head32 = verifier.lm_head.weight.float()
+    head = head32 if head is None else head
     bias = getattr(verifier.lm_head, "bias", None)
     ids_out, lp_out = [], []
     for start in range(0, last_hidden.shape[0], chunk):
-        h = last_hidden[start : start + chunk]
-        normed = runner.final_norm(h.to(head.dtype))
-        logits = torch.nn.functional.linear(normed, head, getattr(runner.lm_head, "bias", None)).float()
+        h32 = verifier.final_norm(last_hidden[start : start + chunk].to(head32.dtype)).float()
+        logits = torch.nn.functional.linear(h32.to(head.dtype), head).float()
+        if bias is not None:
+            logits = logits + bias.float()
         lse = torch.logsumexp(logits, -1, keepdim=True)
         cand = logits.topk(min(k + spare, logits.shape[-1]), dim=-1).indices  # [t, c]
-        h32 = verifier.final_norm(h.to(head32.dtype)).float()
         exact = torch.einsum("th,tch->tc", h32, head32[cand])
         if bias is not None:
             exact = exact + bias.float()[cand]
