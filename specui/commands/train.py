@@ -220,8 +220,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "reached it: hours on a CPU)")
     d.add_argument("--gen-batch-size", type=int, default=8)
     d.add_argument("--max-seq-len", type=int, default=1024)
-    d.add_argument("--extraction", default="offline",
-                   help="hidden states: offline (all first, then training reads them from disk) | online | mixed")
+    d.add_argument("--extraction", default="mixed",
+                   help="hidden states and targets: mixed (each extracted once when first needed, then read "
+                        "from disk) | offline (all first: long runs) | online (never kept)")
     d.add_argument("--extract-batch-tokens", type=int, default=4096,
                    help="padded tokens per batched extraction forward (local extractor)")
     d.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
