@@ -7,6 +7,7 @@ from pathlib import Path
 
 from specui.algorithms.base import Drafter
 from specui.algorithms.checkpoint import load_drafter
+from specui.algorithms.ngram import OPTION_NAMES, NgramConfig
 from specui.algorithms.simple import BUILTIN, NgramDrafter, PlainDrafter
 from specui.algorithms.spec import ALGORITHMS
 from specui.paths import shipped_drafters_dir
@@ -30,7 +31,10 @@ def resolve_drafter(spec: str, verifier: Verifier, num_speculative_tokens: int |
     if spec in ("", "none", "plain"):
         return PlainDrafter()
     if spec == "ngram":
-        return NgramDrafter(num_speculative_tokens if num_speculative_tokens is not None else 4)
+        # Its lookup options (max_ngram / min_ngram or vLLM's names); others' are dropped.
+        k = num_speculative_tokens if num_speculative_tokens is not None else 4
+        return NgramDrafter(k, NgramConfig.from_options({o: options.get(o) for o in OPTION_NAMES}))
+    options = {k: v for k, v in options.items() if k not in OPTION_NAMES}
     shipped = shipped_drafters()
     path = shipped.get(spec) or Path(spec).expanduser()
     if not path.exists():
