@@ -9,6 +9,7 @@ interrupted run keeps what it finished.
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import hashlib
 import json
@@ -21,8 +22,8 @@ from pathlib import Path
 import torch
 
 from specui.data.prompts import Prompt
+from specui.errors import SpecUIError
 from specui.paths import shipped_data_dir
-from specui.trace import SpecUIError
 
 log = logging.getLogger(__name__)
 
@@ -88,19 +89,31 @@ def self_distill(
     max_prompt_tokens: int | None = None,
     progress: Progress | None = None,
     generation_dtype: torch.dtype | None = None,
+    engine: str = "fast",
+    shard: tuple[int, int] | None = None,
 ) -> list[TokenSample]:
     """Greedy verifier responses for ``prompts`` (cached); one TokenSample per prompt.
 
     Prompts that bring their own ``response_ids`` are used as they are.
     ``max_prompt_tokens`` keeps the *last* tokens of longer prompts (the end of
-    a chat is what the response continues).  ``generation_dtype`` generates with a
-    copy of the model in that dtype (bf16: 2-3x the batched throughput on CPUs with
-    AMX) while the cache stays keyed by the verifier as loaded, so training finds it.
+    a chat is what the response continues).  ``generation_dtype`` generates in that dtype
+    (bf16: several times the throughput on CPUs with bf16 matmuls) while the cache stays
+    keyed by the verifier as loaded, so training finds it.  ``engine``: ``fast``
+    (``specui.data.generate``: continuous batching over a preallocated cache, each response
+    appended to the cache as it finishes) or ``transformers`` (``generate_greedy`` batch by
+    batch, the old path).  ``shard=(i, n)`` generates only the missing prompts whose key falls
+    to worker ``i`` of ``n`` and returns only the samples known so far (``distill_in_processes``).
     """
     if max_new_tokens < 1:
         raise SpecUIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if batch_size < 1:
         raise SpecUIError(f"batch size must be >= 1, got {batch_size}")
+    # Here, not at the top: the fast path's modules import transformers, which a caller that
+    # only reads the cache (export_cache) should not wait for.
+    from specui.data.generate import ENGINES, generate_responses
+
+    if engine not in ENGINES:
+        raise SpecUIError(f"generation engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     encoded: list[tuple[Prompt, tuple[int, ...]]] = []
     for p in prompts:
         ids = p.encode(verifier)
@@ -111,7 +124,7 @@ def self_distill(
             raise SpecUIError(f"prompt {p.id}: token ids {bad[:5]} outside the verifier's vocabulary ({verifier.vocab_size})")
         encoded.append((p, tuple(ids)))
 
-    name = f"responses-{verifier_fingerprint(verifier)}-n{max_new_tokens}.jsonl"
+    name = cache_name(verifier, max_new_tokens)
     # The responses the repository ships (data/corpus/, for the embedded verifier) first: hours
     # of generation nobody has to repeat; the run's own cache adds to them.
     cache: dict[str, tuple[int, ...]] = _read_cache(shipped_data_dir() / "corpus" / f"{name}.gz")
@@ -121,8 +134,55 @@ def self_distill(
         cache.update(_read_cache(path))
 
     todo = [(p, ids) for p, ids in encoded if p.response_ids is None and _hash_ids(ids) not in cache]
-    # Similar lengths in one batch waste less compute on padding.
+    if shard is not None:
+        index, count = shard
+        todo = [(p, ids) for p, ids in todo if int(_hash_ids(ids), 16) % count == index]
+    # Similar lengths in one batch waste less compute on padding (and, continuously batched,
+    # on attention over the longest row).
     todo.sort(key=lambda pi: len(pi[1]))
+    if engine == "fast":
+        batch = [ids for _, ids in todo]
+
+        def keep(index: int, response: tuple[int, ...]) -> None:
+            new = {_hash_ids(batch[index]): response}
+            cache.update(new)
+            if path is not None:
+                _append_cache(path, new)
+
+        if progress:
+            progress(0, len(todo))
+        if todo:
+            generate_responses(verifier, batch, max_new_tokens, batch_size, progress=progress,
+                               on_done=keep, dtype=generation_dtype)
+    else:
+        _generate_in_batches(
+            verifier, [ids for _, ids in todo], max_new_tokens, batch_size, cache, path, progress,
+            generation_dtype,
+        )
+
+    out = []
+    for p, ids in encoded:
+        resp = p.response_ids if p.response_ids is not None else cache.get(_hash_ids(ids))
+        if resp is not None:  # missing only for another shard's prompts
+            out.append(TokenSample(p.id, ids, tuple(resp)))
+    return out
+
+
+def cache_name(verifier, max_new_tokens: int) -> str:
+    """The response cache's file name for this verifier and response length."""
+    return f"responses-{verifier_fingerprint(verifier)}-n{max_new_tokens}.jsonl"
+
+
+def _generate_in_batches(
+    verifier,
+    todo: list[tuple[int, ...]],
+    max_new_tokens: int,
+    batch_size: int,
+    cache: dict,
+    path: Path | None,
+    progress: Progress | None,
+    generation_dtype: torch.dtype | None,
+) -> None:
     total, done = len(todo), 0
     if progress:
         progress(0, total)
@@ -133,7 +193,7 @@ def self_distill(
         generator = copy.copy(verifier)
         generator.model = copy.deepcopy(verifier.model).to(generation_dtype)
     for start in range(0, total, batch_size):
-        batch = [ids for _, ids in todo[start : start + batch_size]]
+        batch = todo[start : start + batch_size]
         responses = generate_greedy(generator, batch, max_new_tokens)
         new = {_hash_ids(ids): resp for ids, resp in zip(batch, responses, strict=True)}
         cache.update(new)
@@ -143,11 +203,73 @@ def self_distill(
         if progress:
             progress(done, total)
 
-    out = []
-    for p, ids in encoded:
-        resp = p.response_ids if p.response_ids is not None else cache[_hash_ids(ids)]
-        out.append(TokenSample(p.id, ids, tuple(resp)))
-    return out
+
+def _shard_worker(spec: str, shard: tuple[int, int], prompts: Sequence[Prompt], kwargs: dict,
+                  threads: int, queue) -> None:
+    torch.set_num_threads(threads)
+    from specui.verifier import Verifier
+
+    verifier = Verifier.load(spec)
+
+    def progress(done: int, total: int) -> None:
+        queue.put((shard[0], done, total))
+
+    self_distill(verifier, prompts, shard=shard, progress=progress, **kwargs)
+
+
+def distill_in_processes(
+    spec: str,
+    prompts: Sequence[Prompt],
+    procs: int,
+    max_new_tokens: int,
+    cache_dir: str | Path,
+    batch_size: int = 64,
+    max_prompt_tokens: int | None = None,
+    generation_dtype: torch.dtype | None = None,
+    progress: Progress | None = None,
+    threads: int = 1,
+) -> None:
+    """Fill ``cache_dir``'s response cache for ``prompts`` with ``procs`` worker processes.
+
+    Each worker loads the verifier ``spec`` (``Verifier.load``) with ``threads`` torch
+    threads and generates the missing prompts whose key hash falls to it, appending each
+    response to the one shared cache file as it finishes (appends are locked).  A killed run
+    keeps what finished; run it again to continue.  ``progress(done, total)`` sums the workers'.
+    """
+    import multiprocessing as mp
+
+    if procs < 1:
+        raise SpecUIError(f"processes must be >= 1, got {procs}")
+    # spawn: a fork of a parent's torch thread pools and loaded model is neither safe nor cheaper.
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    kwargs = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, cache_dir=str(cache_dir),
+                  max_prompt_tokens=max_prompt_tokens, generation_dtype=generation_dtype)
+    workers = [
+        ctx.Process(
+            target=_shard_worker, args=(spec, (i, procs), list(prompts), kwargs, threads, queue)
+        )
+        for i in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    counts: dict[int, tuple[int, int]] = {}
+    try:
+        while any(w.is_alive() for w in workers) or not queue.empty():
+            try:
+                worker, done, total = queue.get(timeout=0.5)
+            except Exception:  # queue.Empty: nothing reported this half second
+                continue
+            counts[worker] = (done, total)
+            if progress and len(counts) == procs:
+                progress(sum(d for d, _ in counts.values()), sum(t for _, t in counts.values()))
+    finally:
+        for w in workers:
+            w.join()
+    failed = [i for i, w in enumerate(workers) if w.exitcode != 0]
+    if failed:
+        raise SpecUIError(f"response generation: worker(s) {failed} failed (exit codes "
+                          f"{[workers[i].exitcode for i in failed]}); run again to continue")
 
 
 @torch.inference_mode()
@@ -202,11 +324,16 @@ def _read_cache(path: Path) -> dict[str, tuple[int, ...]]:
 
 def _append_cache(path: Path, new: dict[str, tuple[int, ...]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    lines = "".join(json.dumps({"key": k, "response_ids": list(r)}) + "\n" for k, r in new.items())
     with path.open("a") as f:
-        for key, resp in new.items():
-            f.write(json.dumps({"key": key, "response_ids": list(resp)}) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+        # Worker processes (distill_in_processes) append to one file: whole lines, one at a time.
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            f.write(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def synthetic_prompts(n: int, vocab_size: int, min_len: int = 8, max_len: int = 24, seed: int = 0,
