@@ -175,6 +175,38 @@ class Kernel:
             raise ValueError(f"attention kernel: head size {d} (a multiple of 16, at most 256) or {heads} heads over {kv_heads}")
         return out
 
+    def slot_attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, starts: list[int],
+        scale: float,
+    ) -> torch.Tensor:
+        """One decode query a sequence: ``q`` [b, heads, d] row ``r`` after ``starts[r]`` cached
+        positions of slot ``r`` of ``keys``/``values`` [>= b, kv_heads, capacity, d] (a batched
+        cache): float32 ``[b, heads * d]``.  Row ``r`` is :meth:`attention` of ``q[r : r + 1]``
+        over slot ``r``, without a tensor made per row (64 rows x 30 layers a step)."""
+        b, heads, d = q.shape
+        kv_heads, capacity = keys.shape[1], keys.shape[2]
+        if (keys.dim() != 4 or keys.shape[0] < b or keys.stride()[1:] != (capacity * d, d, 1)
+                or values.stride() != keys.stride() or max(starts) >= capacity or len(starts) != b):
+            raise ValueError(
+                f"slot attention kernel: keys {tuple(keys.shape)} strides {keys.stride()}"
+                f" for {b} rows"
+            )
+        if q.dtype != torch.float32 or keys.dtype != torch.float32 or values.dtype != torch.float32:
+            raise ValueError("slot attention kernel: float32 queries, keys and values")
+        q = q.contiguous()
+        out = torch.empty(b, heads * d)
+        row, slot = heads * d * 4, keys.stride(0) * 4  # bytes
+        qp, kp, vp, op = q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr()
+        att = self._attention
+        for r, start in enumerate(starts):
+            rc = att(qp + r * row, 1, heads, d, kp + r * slot, vp + r * slot, kv_heads,
+                     capacity * d, start, scale, op + r * row)  # fmt: skip
+            if rc == -1:
+                raise MemoryError("attention kernel: no memory for its scores")
+            if rc != 0:
+                raise ValueError(f"attention kernel: head size {d}, {heads} heads over {kv_heads}")
+        return out
+
     def matmul(self, q: torch.Tensor, w: PackedInt8, scale: torch.Tensor) -> torch.Tensor:
         """float32 ``[rows, out]``: uint8 rows ``q`` (zero point 128) times ``w``, times ``scale``."""
         if q.dtype != torch.uint8 or q.dim() != 2 or q.shape[1] != w.k:
@@ -231,6 +263,14 @@ def attention_supported(heads: int, kv_heads: int, head_dim: int) -> bool:
 def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float) -> torch.Tensor:
     """``Kernel.attention`` of the loaded kernel; call only where :func:`attention_supported` holds."""
     return _state["kernel"].attention(q, keys, values, start, scale)  # type: ignore[union-attr]
+
+
+def slot_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, starts: list[int], scale: float
+) -> torch.Tensor:
+    """``Kernel.slot_attention`` of the loaded kernel (where :func:`attention_supported` holds)."""
+    kernel = _state["kernel"]
+    return kernel.slot_attention(q, keys, values, starts, scale)  # type: ignore[union-attr]
 
 
 def matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:

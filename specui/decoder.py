@@ -135,8 +135,8 @@ def _bf16_rows_kernel(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16)
 
 
-def unsupported_reason(model: nn.Module) -> str | None:
-    """Why ``FastDecoder`` cannot stand in for this model's modules, or None."""
+def architecture_reason(model: nn.Module) -> str | None:
+    """Why this model's layers are not the Llama-style stack these plain ops compute, or None."""
     cfg = model.config
     if cfg.model_type not in FAMILIES:
         return f"model type {cfg.model_type}"
@@ -145,6 +145,14 @@ def unsupported_reason(model: nn.Module) -> str | None:
         return f"{rope.get('rope_type')} rotary scaling"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"activation {cfg.hidden_act}"
+    return None
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why ``FastDecoder`` cannot stand in for this model's modules, or None."""
+    reason = architecture_reason(model)
+    if reason is not None:
+        return reason
     layers = model.model.layers
     linears = [
         m

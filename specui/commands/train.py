@@ -218,7 +218,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="length of the self-distilled responses (default: that of the shipped "
                         "general responses; a longer one generates again every response that "
                         "reached it: hours on a CPU)")
-    d.add_argument("--gen-batch-size", type=int, default=8)
+    d.add_argument("--gen-batch-size", type=int, default=64, help="rows the generator decodes at once")
     d.add_argument("--max-seq-len", type=int, default=1024)
     d.add_argument("--extraction", default="mixed",
                    help="hidden states and targets: mixed (each extracted once when first needed, then read "

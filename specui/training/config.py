@@ -55,7 +55,7 @@ class TrainConfig:
     # --- data
     num_prompts: int | None = None  # first N prompts of the train split (None: all)
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # self-distilled response length
-    gen_batch_size: int = 8
+    gen_batch_size: int = 64  # rows the generator decodes at once (continuous batching)
     max_seq_len: int = 1024  # longer samples are cut (the loss needs the start of the response)
     # mixed: each sample's hidden states and targets extracted once, when first needed, and
     # kept, so a run starts at once and later epochs run no verifier; offline: all of them
