@@ -16,6 +16,15 @@ int32 sum, made float once, times the channel's scale), so using them changes no
 **The bf16 matmul** (AMX only, ``specui_bf16_matmul``) sums each output in one fixed order at any
 row count: batch-invariant without padding a single row, but its own bits, not oneDNN's.
 
+**The gguf matmul** (``specui_gguf_matmul``, AVX512F; the ``gguf`` precision) reads a GGUF file's
+own Q8_0 / Q4_0 / Q4_1 blocks, repacked once into tiles of 16 channels (same values, same fp16
+scales, same bytes), and multiplies float32 rows by them: the 4-bit values become floats in
+registers (one ``vpermps`` from a 16-entry table), each block's float32 sum is scaled once, and
+each output sums in one fixed order at any row count.  So it is batch-invariant by construction
+and within float32 rounding of the float32 product on the dequantized weights (:func:`gguf_error`,
+checked at load).  It does not need AMX; on a CPU without AVX512 the ``gguf`` precision is refused
+and ``auto`` takes ``bf16``.
+
 **Row-wise attention.**  Batch invariance needs each query row of a block to attend over exactly
 its own keys in an order that does not depend on the block, and one SDPA call per row (what
 ``batch_invariant.rowwise_attention`` did) costs ~60 us of fixed cost each: most of what a
@@ -27,7 +36,8 @@ every block size, and :func:`self_check` proves both properties at load.
 The C file is compiled at first use with the system's C compiler (``$CC``, else ``cc``/``gcc``)
 into ``data_dir()/kernels`` under a name that hashes the source, the flags and the compiler, and
 loaded with ctypes.  It is used only when that works, the CPU has AVX512-VNNI, and the
-self-check passes (oneDNN's bits on random operands; attention invariant and close to SDPA);
+self-check passes (oneDNN's bits on random operands; the gguf matmul invariant and within float32
+rounding for each block type; attention invariant and close to SDPA);
 otherwise (or with ``SPECUI_CPU_KERNELS=0``) every int8 matmul stays oneDNN's and attention one
 SDPA call per row, and :func:`status` says why.  The choice is made once per process, so a
 verifier never mixes the two.
@@ -577,7 +587,7 @@ def status() -> str:
     kernel = load()
     if kernel is not None:
         if kernel.amx_reason is None:
-            return "specui kernels: AMX int8 and bf16 matmuls, row-wise attention"
+            return "specui kernels: AMX int8 and bf16 matmuls, gguf matmul, row-wise attention"
         return (f"specui kernels: AVX512-VNNI int8 matmul for up to {MAX_ROWS} rows (oneDNN u8s8 beyond), "
-                f"row-wise attention; bf16 matmuls oneDNN's ({kernel.amx_reason})")  # fmt: skip
+                f"gguf matmul, row-wise attention; bf16 matmuls oneDNN's ({kernel.amx_reason})")  # fmt: skip
     return f"oneDNN u8s8 and SDPA rows ({_state.get('reason')})"
