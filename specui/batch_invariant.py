@@ -189,11 +189,12 @@ def _to_gguf(model: nn.Module, blocks: dict[str, PackedGGUF]) -> list[nn.Linear]
     """Switch the modules ``blocks`` names to :class:`GGUFLinear`; per decoder layer also q/k/v
     and gate/up as one matmul each (``qkv_gguf`` / ``gate_up_gguf``, read by ``specui.decoder``):
     every call costs a few microseconds before any arithmetic."""
+    names_of = {id(m): n for n, m in model.named_modules()}
     for layer in getattr(getattr(model, "model", None), "layers", ()):
         for owner, names, attr in ((layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv_gguf"),
                                    (layer.mlp, ("gate_proj", "up_proj"), "gate_up_gguf")):  # fmt: skip
             parts = [getattr(owner, n) for n in names]
-            fused = cpu_kernels.cat_gguf([blocks[_name_of(model, m)] for m in parts])
+            fused = cpu_kernels.cat_gguf([blocks[names_of[id(m)]] for m in parts])
             if fused is not None:
                 setattr(owner, attr, _gguf_weight(parts, fused))
     linears = []
@@ -203,14 +204,6 @@ def _to_gguf(model: nn.Module, blocks: dict[str, PackedGGUF]) -> list[nn.Linear]
         m.__class__ = GGUFLinear
         linears.append(m)
     return linears
-
-
-def _name_of(model: nn.Module, module: nn.Module) -> str:
-    names = getattr(model, "_specui_module_names", None)
-    if names is None:
-        names = {id(m): n for n, m in model.named_modules()}
-        model._specui_module_names = names
-    return names[id(module)]
 
 
 def to_int8_linear(m: nn.Linear) -> None:

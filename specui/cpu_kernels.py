@@ -202,6 +202,8 @@ class Kernel:
             raise ValueError(f"gguf kernel: an output buffer of {x.shape[0]} x {w.out_features} float32")
         rc = self._gguf(w.type_id, x.data_ptr(), x.shape[0], w.k, w.data.data_ptr(), w.out_features,
                         out.data_ptr())  # fmt: skip
+        if rc == -1:
+            raise MemoryError("gguf kernel: no memory for the rows' block sums")
         if rc != 0:
             raise ValueError(f"gguf kernel: {w.type} with {w.k} inputs (a multiple of {GGUF_BLOCK})")
         return out
