@@ -26,7 +26,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # What the models are: prompts and data, the verifier, the algorithm packages, and the
     # training abstractions an algorithm package implements (its Objective, TrainConfig).
     ("models", (
-        "specui.data", "specui.verifier", "specui.decoder", "specui.batch_invariant", "specui.cpu_kernels", "specui.sampling",
+        "specui.data", "specui.verifier", "specui.decoder", "specui.batch_invariant", "specui.cpu_kernels",
+        "specui.gguf_weights", "specui.sampling",
         "specui.algorithms",
         "specui.training.config", "specui.training.state", "specui.training.distributed",
         "specui.vllm.install",

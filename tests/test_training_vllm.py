@@ -180,7 +180,8 @@ def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(tmp_pat
     samples = prepare_samples(cfg, embedded_verifier, out / "cache", Dist(), TrainHooks())  # the cached responses
     hidden = out / "cache" / "hidden"
     written = sorted(p.name for p in hidden.glob("*.safetensors"))
-    local_ex = LocalExtractor(embedded_verifier, r.model.config.aux_layer_ids)
+    # float32, as vLLM's CPU build computes (the local default on AVX512 is bf16 autocast).
+    local_ex = LocalExtractor(embedded_verifier, r.model.config.aux_layer_ids, dtype=torch.float32)
     used = [s for s in samples if (hidden / local_ex.file_name(s)).is_file()]
     assert len(used) >= 2 and sorted(local_ex.file_name(s) for s in used) == written
     for a, b in zip(local_ex.extract(used, tmp_path / "local"), [hidden / local_ex.file_name(s) for s in used], strict=True):

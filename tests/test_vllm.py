@@ -383,7 +383,8 @@ def test_vllm_hidden_states_match_the_local_extractor_file_for_file(work, embedd
     chats = [("What is 2+2?", "2+2 is 4."), ("Write a haiku about rain.", "Rain taps on the roof,\nsoft drums"), ("Hi", "Hello!")]
     samples = [TokenSample(f"s{i}", tuple(v.encode(p, chat=True)), tuple(v.encode(r))) for i, (p, r) in enumerate(chats)]
     aux = v.default_aux_layer_ids()
-    local = LocalExtractor(v, aux).extract(samples, work / "hidden-local")
+    # float32, as vLLM's CPU build computes (the local default on AVX512 is bf16 autocast).
+    local = LocalExtractor(v, aux, dtype=torch.float32).extract(samples, work / "hidden-local")
     with VLLMExtractor.from_verifier("embedded", v, aux, server_config=ServerConfig(log_path=str(work / "extract.log"))) as ex:
         remote = ex.extract(samples, work / "hidden-vllm")
         pgid = ex.server.server_pid
