@@ -6,7 +6,6 @@ with; a real training run is covered by tests/test_training.py."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -68,7 +67,8 @@ def test_speculators_spellings_build_the_same_config_as_specui_names() -> None:
     assert theirs == ours
     # ... and that config is the run asked for, not the defaults both might fall back to.
     default = TrainConfig(algorithm="dflash", out="runs/x")
-    changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(ours, f.name) != getattr(default, f.name)}
+    # Every key, the algorithms' options (TrainConfig.options) as well as the shared fields:
+    changed = {k for k in TrainConfig.config_keys() if getattr(ours, k) != getattr(default, k)}
     assert changed == {
         "verifier", "steps", "warmup_steps", "schedule", "layers", "aux_layer_ids", "num_depths", "gamma",
         "confidence_weight", "cod_ratio", "cod_min_ratio", "extra", "log_every", "init_from", "dpace",

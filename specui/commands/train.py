@@ -16,7 +16,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from specui.algorithms.spec import algorithm_names, algorithm_specs, labels
+from specui.algorithms.options import flag_of
+from specui.algorithms.spec import algorithm_names, algorithm_specs, labels, train_knobs
 from specui.data import prompt_sets
 from specui.trace import SpecUIError
 from specui.training.config import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPTS
@@ -186,6 +187,19 @@ def _prompts_help() -> str:
     return text
 
 
+def _add_knobs(groups: dict[str, argparse._ArgumentGroup]) -> None:
+    """A flag for every training option of every trainable algorithm (its package's options.py),
+    in its group, with its default, its help led by the algorithms that read it."""
+    for name, f in train_knobs().items():
+        kw: dict[str, Any] = {"dest": name, "default": f.default,
+                              "help": f"{labels(name)} {f.metadata['help']}"}
+        if isinstance(f.default, bool):
+            kw["action"] = "store_true" if f.default is False else argparse.BooleanOptionalAction
+        else:
+            kw["type"] = type(f.default)
+        groups[f.metadata["group"]].add_argument(*_spellings(flag_of(f)), **kw)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a drafter (DFlash, DSpark, P-EAGLE, EAGLE-3) on the verifier's own outputs")
     # Not argparse choices: the config reports an unknown algorithm with the list, as the job API does.
@@ -239,37 +253,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     m = p.add_argument_group("drafter")
     m.add_argument(*_spellings("--layers"), dest="layers", type=int, default=None,
                    help=f"draft decoder layers (default: {_default_layers()})")
-    m.add_argument("--block-size", type=int, default=8, help=f"{labels('block_size')} block size B")
-    m.add_argument("--max-anchors", type=int, default=64, help=f"{labels('max_anchors')} anchors per sequence")
-    m.add_argument(*_spellings("--depths"), dest="num_depths", type=int, default=4, help="P-EAGLE tokens per pass K")
-    m.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3 training-time-test steps")
     m.add_argument(*_spellings("--aux-layers"), dest="aux_layer_ids", type=_int_list, nargs="+", action=_IntsAction, default=None,
                    metavar="IDS", help="verifier layer ids, e.g. 2,15,27 (or 2 15 27)")
     m.add_argument("--draft-vocab-size", type=int, default=None, help="reduced draft vocabulary (most frequent tokens)")
     m.add_argument("--mask-token-id", type=int, default=None)
-    m.add_argument("--markov-rank", type=int, default=256, help="DSpark Markov head rank")
-    m.add_argument("--freeze-embeddings", action="store_true", help="P-EAGLE: keep the verifier's embedding (frozen, not stored)")
+    m.add_argument(*_spellings("--init-from"), dest="init_from", default=None,
+                   help="warm start from a checkpoint (DSpark from DFlash)")
+
+    loss = p.add_argument_group("loss")
+    _add_knobs({"drafter": m, "loss": loss})
+    # speculators' spellings of two knobs, in another form (SPECULATORS_FLAG_REWRITES)
     m.add_argument("--no-embed-requires-grad", dest="freeze_embeddings", action="store_const", const=True,
                    default=argparse.SUPPRESS, help="speculators' spelling of --freeze-embeddings")
     m.add_argument("--embed-requires-grad", dest="freeze_embeddings", action="store_const", const=False,
                    default=argparse.SUPPRESS, help="speculators' spelling of the default: train the embedding")
-    m.add_argument(*_spellings("--init-from"), dest="init_from", default=None, help="warm start from a checkpoint (DSpark from DFlash)")
-
-    loss = p.add_argument_group("loss")
-    loss.add_argument(*_spellings("--gamma"), dest="gamma", type=float, default=4.0,
-                      help=f"{labels('gamma')} slot weight exp(-(k-1)/gamma)")
-    loss.add_argument("--dpace", action="store_true", help="D-PACE adaptive slot weights instead")
     loss.add_argument("--per-position-loss-weight", dest="dpace", type=_position_weights, default=argparse.SUPPRESS,
                       metavar="{fixed-exp-decay,dpace}", help="speculators' spelling: dpace = --dpace")
-    loss.add_argument("--tv-weight", type=float, default=0.0, help="DSpark: (1-w)*CE + w*TV")
-    loss.add_argument(*_spellings("--confidence-weight"), dest="confidence_weight", type=float, default=1.0,
-                      help="DSpark confidence-head BCE weight")
-    loss.add_argument(
-        "--confidence-temperature", type=float, default=1.0,
-        help="DSpark: the head learns the acceptance chance at this sampling temperature (0: greedy)",
-    )  # fmt: skip
-    loss.add_argument(*_spellings("--cod-ratio"), dest="cod_ratio", type=float, default=0.7, help="P-EAGLE sparsification r")
-    loss.add_argument(*_spellings("--cod-min-ratio"), dest="cod_min_ratio", type=float, default=0.2, help="P-EAGLE sparsification r_min")
     loss.add_argument(*_spellings("--loss"), dest="loss", type=_loss, default=None,
                       help="override the per-slot loss: ce | kl (speculators' kl_div = kl)")
 
@@ -281,23 +280,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-CONFIG_KEYS = (
-    "algorithm", "verifier", "prompts", "out", "resume", "steps", "batch_size", "lr", "min_lr_ratio",
-    "warmup_steps", "schedule", "weight_decay", "grad_clip", "seed", "threads", "device", "num_prompts",
-    "max_new_tokens", "gen_batch_size", "max_seq_len", "extraction", "extract_batch_tokens", "precision",
-    "cache_dir", "extractor", "vllm_python",
-    "vllm_gpu_memory_utilization", "layers", "block_size",
-    "max_anchors", "num_depths", "ttt_steps", "aux_layer_ids", "draft_vocab_size", "mask_token_id",
-    "markov_rank", "init_from", "freeze_embeddings", "gamma", "dpace", "tv_weight", "confidence_weight",
-    "confidence_temperature", "cod_ratio", "cod_min_ratio", "log_every", "checkpoint_every", "keep_checkpoints",
-)  # fmt: skip
-
-
 def build_config(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig of parsed ``specui train`` arguments (SpecUIError for a bad value)."""
     from specui.training.config import TrainConfig
 
-    return TrainConfig(**{k: getattr(args, k) for k in CONFIG_KEYS}, extra={"loss": args.loss} if args.loss else {})
+    # Every key TrainConfig reads (a knob added to an algorithm's options has its flag): the
+    # parser's dest of each is its name.
+    values = {k: getattr(args, k) for k in TrainConfig.config_keys() if k != "extra"}
+    return TrainConfig(**values, extra={"loss": args.loss} if args.loss else {})
 
 
 def run(args: argparse.Namespace) -> int:

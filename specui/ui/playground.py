@@ -17,7 +17,7 @@ from specui.store import Store
 from specui.trace import SamplingParams, SpecUIError
 from specui.ui import render
 from specui.verifier import EMBEDDED, EMBEDDED_NAME, EMBEDDED_WHEEL_MB, embedded_first_use
-from specui.workbench import WORKBENCH, drafter_choices
+from specui.workbench import WORKBENCH, default_drafter, drafter_choices
 
 _STOP: dict[str, threading.Event] = {}  # session -> stop request of its running generation
 _REPLAY_STOP: dict[str, threading.Event] = {}  # session -> stop request of its running replay
@@ -104,7 +104,7 @@ def build(store: Store) -> None:
     """Components and events of the Playground tab (inside a gr.Blocks context)."""
     examples = example_prompts()
     choices = drafter_choices()
-    default = next((c for c in ("dspark", "dflash", "ngram") if c in choices), "none")
+    default = default_drafter(choices)
     gr.Markdown("Decode one prompt with speculative decoding and watch each step: the draft block, "
                 "which tokens the verifier accepted or rejected, and its own corrected or bonus token.")
     with gr.Row():

