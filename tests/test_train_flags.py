@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from specui.algorithms import algorithm_names
 from specui.cli import build_parser
 from specui.commands.train import (
     SPECULATORS_FLAG_ALIASES,
@@ -76,6 +77,14 @@ def test_speculators_spellings_build_the_same_config_as_specui_names() -> None:
         "draft_vocab_size", "mask_token_id", "markov_rank",
     }  # fmt: skip
     assert ours.aux_layer_ids == [1, 3, 4] and ours.extra == {"loss": "kl"} and ours.schedule == "linear"
+
+
+@pytest.mark.parametrize("algorithm", algorithm_names(trainable=True))
+def test_without_flags_the_cli_trains_the_configs_defaults(algorithm: str) -> None:
+    """The flags' defaults are read from TrainConfig and the algorithms' options, not written
+    again: no flag, no difference (each algorithm at its own option defaults)."""
+    cli = _config("--algorithm", algorithm, "--out", "x")
+    assert cli == TrainConfig(algorithm=algorithm, out="x")
 
 
 def test_the_table_is_what_the_parser_does() -> None:

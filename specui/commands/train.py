@@ -13,17 +13,15 @@ SPECULATORS_FLAG_ALIASES.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specui.algorithms.options import flag_of
 from specui.algorithms.spec import algorithm_names, algorithm_specs, labels, train_knobs
 from specui.data import prompt_sets
 from specui.trace import SpecUIError
-from specui.training.config import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPTS
-
-if TYPE_CHECKING:
-    from specui.training.config import TrainConfig
+from specui.training.config import DEFAULT_PROMPTS, PRECISIONS, TrainConfig
 
 # --- speculators' flag names -----------------------------------------------------------
 #
@@ -189,9 +187,10 @@ def _prompts_help() -> str:
 
 def _add_knobs(groups: dict[str, argparse._ArgumentGroup]) -> None:
     """A flag for every training option of every trainable algorithm (its package's options.py),
-    in its group, with its default, its help led by the algorithms that read it."""
+    in its group, its help led by the algorithms that read it."""
     for name, f in train_knobs().items():
-        kw: dict[str, Any] = {"dest": name, "default": f.default,
+        # Unset unless given: TrainConfig then fills in the chosen algorithm's own default.
+        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS,
                               "help": f"{labels(name)} {f.metadata['help']}"}
         if isinstance(f.default, bool):
             kw["action"] = "store_true" if f.default is False else argparse.BooleanOptionalAction
@@ -200,64 +199,75 @@ def _add_knobs(groups: dict[str, argparse._ArgumentGroup]) -> None:
         groups[f.metadata["group"]].add_argument(*_spellings(flag_of(f)), **kw)
 
 
+def _config_defaults(p: argparse.ArgumentParser) -> None:
+    """Each shared flag's default is TrainConfig's, read from its field (written there only);
+    a dest that a speculators spelling also writes keeps its own (SUPPRESS: never overrides)."""
+    suppressed = {a.dest for a in p._actions if a.default is argparse.SUPPRESS}
+    p.set_defaults(**{f.name: f.default for f in dataclasses.fields(TrainConfig)
+                      if f.default is not dataclasses.MISSING and f.name not in suppressed})
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a drafter (DFlash, DSpark, P-EAGLE, EAGLE-3) on the verifier's own outputs")
     # Not argparse choices: the config reports an unknown algorithm with the list, as the job API does.
     p.add_argument(*_spellings("--algorithm"), dest="algorithm", type=_algorithm, required=True,
                    help=" | ".join(algorithm_names(trainable=True)))
-    p.add_argument(*_spellings("--verifier"), dest="verifier", default="embedded", help="embedded | HF folder | .gguf file | hub id")
-    p.add_argument("--prompts", default=DEFAULT_PROMPTS, help=_prompts_help())
+    p.add_argument(*_spellings("--verifier"), dest="verifier",
+                   help="embedded | HF folder | .gguf file | hub id")
+    p.add_argument("--prompts", help=_prompts_help())
     p.add_argument(*_spellings("--out"), dest="out", required=True, help="output folder (final drafter, checkpoints/, metrics.jsonl)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--no-resume-from-checkpoint", dest="resume", action="store_const", const=False, default=argparse.SUPPRESS,
                    help="speculators' spelling of the default: start afresh (without --resume)")
 
     o = p.add_argument_group("optimisation")
-    o.add_argument(*_spellings("--steps"), dest="steps", type=int, default=200, help="optimizer steps")
-    o.add_argument("--batch-size", type=int, default=4, help="sequences per step (per process)")
-    o.add_argument("--lr", type=float, default=6e-4)
-    o.add_argument("--min-lr-ratio", type=float, default=0.1)
-    o.add_argument(*_spellings("--warmup-steps"), dest="warmup_steps", type=int, default=20)
-    o.add_argument(*_spellings("--schedule"), dest="schedule", type=_schedule, default="cosine",
+    o.add_argument(*_spellings("--steps"), dest="steps", type=int, help="optimizer steps")
+    o.add_argument("--batch-size", type=int, help="sequences per step (per process)")
+    o.add_argument("--lr", type=float)
+    o.add_argument("--min-lr-ratio", type=float)
+    o.add_argument(*_spellings("--warmup-steps"), dest="warmup_steps", type=int)
+    o.add_argument(*_spellings("--schedule"), dest="schedule", type=_schedule,
                    help="cosine | linear | constant (speculators' none = constant; the warmup still applies)")
-    o.add_argument("--weight-decay", type=float, default=0.01)
-    o.add_argument("--grad-clip", type=float, default=1.0)
-    o.add_argument("--seed", type=int, default=0)
-    o.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    o.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    o.add_argument("--weight-decay", type=float)
+    o.add_argument("--grad-clip", type=float)
+    o.add_argument("--seed", type=int)
+    o.add_argument("--threads", type=int, help="torch CPU threads")
+    o.add_argument("--device", help="auto | cpu | cuda")
 
     d = p.add_argument_group("data")
-    d.add_argument("--num-prompts", type=int, default=None, help="use the first N training prompts")
-    d.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+    d.add_argument("--num-prompts", type=int, help="use the first N training prompts")
+    d.add_argument("--max-new-tokens", type=int,
                    help="length of the self-distilled responses (default: that of the shipped "
                         "general responses; a longer one generates again every response that "
                         "reached it: hours on a CPU)")
-    d.add_argument("--gen-batch-size", type=int, default=8)
-    d.add_argument("--max-seq-len", type=int, default=1024)
-    d.add_argument("--extraction", default="offline",
+    d.add_argument("--gen-batch-size", type=int)
+    d.add_argument("--max-seq-len", type=int)
+    d.add_argument("--extraction",
                    help="hidden states: offline (all first, then training reads them from disk) | online | mixed")
-    d.add_argument("--extract-batch-tokens", type=int, default=4096,
+    d.add_argument("--extract-batch-tokens", type=int,
                    help="padded tokens per batched extraction forward (local extractor)")
-    d.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+    d.add_argument("--precision", choices=PRECISIONS,
                    help="training matmuls: bf16 autocast with float32 master weights, fp32, or auto "
                         "(bf16 where the CPU has AMX / AVX512-BF16, or on a GPU)")
-    d.add_argument("--cache-dir", default=None, help="responses and hidden states (default OUT/cache)")
-    d.add_argument("--extractor", default="local",
+    d.add_argument("--cache-dir", help="responses and hidden states (default OUT/cache)")
+    d.add_argument("--extractor",
                    help="hidden states from the verifier in this process (local) or from a vLLM server the run "
                         "launches, extracting offline and stopping it before training (vllm); both fill the same cache")
-    d.add_argument("--vllm-python", default=None, help="with --extractor vllm: vLLM's Python "
+    d.add_argument("--vllm-python", help="with --extractor vllm: vLLM's Python "
                    "(default $SPECUI_VLLM_PYTHON or .venv-vllm/bin/python)")
-    d.add_argument("--vllm-gpu-memory-utilization", type=float, default=None,
+    d.add_argument("--vllm-gpu-memory-utilization", type=float,
                    help="with --extractor vllm on a GPU: vLLM's share of its memory (the trainer holds the verifier there too)")
 
     m = p.add_argument_group("drafter")
-    m.add_argument(*_spellings("--layers"), dest="layers", type=int, default=None,
+    m.add_argument(*_spellings("--layers"), dest="layers", type=int,
                    help=f"draft decoder layers (default: {_default_layers()})")
-    m.add_argument(*_spellings("--aux-layers"), dest="aux_layer_ids", type=_int_list, nargs="+", action=_IntsAction, default=None,
+    m.add_argument(*_spellings("--aux-layers"), dest="aux_layer_ids", type=_int_list, nargs="+",
+                   action=_IntsAction,
                    metavar="IDS", help="verifier layer ids, e.g. 2,15,27 (or 2 15 27)")
-    m.add_argument("--draft-vocab-size", type=int, default=None, help="reduced draft vocabulary (most frequent tokens)")
-    m.add_argument("--mask-token-id", type=int, default=None)
-    m.add_argument(*_spellings("--init-from"), dest="init_from", default=None,
+    m.add_argument("--draft-vocab-size", type=int,
+                   help="reduced draft vocabulary (most frequent tokens)")
+    m.add_argument("--mask-token-id", type=int)
+    m.add_argument(*_spellings("--init-from"), dest="init_from",
                    help="warm start from a checkpoint (DSpark from DFlash)")
 
     loss = p.add_argument_group("loss")
@@ -273,20 +283,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="override the per-slot loss: ce | kl (speculators' kl_div = kl)")
 
     b = p.add_argument_group("bookkeeping")
-    b.add_argument(*_spellings("--log-every"), dest="log_every", type=int, default=10, help="steps")
-    b.add_argument("--checkpoint-every", type=int, default=50)
-    b.add_argument("--keep-checkpoints", type=int, default=2)
+    b.add_argument(*_spellings("--log-every"), dest="log_every", type=int, help="steps")
+    b.add_argument("--checkpoint-every", type=int)
+    b.add_argument("--keep-checkpoints", type=int)
     b.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    _config_defaults(p)
     p.set_defaults(func=run)
 
 
 def build_config(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig of parsed ``specui train`` arguments (SpecUIError for a bad value)."""
-    from specui.training.config import TrainConfig
-
     # Every key TrainConfig reads (a knob added to an algorithm's options has its flag): the
     # parser's dest of each is its name.
-    values = {k: getattr(args, k) for k in TrainConfig.config_keys() if k != "extra"}
+    values = {k: getattr(args, k) for k in TrainConfig.config_keys()
+              if k != "extra" and hasattr(args, k)}
     return TrainConfig(**values, extra={"loss": args.loss} if args.loss else {})
 
 

@@ -3,6 +3,7 @@ per-position accuracy, read the log tail, cancel or resume."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ from specui.data import prompt_sets
 from specui.jobs import queue as jobs
 from specui.store import Job, JobStatus, Store, admin_mode, check_owner
 from specui.trace import SpecUIError
-from specui.training.config import DEFAULT_PROMPTS
+from specui.training.config import DEFAULT_PROMPTS, TrainConfig
 from specui.workbench import trained_drafters_dir
 
 
@@ -125,8 +126,6 @@ def start_training(store: Store, algorithm: str, verifier: str, prompts: str, st
             params[key] = value
     # Every option checked now (an unknown extractor, vLLM not installed), in the button's
     # message, rather than in a job that fails after minutes of self-distillation.
-    from specui.training.config import TrainConfig
-
     TrainConfig.from_dict(params)
     return jobs.enqueue(store, "train", params, owner=owner).id
 
@@ -151,13 +150,14 @@ def build(store: Store) -> None:
             prompts = gr.Dropdown(prompt_choices(), value=DEFAULT_PROMPTS,
                                   label="Prompt set (train split)", allow_custom_value=True,
                                   elem_id="train-prompts")
-            steps = gr.Number(200, precision=0, label="Steps", elem_id="train-steps")
+            shared = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # one place
+            steps = gr.Number(shared["steps"], precision=0, label="Steps", elem_id="train-steps")
             knobs = train_knobs()
             block = gr.Number(knobs["block_size"].default, precision=0, label="Block size / K")
             anchors = gr.Number(knobs["max_anchors"].default, precision=0,
                                 label=f"Anchors per sequence ({labels('max_anchors')})")
             layers = gr.Number(0, precision=0, label="Draft layers (0 = default)")
-            lr = gr.Number(6e-4, label="Learning rate")
+            lr = gr.Number(shared["lr"], label="Learning rate")
             extractor = gr.Dropdown(EXTRACTORS, value="local", label="Hidden states from", elem_id="train-extractor",
                                     info="vLLM: extracted by a vLLM server (.venv-vllm) before training, which it then stops")
             with gr.Accordion("More algorithm options", open=False):
