@@ -24,7 +24,7 @@ from specui.data.hidden import SampleTensors, topk_targets
 from specui.trace import SpecUIError
 from specui.training.config import TrainConfig
 from specui.training.loop import batch_indices, lr_at
-from tests.conftest import dflash_family
+from tests.conftest import dflash_family, eagle_family
 
 ATOL = 1e-4
 
@@ -82,7 +82,7 @@ def verifier_sample(fixture_dir, verifier) -> SampleTensors:
                         torch.ones_like(v["input_ids"]))
 
 
-@pytest.mark.parametrize("algo", ["peagle", "eagle3"])
+@pytest.mark.parametrize("algo", eagle_family())
 def test_shifted_layout_matches_the_speculators_reference(algo, fixture_dir, fixture_verifier):
     r = ref(fixture_dir, algo)
     p = pack_shifted([verifier_sample(fixture_dir, fixture_verifier)])
