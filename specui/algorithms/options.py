@@ -3,7 +3,7 @@
 
 Each knob is declared once, as a field with its default and help: the train CLI's flag,
 the Train tab's widget, ``TrainConfig``'s keyword and attribute, and the key in a job's
-params and a saved ``train_run.json`` are all read from it (``specui.training.config``).
+params and a saved ``train_run.json`` are all read from it (by the trainer's ``TrainConfig``).
 Adding a knob to an algorithm is one field here, in its folder.
 
 Torch-free: the registry imports these with the algorithm packages.
