@@ -10,6 +10,12 @@ head and widths matter here.  Each timed call is one decoding step in steady
 state: one more committed token (and its verifier features) than the last
 call, so the drafters' incremental caches do what they do in the engine.
 One CPU thread (two-thread timings swing on these machines); median of repeats.
+
+``--share PRECISION`` instead loads the embedded verifier in that precision (e.g. ``gguf``) with
+each shipped drafter of ``--algorithms`` as the engine resolves it, decodes ``--prompts``
+Spec-Bench questions greedily, and reports per algorithm the draft time as a share of the verify
+time (sums over every step of every prompt, the engine's own per-step timers), the mean draft
+and verify ms a step, and tau.
 """
 
 from __future__ import annotations
@@ -83,6 +89,26 @@ def time_blocks(drafters: dict[int, object], verifier: Verifier, context: int, r
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def draft_share(precision: str, algorithms: list[str], prompts: int, max_new_tokens: int) -> None:
+    """Per shipped drafter: sum of draft time over sum of verify time, from real greedy decodes."""
+    from specui.algorithms.resolve import resolve_drafter
+    from specui.data import load_prompts
+    from specui.engine import generate
+
+    verifier = Verifier.load("embedded", precision=precision)
+    ids = [p.encode(verifier) for p in load_prompts("spec-bench", limit=prompts)]
+    print(f"verifier {verifier.name} in {verifier.precision}; {len(ids)} Spec-Bench prompts, "
+          f"{max_new_tokens} new tokens, greedy, one thread")  # fmt: skip
+    print(f"{'drafter':<8} {'draft / verify':>14} {'draft ms/step':>13} {'verify ms/step':>14} {'tau':>5}")
+    for algo in algorithms:
+        drafter = resolve_drafter(algo, verifier)
+        steps = [s for prompt in ids for s in generate(verifier, drafter, prompt, max_new_tokens=max_new_tokens).steps]
+        draft, verify = sum(s.draft_time_s for s in steps), sum(s.verify_time_s for s in steps)
+        tau = statistics.mean(s.num_accepted + 1 for s in steps)
+        print(f"{algo:<8} {draft / verify:>14.1%} {draft / len(steps) * 1e3:>13.1f} "
+              f"{verify / len(steps) * 1e3:>14.1f} {tau:>5.2f}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--embedded", action="store_true", help="load the real embedded SmolLM2 verifier")
@@ -90,8 +116,14 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128, help="prompt length before the timed steps")
     ap.add_argument("--algorithms", default="eagle3,peagle,dflash,dspark")
     ap.add_argument("--markov-rank", type=int, default=256, help="DSpark Markov head rank (0 = none)")
+    ap.add_argument("--share", metavar="PRECISION", help="draft time / verify time of the shipped drafters")
+    ap.add_argument("--prompts", type=int, default=4, help="Spec-Bench questions for --share")
+    ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens a prompt for --share")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.share:
+        draft_share(args.share, args.algorithms.split(","), args.prompts, args.max_new_tokens)
+        return
 
     verifier = Verifier.load("embedded") if args.embedded else smollm2_sized_verifier()
     print(f"verifier {verifier.name}: hidden {verifier.hidden_size}, {verifier.num_layers} layers, "

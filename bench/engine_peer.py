@@ -7,9 +7,10 @@ Both engines decode the first ``--prompts`` Spec-Bench questions (2 per task gro
 12), chat template, greedy, one thread.  llama.cpp runs the embedded verifier's own GGUF
 (``SmolLM2-135M-Instruct.Q4_1.gguf``: 4-bit weights, one fp16 scale and minimum per 32)
 through ``bench/llamacpp_worker.py`` in a subprocess of .venv-llamacpp; SpecUI runs the
-same file dequantized (``Verifier.load("embedded")``) in each ``--precisions`` (default
-``auto,int8``: bf16 batch-invariant matmuls, and int8 weights times int8 rows, the
-nearer match to llama.cpp's quantized file).  Prompt by prompt, every engine and mode
+same file in each ``--precisions`` (default ``auto,int8``: ``auto`` is ``gguf`` where SpecUI's
+kernel runs, the file's own Q4_1 / Q8_0 blocks times float32 rows, else bf16 batch-invariant
+matmuls on the dequantized weights; int8 weights times int8 rows is the third; name ``bf16``
+or ``gguf`` to get either one).  Prompt by prompt, every engine and mode
 runs in turn, so drift on a loaded machine hits all alike.
 
 Reported per mode: decode tokens/s (tokens after the prompt / time after the prompt;

@@ -99,13 +99,28 @@ def stage_generate(verifier, samples, max_new_tokens: int, procs: int, peak: flo
                  response_tokens_per_s=new["response_tokens_per_s"],
                  old_response_tokens_per_s=old["response_tokens_per_s"])]  # fmt: skip
     if procs > 1:
-        from specui.data.generate import measure_processes
-
-        one = measure_processes(prompts, max_new_tokens, procs=1)
-        many = measure_processes(prompts, max_new_tokens, procs=procs)
-        rows.append(_row(f"generate:{procs}proc", many["tokens_per_s"], one["tokens_per_s"], None,
-                         note=f"{procs} processes against 1, same prompts"))
+        one = generate_in_processes(samples, max_new_tokens, 1)
+        many = generate_in_processes(samples, max_new_tokens, procs)
+        rows.append(_row(f"generate:{procs}proc", many, one, None,
+                         note=f"{procs} processes against 1, same prompts, verifier loads included"))
     return rows
+
+
+def generate_in_processes(samples, max_new_tokens: int, procs: int) -> float:
+    """Prompt + response tokens/s of ``distill_in_processes`` over a fresh cache."""
+    from specui.data.distill import _read_cache, distill_in_processes
+    from specui.data.prompts import Prompt
+
+    prompts = [Prompt(s.id, "bench", token_ids=s.prompt_ids) for s in samples]
+    with tempfile.TemporaryDirectory(prefix="specui-gen-") as cache:
+        t = time.perf_counter()
+        distill_in_processes("embedded", prompts, procs, max_new_tokens, cache, generation_dtype=torch.bfloat16)
+        seconds = time.perf_counter() - t
+        made = {}
+        for f in Path(cache).glob("responses-*.jsonl"):
+            made.update(_read_cache(f))
+    tokens = sum(len(s.prompt_ids) for s in samples) + sum(len(r) for r in made.values())
+    return tokens / seconds
 
 
 def old_extract(verifier, samples, layer_ids: list[int], out: Path) -> None:

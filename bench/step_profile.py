@@ -1,7 +1,8 @@
 """Where a verifier step's time goes: torch.profiler over one-token steps (run by hand).
 
     PYTHONPATH=. .venv/bin/python bench/step_profile.py [--steps 20] [--block 1] [--context 256]
-                                                       [--precision bf16|int8] [--ablate]
+                                                       [--precision bf16|int8|gguf] [--ablate]
+                                                       [--ab bf16,int8,gguf]
 
 Loads the embedded verifier in bf16 (or int8) and profiles ``--steps`` verifier steps of ``--block``
 tokens after a cached context, once through ``specui.decoder.FastDecoder`` (what
@@ -15,6 +16,10 @@ quantization), then also without attention, at 1 and 9 tokens: the differences a
 (the profiler's per-op times include its own overhead, and an isolated matmul loop runs from
 warmer caches than a step does).  The numbers it prints are timings, never outputs: the
 ablated steps compute garbage on purpose.
+
+``--ab bf16,int8,gguf`` instead loads the embedded verifier once per named precision and times
+their fast-path steps in one process, interleaved (a loaded machine drifts): median wall ms of
+1- and 9-token steps after ``--context`` cached positions, and each one's ratio to the first.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
+from specui.batch_invariant import GGUFWeight
 from specui.cpu_kernels import Int8Weight
 from specui.verifier import Verifier
 
@@ -38,10 +44,14 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--rows", type=int, default=12, help="ops listed per path")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--precision", choices=("bf16", "int8"), default="bf16")
+    ap.add_argument("--precision", choices=("bf16", "int8", "gguf"), default="bf16")
+    ap.add_argument("--ab", help="comma-separated precisions to time against each other in this process")
     ap.add_argument("--ablate", action="store_true", help="time the step without its matmuls, row preparation and attention in turn")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.ab:
+        ab(a.ab.split(","), a.context, a.steps)
+        return
     v = Verifier.load("embedded", precision=a.precision)
     if a.ablate:
         ablate(v, a.context, a.steps)
@@ -83,6 +93,32 @@ def main() -> None:
             )
 
 
+def ab(precisions: list[str], context: int, steps: int) -> None:
+    """Median wall ms of fast-path steps of 1 and 9 tokens per precision, interleaved in one process."""
+    verifiers = {p: Verifier.load("embedded", precision=p) for p in precisions}
+    ids = torch.randint(100, 49152, (context + 9,), generator=torch.Generator().manual_seed(0))
+    caches = {}
+    for p, v in verifiers.items():
+        if v.precision != p or v._fast is None:
+            raise SystemExit(f"{p}: the verifier loaded as {v.precision}, fast path {v._fast is not None}")
+        caches[p] = v.new_cache()
+        v.forward(ids[:context], caches[p], logits=False)
+    print(f"fast-path steps after {context} cached positions, median of {steps} (interleaved), one thread")
+    print(f"{'tokens':>6}  " + "  ".join(f"{p:>16}" for p in precisions))
+    for n in (1, 9):
+        walls: dict[str, list[float]] = {p: [] for p in precisions}
+        for rep in range(steps + 3):
+            for p, v in verifiers.items():
+                t0 = time.perf_counter()
+                v.forward(ids[context : context + n], caches[p])
+                if rep >= 3:
+                    walls[p].append((time.perf_counter() - t0) * 1e3)
+                v.crop(caches[p], context)
+        med = {p: statistics.median(w) for p, w in walls.items()}
+        first = med[precisions[0]]
+        print(f"{n:>6}  " + "  ".join(f"{m:>7.2f} ms {first / m:>4.2f}x" for m in med.values()))
+
+
 def ablate(v: Verifier, context: int, steps: int) -> None:
     """Median wall ms of a fast-path step whole, then without matmuls, row preparation and attention in turn."""
     fd = v._fast
@@ -91,8 +127,9 @@ def ablate(v: Verifier, context: int, steps: int) -> None:
     mm, rows = fd.mm, fd.rows
 
     def no_mm(x, w: tuple, n: int) -> torch.Tensor:
-        # int8: an Int8Weight; bf16: (oneDNN's packed [out, in] or None, bias, the AMX kernel's PackedBF16 or None, bias)
-        if isinstance(w, Int8Weight):
+        # int8: an Int8Weight; gguf: a GGUFWeight; bf16: (oneDNN's packed [out, in] or None, bias,
+        # the AMX kernel's PackedBF16 or None, bias)
+        if isinstance(w, Int8Weight | GGUFWeight):
             return torch.zeros(n, w.out_features)
         return torch.zeros(n, w[2].out_features if w[2] is not None else w[0].shape[0])
 

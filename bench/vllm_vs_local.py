@@ -2,18 +2,21 @@
 side by side: same prompts, same K, greedy, one process, one store.
 
     .venv/bin/python bench/vllm_vs_local.py --speculator PATH [--speculator ngram] \\
-        --prompts gsm-symbolic --limit 8 --max-new-tokens 96 [--threads 1] [--db bench.db]
+        --prompts gsm-symbolic --limit 8 --max-new-tokens 96 [--threads 1] [--db bench.db] \\
+        [--max-ngram 4 --min-ngram 2]
 
 Each side runs its own plain baseline first, so each speedup is against plain
 decoding on the same backend in the same run.  Prints, per speculator: tau and
-tokens/s on both backends, the vLLM/local tau ratio, each side's speedup, whether
+tokens per step and tokens/s on both backends, the vLLM/local tau ratio, each side's
+speedup, whether
 each side's greedy output equals its own plain decoding token for token, and
 whether the two sides' outputs agree.  vLLM-CPU serves float32, so the sides can
 agree only with the local engine in float32 too (``--precision fp32``); in its
 default bf16 (``auto``) the local engine is faster, and a bf16 rounding that
 tips a near-tie continues a prompt differently from vLLM's float32 (column "-").  vLLM's tau is from its
 Prometheus counters (subtracted around the run); the local one from the engine's
-step traces.  A vLLM server is started per configuration (about a minute each on
+step traces.  The n-gram sizes (``--max-ngram`` / ``--min-ngram``) go to both sides
+as one ``NgramConfig``.  A vLLM server is started per configuration (about a minute each on
 two cores) and stopped after it.  vLLM comes from .venv-vllm (scripts/setup_vllm.sh)
 or $SPECUI_VLLM_PYTHON.
 """
@@ -27,12 +30,14 @@ from pathlib import Path
 
 import torch
 
+from specui.algorithms.ngram import NgramConfig
 from specui.benchmark import bench as local_bench
-from specui.commands import add_precision_argument
+from specui.commands import add_ngram_arguments, add_precision_argument, ngram_options
 from specui.store import Store
 from specui.trace import SamplingParams
 from specui.vllm.bench import BenchSettings
 from specui.vllm.bench import bench as vllm_bench
+from specui.vllm.server import ServerConfig
 
 
 def main() -> int:
@@ -45,7 +50,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the local engine")
     ap.add_argument("--db", default=None, help="store (default: a temporary one)")
     add_precision_argument(ap)
+    add_ngram_arguments(ap)
     a = ap.parse_args()
+    ngram = ngram_options(a)  # one config: the local drafter's options and the server's
     torch.set_num_threads(a.threads)
     db = Path(a.db) if a.db else Path(tempfile.mkdtemp(prefix="specui-vvl-")) / "bench.db"
     store = Store(db)
@@ -56,12 +63,14 @@ def main() -> int:
     print(f"local engine: plain + {len(a.speculator)} speculator(s) on {a.limit} {a.prompts} prompts", file=sys.stderr)
     local_run = local_bench(store, verifier="embedded", drafters=a.speculator, prompts=a.prompts, limit=a.limit,
                                    max_new_tokens=a.max_new_tokens, sampling=SamplingParams(),
-                                   num_speculative_tokens=a.num_speculative_tokens, progress=say, precision=a.precision)
+                                   num_speculative_tokens=a.num_speculative_tokens, progress=say,
+                                   precision=a.precision, drafter_options=ngram)
     local_ids, local = local_run.run_ids, local_run.comparison
     print("vLLM: the same, one server per configuration", file=sys.stderr)
     runs, served = vllm_bench(store, speculators=a.speculator, prompts=a.prompts, limit=a.limit, verifier="embedded",
                               settings=BenchSettings(max_new_tokens=a.max_new_tokens),
-                              num_speculative_tokens=a.num_speculative_tokens, log=say)
+                              num_speculative_tokens=a.num_speculative_tokens, log=say,
+                              server_config=ServerConfig(ngram=NgramConfig.from_options(ngram)))
 
     local_out = {rid: {r.prompt_index: r.output_token_ids for r in store.get_results(rid)} for rid in local_ids}
     served_out = {r.run_id: {x.index: x.output_token_ids for x in r.results} for r in runs}
@@ -70,13 +79,16 @@ def main() -> int:
     local_plain, served_plain = local_out[local.rows[0]["run_id"]], served_out[served.rows[0]["run_id"]]
     print(f"\nlocal engine in {precision}, vLLM in float32")
     print(f"{'speculator':<22}{'K':>3} {'tau local':>9} {'tau vLLM':>9} {'ratio':>6} "
+          f"{'tok/step local':>14} {'tok/step vLLM':>13} "
           f"{'tok/s local':>11} {'tok/s vLLM':>10} {'speedup local':>13} {'speedup vLLM':>12}  "
           "= plain local/vLLM  local = vLLM")
     for lrow, srow in zip(local.rows, served.rows, strict=True):
         lo, so = local_out[lrow["run_id"]], served_out[srow["run_id"]]
         tl, ts = lrow.get("acceptance_length") or 1.0, srow.get("acceptance_length") or 1.0
         print(f"{str(lrow['drafter'])[:21]:<22}{lrow.get('num_speculative_tokens') or '-':>3} {tl:>9.3f} {ts:>9.3f} "
-              f"{ts / tl:>6.3f} {lrow['tokens_per_s'] or 0:>11.2f} {srow['tokens_per_s'] or 0:>10.2f} "
+              f"{ts / tl:>6.3f} {lrow.get('tokens_per_step') or 1.0:>14.3f} "
+              f"{srow.get('tokens_per_step') or 1.0:>13.3f} "
+              f"{lrow['tokens_per_s'] or 0:>11.2f} {srow['tokens_per_s'] or 0:>10.2f} "
               f"{lrow.get('speedup') or 1.0:>12.2f}x {srow.get('speedup') or 1.0:>11.2f}x  "
               f"{_yes(lo == local_plain) + '/' + _yes(so == served_plain):>18}  {_yes(lo == so) if comparable else '-':>12}")
     print(f"\nstore: {db} (runs {local_ids + [r.run_id for r in runs]})", file=sys.stderr)

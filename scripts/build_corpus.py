@@ -9,7 +9,8 @@
 ``specui.data.magpie``) into ROOT/magpie-raw.jsonl; ``prompts`` mixes the kept
 turns with the templated tasks and the other sets' training splits into the
 shipped prompt file; ``responses`` self-distils the verifier's greedy answers
-into ROOT/cache (the cache ``specui train`` reads); ``export`` ships those of the
+into ROOT/cache (the cache ``specui train`` reads; ``--procs N`` shards the prompts over N
+worker processes appending to the same cache); ``export`` ships those of the
 corpus's training prompts as data/corpus/responses-*.jsonl.gz, which ``specui
 train`` reads before its own cache, so nobody regenerates them.  Each stage appends batch by
 batch: kill it at any time and run it again to continue.  One torch thread
@@ -103,7 +104,6 @@ def responses(a: argparse.Namespace) -> None:
     from specui.data.distill import self_distill
     from specui.verifier import Verifier
 
-    verifier = Verifier.load("embedded")  # float32: the cache is keyed by the verifier training loads
     prompt_list = load_prompts(a.prompts, split="train", limit=a.limit)
     bar = _bar(len(prompt_list), "responses")
     t0 = time.time()
@@ -114,6 +114,17 @@ def responses(a: argparse.Namespace) -> None:
         bar.set_postfix_str(f"{time.time() - t0:.0f} s")
         bar.refresh()
 
+    if a.procs > 1:  # workers fill the cache; this process then reads it back below
+        from specui.data.distill import distill_in_processes
+
+        distill_in_processes(
+            "embedded", prompt_list, a.procs, a.max_new_tokens, Path(a.root) / "cache",
+            a.batch_size, a.max_prompt_tokens, torch.bfloat16, progress,
+            threads=int(os.environ.get("THREADS", "1")),
+        )
+        progress = None
+    # float32: the cache is keyed by the verifier training loads
+    verifier = Verifier.load("embedded")
     samples = self_distill(verifier, prompt_list, a.max_new_tokens, a.batch_size, Path(a.root) / "cache",
                            max_prompt_tokens=a.max_prompt_tokens, progress=progress, generation_dtype=torch.bfloat16)
     bar.close()
@@ -151,6 +162,7 @@ def main() -> None:
     r.add_argument("--max-new-tokens", type=int, default=128)
     r.add_argument("--max-prompt-tokens", type=int, default=None)
     r.add_argument("--batch-size", type=int, default=64)
+    r.add_argument("--procs", type=int, default=1, help="worker processes (one torch thread each)")
     e = sub.add_parser("export")
     e.add_argument("--root", required=True)
     e.add_argument("--prompts", default="general")

@@ -36,6 +36,12 @@ oneDNN's u8s8 kernels then accumulate in int32, and integer sums are exact in an
 so a row's output cannot depend on the rows beside it: invariant by construction, no
 padding needed.  It reads half of bf16's bytes a step (``bench/engine_peer.py``).
 
+The ``gguf`` precision (a GGUF verifier: the embedded one, or a ``.gguf`` file) keeps the file's
+own Q8_0 / Q4_0 / Q4_1 blocks (``GGUFLinear``, ``specui.gguf_weights``) and multiplies float32 rows
+by them with SpecUI's kernel, which dequantizes in registers and sums each output in one fixed
+order at any row count: invariant by construction, within float32 rounding of the float32 model
+(the file dequantized), at a third of int8's bytes for the Q4 layers.
+
 Kernel choice is the machine's, so :func:`check` proves the property on this
 machine (a block against the same tokens one at a time, bit for bit) before
 ``Verifier.load(precision="auto")`` uses the mode.
@@ -43,14 +49,17 @@ machine (a block against the same tokens one at a time, bit for bit) before
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specui import cpu_kernels
-from specui.cpu_kernels import Int8Weight, PackedBF16
-from specui.trace import SpecUIError
+from specui.cpu_kernels import Int8Weight, PackedBF16, PackedGGUF
+from specui.errors import SpecUIError
 
 ATTENTION_NAME = "specui_rowwise"
 ROWWISE_MAX_ROWS = 64  # verify blocks are K+1 <= 33 rows; longer passes are prefills
@@ -137,6 +146,66 @@ def int8_weight(linears: list[nn.Linear]) -> Int8Weight:
     return cpu_kernels.int8_weight(wq, scale, bias)
 
 
+@dataclass(frozen=True)
+class GGUFWeight:
+    """One linear weight as the gguf matmul reads it: the file's blocks, and a float32 bias or None."""
+
+    packed: PackedGGUF
+    bias: torch.Tensor | None
+
+    @property
+    def out_features(self) -> int:
+        return self.packed.out_features
+
+
+def gguf_matmul(x: torch.Tensor, w: GGUFWeight, n: int) -> torch.Tensor:
+    """float32 ``[n, out]`` of float32 rows ``x`` times a GGUF weight (no padded rows: ``n``
+    keeps the bf16 matmul's signature), plus its bias."""
+    out = cpu_kernels.gguf_matmul(x, w.packed)
+    return out if w.bias is None else out.add_(w.bias)
+
+
+class GGUFLinear(nn.Linear):
+    """``nn.Linear`` on a GGUF file's own blocks (``weight_gguf``); output rows do not depend on
+    the row count."""
+
+    weight_gguf: GGUFWeight | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).float()
+        out = gguf_matmul(rows, self.weight_gguf, rows.shape[0])
+        return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _gguf_weight(parts: list[nn.Linear], packed: PackedGGUF) -> GGUFWeight:
+    biases = [m.bias for m in parts]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [torch.zeros(m.out_features) if m.bias is None else m.bias.detach().float() for m in parts]
+    )
+    return GGUFWeight(packed, bias)
+
+
+def _to_gguf(model: nn.Module, blocks: dict[str, PackedGGUF]) -> list[nn.Linear]:
+    """Switch the modules ``blocks`` names to :class:`GGUFLinear`; per decoder layer also q/k/v
+    and gate/up as one matmul each (``qkv_gguf`` / ``gate_up_gguf``, read by ``specui.decoder``):
+    every call costs a few microseconds before any arithmetic."""
+    names_of = {id(m): n for n, m in model.named_modules()}
+    for layer in getattr(getattr(model, "model", None), "layers", ()):
+        for owner, names, attr in ((layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv_gguf"),
+                                   (layer.mlp, ("gate_proj", "up_proj"), "gate_up_gguf")):  # fmt: skip
+            parts = [getattr(owner, n) for n in names]
+            fused = cpu_kernels.cat_gguf([blocks[names_of[id(m)]] for m in parts])
+            if fused is not None:
+                setattr(owner, attr, _gguf_weight(parts, fused))
+    linears = []
+    for name, packed in blocks.items():
+        m = model.get_submodule(name)
+        m.weight_gguf = _gguf_weight([m], packed)
+        m.__class__ = GGUFLinear
+        linears.append(m)
+    return linears
+
+
 def to_int8_linear(m: nn.Linear) -> None:
     """Switch one ``nn.Linear`` to :class:`Int8Linear` in place."""
     m.weight_q8 = int8_weight([m])
@@ -173,14 +242,14 @@ def to_bf16_linear(m: nn.Linear) -> None:
     m.__class__ = BF16Linear
 
 
-def _free_float_weight(m: BF16Linear | Int8Linear) -> None:
+def _free_float_weight(m: BF16Linear | Int8Linear | GGUFLinear) -> None:
     """Drop a converted layer's float32 weight: only the copy the forward reads stays.
 
     Where the weight is packed, ``weight`` becomes a bf16 (int8) tensor on the meta device
     (its shape, no memory), so the model costs 2 (1) bytes a weight, not float32's 4 plus a copy.
     """
-    if isinstance(m, Int8Linear) or m.is_packed:
-        dtype = torch.int8 if isinstance(m, Int8Linear) else torch.bfloat16
+    if isinstance(m, Int8Linear | GGUFLinear) or m.is_packed:
+        dtype = {Int8Linear: torch.int8, GGUFLinear: torch.uint8}.get(type(m), torch.bfloat16)
         placeholder = torch.empty(m.weight.shape, dtype=dtype, device="meta")
         m.weight = nn.Parameter(placeholder, requires_grad=False)
     else:
@@ -234,8 +303,10 @@ def _register_attention() -> None:
 
 
 def unsupported_reason(config, weights: str = "bf16") -> str | None:
-    """Why this mode (``weights``: bf16 or int8) would be wrong (or slow) for this
+    """Why this mode (``weights``: bf16, int8 or gguf) would be wrong (or slow) for this
     architecture on this machine, or None."""
+    if weights == "gguf" and not cpu_kernels.gguf_available():
+        return f"SpecUI's gguf matmul, which does not run here ({cpu_kernels.status()})"
     if weights == "bf16" and (not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
         return "this CPU has no fast bf16 matmuls (oneDNN needs AVX-512 or AMX)"
     if weights == "int8" and not _has_int8_kernels():
@@ -254,9 +325,11 @@ def _has_int8_kernels() -> bool:
         return False
 
 
-def enable(model: nn.Module, weights: str = "bf16") -> None:
+def enable(model: nn.Module, weights: str = "bf16", gguf: Path | None = None) -> None:
     """Switch a float32 causal LM to batch-invariant verification, in place: every linear
-    layer computes in ``weights`` (bf16, or int8 times int8 rows).
+    layer computes in ``weights`` (bf16, or int8 times int8 rows, or ``gguf``: the blocks of the
+    GGUF file ``gguf`` the model was loaded from, times float32 rows).  A GGUF file whose blocks
+    the kernel cannot read raises ``SpecUIError`` before the model is changed.
 
     The input embeddings stay float32 (and so does a head tied to them: drafters
     borrow both).
@@ -265,7 +338,13 @@ def enable(model: nn.Module, weights: str = "bf16") -> None:
     if reason is not None:
         raise SpecUIError(f"{weights} verification does not support {reason}; use precision fp32")
     borrowed = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
-    if weights == "int8":
+    if weights == "gguf":
+        from specui.gguf_weights import read_blocks
+
+        if gguf is None:
+            raise SpecUIError("gguf verification needs the GGUF file the model was loaded from")
+        linears = _to_gguf(model, read_blocks(gguf, model))
+    elif weights == "int8":
         _fuse_int8_layers(model)  # from the float32 weights, before they go
         linears = [m for m in model.modules() if type(m) is nn.Linear]
         for m in linears:

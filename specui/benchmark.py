@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 from specui.data import Prompt, bench_split, load_prompts
 from specui.metrics import Comparison, compare
@@ -67,8 +68,11 @@ def bench(
     progress: Callable[[str, float], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     precision: str | None = None,
+    drafter_options: dict[str, Any] | None = None,
 ) -> BenchResult:
     """Baseline + each drafter over the same prompts; returns run ids and their comparison.
+
+    ``drafter_options`` go to every drafter that takes them (the n-gram sizes to ngram).
 
     ``progress(message, fraction done)`` after each prompt (decoded by every run)."""
     # Settings first: a bad one must fail before prompts and models load, and store nothing.
@@ -82,9 +86,10 @@ def bench(
         runs = []
         for name in names:
             k = None if name == "none" else num_speculative_tokens
-            d = loaded.enter_context(WORKBENCH.drafter(name, v, k))
+            d = loaded.enter_context(WORKBENCH.drafter(name, v, k, **(drafter_options or {})))
             runs.append((d, RunSpec(drafter=name, num_speculative_tokens=k, sampling=sampling,
-                                    max_new_tokens=max_new_tokens, seed=seed)))
+                                    max_new_tokens=max_new_tokens, seed=seed,
+                                    drafter_options=drafter_options)))
         t0 = time.perf_counter()
 
         def report(done: int, total: int) -> None:

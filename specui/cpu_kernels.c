@@ -299,3 +299,124 @@ int specui_int8_matmul_amx(const uint8_t *x, int64_t rows, int64_t k, int64_t kp
     free(xs);
     return 0;
 }
+
+/* ---- The gguf verifier's matmul: a GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks ------------------
+ *
+ *   out[r][o] = sum_b ( d[o][b] * sum_i q[o][b][i] * x[r][32 b + i]  (+ m[o][b] * sum_i x[r][32 b + i]) )
+ *
+ * which is sum_k x[r][k] * w[o][k] for GGUF's w = q d (Q8_0), (q - 8) d (Q4_0, q - 8 taken as the
+ * value), q d + m (Q4_1): float32 activations times the file's quantized values, float32 sums,
+ * each block's sum scaled by its fp16 scale (and Q4_1's offset times the row's block sum).  So an
+ * output is the float32 product on the dequantized weights up to the rounding of float32 sums
+ * (`self_check` bounds it), and it never touches a re-quantized weight.
+ *
+ * Batch invariance by construction: each output is one accumulator lane that meets the blocks and
+ * the inputs within a block in the same sequence whatever the row count (rows never share a lane,
+ * and a row's block sums of x are its own), so a row's result is the same bits alone or in a
+ * block of any size.
+ *
+ * Why float32 activations and not int8 ones (llama.cpp's Q8 rows and integer dot products): the
+ * gguf precision is meant to be the file's model within float32 rounding; int8 rows would make it
+ * another model, as the int8 precision is.  A step is a stream through the weights, and these are
+ * 0.63 (Q4) and 1.06 (Q8) bytes a weight against int8's 1 and bf16's 2; the work per weight is
+ * kept small instead: a 4-bit value becomes a float by one vpermps from a 16-entry table (it reads
+ * only an index's low 4 bits, so no mask), the scales are applied once a block, not once a weight.
+ *
+ * Layout (`pack_gguf` in cpu_kernels.py): the channels in tiles of 16; per tile, per block of 32
+ * inputs, the 16 channels' fp16 d, then (Q4_1) their fp16 m, then their values.  Q8_0: 32 x 16
+ * int8 (16 channels innermost).  Q4: the file's 16 bytes a channel in four groups of 4 bytes, a
+ * group's 16 channels side by side (one 32-bit lane a channel), so the 8 nibbles of a lane are
+ * inputs 4j, 4j+16, 4j+1, 4j+17, ... (a file byte holds input i low and i + 16 high).
+ */
+#define GGUF_Q4_0 2
+#define GGUF_Q4_1 3
+#define GGUF_Q8_0 8
+#define GGUF_MAX_ROWS 12 /* rows per pass: 2 x 12 accumulators, the rest of the registers for weights */
+
+static inline int64_t gguf_tile_block_bytes(int type) {
+    return type == GGUF_Q8_0 ? 32 + 32 * TILE : type == GGUF_Q4_1 ? 64 + 16 * TILE : 32 + 16 * TILE;
+}
+
+static inline __attribute__((always_inline)) void gguf_pass(int type, const float *x, const float *xsum,
+                                                            int64_t k, const uint8_t *tile, float *out,
+                                                            int64_t n_out, int64_t o, int R) {
+    __m512 total[GGUF_MAX_ROWS], part[GGUF_MAX_ROWS];
+    for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+    const int64_t step = gguf_tile_block_bytes(type), nb = k / 32;
+    const __m512 values = type == GGUF_Q4_1 ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                                            : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *blk = tile + b * step;
+        const float *xb = x + b * 32;
+        for (int r = 0; r < R; ++r) part[r] = _mm512_setzero_ps();
+        if (type == GGUF_Q8_0) {
+            const int8_t *qs = (const int8_t *)(blk + 32);
+            for (int i = 0; i < 32; ++i) {
+                __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qs + i * TILE))));
+                for (int r = 0; r < R; ++r) part[r] = _mm512_fmadd_ps(w, _mm512_set1_ps(xb[r * k + i]), part[r]);
+            }
+        } else {
+            const uint8_t *qs = blk + (type == GGUF_Q4_1 ? 64 : 32);
+            for (int j = 0; j < 4; ++j) {
+                const __m512i lanes = _mm512_loadu_si512(qs + j * 64);
+                for (int s = 0; s < 8; ++s) {
+                    __m512 w = _mm512_permutexvar_ps(s ? _mm512_srli_epi32(lanes, 4 * s) : lanes, values);
+                    const int i = 4 * j + (s >> 1) + (s & 1) * 16;
+                    for (int r = 0; r < R; ++r) part[r] = _mm512_fmadd_ps(w, _mm512_set1_ps(xb[r * k + i]), part[r]);
+                }
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        for (int r = 0; r < R; ++r) total[r] = _mm512_fmadd_ps(part[r], d, total[r]);
+        if (type == GGUF_Q4_1) {
+            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 32)));
+            for (int r = 0; r < R; ++r) total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[r * nb + b]), total[r]);
+        }
+    }
+    int64_t left = n_out - o;
+    __mmask16 mask = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * n_out + o, mask, total[r]);
+}
+
+/* The type and R as constants, so each pass keeps its accumulators in registers. */
+#define GPASS(t, r) case r: gguf_pass(t, x, xsum, k, tile, out, n_out, o, r); return;
+#define GROWS(t) GPASS(t, 1) GPASS(t, 2) GPASS(t, 3) GPASS(t, 4) GPASS(t, 5) GPASS(t, 6) \
+                 GPASS(t, 7) GPASS(t, 8) GPASS(t, 9) GPASS(t, 10) GPASS(t, 11) GPASS(t, 12)
+static void gguf_dispatch(int type, const float *x, const float *xsum, int64_t k, const uint8_t *tile,
+                          float *out, int64_t n_out, int64_t o, int R) {
+    switch (type) {
+    case GGUF_Q8_0: switch (R) { GROWS(GGUF_Q8_0) } return;
+    case GGUF_Q4_1: switch (R) { GROWS(GGUF_Q4_1) } return;
+    default: switch (R) { GROWS(GGUF_Q4_0) } return;
+    }
+}
+
+/* x: [rows, k] float32, k a multiple of 32; wp: packed weights of n_out channels (padded to 16);
+ * out: [rows, n_out] float32.  Returns 0, -1 without memory, -2 for a type or k it does not take. */
+int specui_gguf_matmul(int type, const float *x, int64_t rows, int64_t k, const uint8_t *wp,
+                       int64_t n_out, float *out) {
+    if ((type != GGUF_Q8_0 && type != GGUF_Q4_0 && type != GGUF_Q4_1) || k % 32 || k <= 0) return -2;
+    const int64_t nb = k / 32, tile_bytes = nb * gguf_tile_block_bytes(type);
+    float *xsum = NULL;
+    if (type == GGUF_Q4_1) { /* each row's block sums, for the offsets: in input order, a row on its own */
+        xsum = malloc(sizeof(float) * rows * nb);
+        if (!xsum) return -1;
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t b = 0; b < nb; ++b) {
+                float s = 0.0f;
+                for (int i = 0; i < 32; ++i) s += x[r * k + b * 32 + i];
+                xsum[r * nb + b] = s;
+            }
+    }
+    /* Tiles outside, rows inside: a tile's weights (5-17 KiB) stay in cache while the passes of a
+     * long block (a prefill) go over it. */
+    for (int64_t o = 0; o < n_out; o += TILE) {
+        const uint8_t *tile = wp + (o / TILE) * tile_bytes;
+        for (int64_t r0 = 0; r0 < rows; r0 += GGUF_MAX_ROWS) {
+            int R = rows - r0 < GGUF_MAX_ROWS ? (int)(rows - r0) : GGUF_MAX_ROWS;
+            gguf_dispatch(type, x + r0 * k, xsum ? xsum + r0 * nb : NULL, k, tile, out + r0 * n_out, n_out, o, R);
+        }
+    }
+    free(xsum);
+    return 0;
+}

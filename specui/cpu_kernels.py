@@ -16,6 +16,15 @@ int32 sum, made float once, times the channel's scale), so using them changes no
 **The bf16 matmul** (AMX only, ``specui_bf16_matmul``) sums each output in one fixed order at any
 row count: batch-invariant without padding a single row, but its own bits, not oneDNN's.
 
+**The gguf matmul** (``specui_gguf_matmul``, AVX512F; the ``gguf`` precision) reads a GGUF file's
+own Q8_0 / Q4_0 / Q4_1 blocks, repacked once into tiles of 16 channels (same values, same fp16
+scales, same bytes), and multiplies float32 rows by them: the 4-bit values become floats in
+registers (one ``vpermps`` from a 16-entry table), each block's float32 sum is scaled once, and
+each output sums in one fixed order at any row count.  So it is batch-invariant by construction
+and within float32 rounding of the float32 product on the dequantized weights (:func:`gguf_error`,
+checked at load).  It does not need AMX; on a CPU without AVX512 the ``gguf`` precision is refused
+and ``auto`` takes ``bf16``.
+
 **Row-wise attention.**  Batch invariance needs each query row of a block to attend over exactly
 its own keys in an order that does not depend on the block, and one SDPA call per row (what
 ``batch_invariant.rowwise_attention`` did) costs ~60 us of fixed cost each: most of what a
@@ -27,7 +36,8 @@ every block size, and :func:`self_check` proves both properties at load.
 The C file is compiled at first use with the system's C compiler (``$CC``, else ``cc``/``gcc``)
 into ``data_dir()/kernels`` under a name that hashes the source, the flags and the compiler, and
 loaded with ctypes.  It is used only when that works, the CPU has AVX512-VNNI, and the
-self-check passes (oneDNN's bits on random operands; attention invariant and close to SDPA);
+self-check passes (oneDNN's bits on random operands; the gguf matmul invariant and within float32
+rounding for each block type; attention invariant and close to SDPA);
 otherwise (or with ``SPECUI_CPU_KERNELS=0``) every int8 matmul stays oneDNN's and attention one
 SDPA call per row, and :func:`status` says why.  The choice is made once per process, so a
 verifier never mixes the two.
@@ -57,8 +67,13 @@ SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mamx-tile", "-mamx-bf16", "-mamx-int8", "-shared", "-fPIC")
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")  # the AMX matmuls; without them bf16 stays oneDNN's
+GGUF_MAX_ROWS = 12  # rows per pass of the gguf matmul (any row count runs; the self-check spans two passes)
 MAX_ROWS = 12  # the AVX512-VNNI int8 kernel: one pass over the weights; longer blocks go to oneDNN
 TILE = 16
+# The GGUF block types the gguf matmul reads (ggml's type ids) and each block's bytes per 32 weights.
+GGUF_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+GGUF_BLOCK = 32  # weights a block
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,22 @@ class PackedBF16:
     k: int
     k_padded: int
     out_features: int
+
+
+@dataclass(frozen=True)
+class PackedGGUF:
+    """A GGUF tensor's own blocks (``type``: Q4_0, Q4_1 or Q8_0) in the gguf kernel's layout:
+    per tile of 16 channels, per block of 32 inputs, the 16 channels' fp16 scales (and Q4_1's
+    fp16 offsets), then their quantized values, channels innermost (``cpu_kernels.c``)."""
+
+    data: torch.Tensor
+    type: str
+    k: int
+    out_features: int
+
+    @property
+    def type_id(self) -> int:
+        return GGUF_TYPES[self.type]
 
 
 @dataclass(frozen=True)
@@ -130,6 +161,11 @@ class Kernel:
         bf16.argtypes = fn.argtypes[:5] + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         bf16.restype = ctypes.c_int
         self._bf16 = bf16
+        gguf = self._lib.specui_gguf_matmul
+        gguf.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                         ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
+        gguf.restype = ctypes.c_int
+        self._gguf = gguf
         missing = [f for f in AMX_FLAGS if f not in _cpu_flags()]
         if missing:
             self.amx_reason: str | None = f"the CPU lacks {', '.join(missing)}"
@@ -154,6 +190,24 @@ class Kernel:
             raise MemoryError("bf16 kernel: no memory for its scratch rows")
         return out
 
+    def gguf_matmul(self, x: torch.Tensor, w: PackedGGUF, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 ``[rows, out]``: float32 rows ``x`` times ``w``'s weights, dequantized in registers
+        (float32 sums, one fixed order per output).  ``out``: a contiguous float32 buffer to fill."""
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != w.k:
+            raise ValueError(f"gguf kernel: needs float32 rows of {w.k} inputs, got {tuple(x.shape)} {x.dtype}")
+        x = x.contiguous()
+        if out is None:
+            out = torch.empty(x.shape[0], w.out_features)
+        elif out.shape != (x.shape[0], w.out_features) or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"gguf kernel: an output buffer of {x.shape[0]} x {w.out_features} float32")
+        rc = self._gguf(w.type_id, x.data_ptr(), x.shape[0], w.k, w.data.data_ptr(), w.out_features,
+                        out.data_ptr())  # fmt: skip
+        if rc == -1:
+            raise MemoryError("gguf kernel: no memory for the rows' block sums")
+        if rc != 0:
+            raise ValueError(f"gguf kernel: {w.type} with {w.k} inputs (a multiple of {GGUF_BLOCK})")
+        return out
+
     def attention(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float
     ) -> torch.Tensor:
@@ -173,6 +227,38 @@ class Kernel:
             raise MemoryError("attention kernel: no memory for its scores")
         if rc != 0:
             raise ValueError(f"attention kernel: head size {d} (a multiple of 16, at most 256) or {heads} heads over {kv_heads}")
+        return out
+
+    def slot_attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, starts: list[int],
+        scale: float,
+    ) -> torch.Tensor:
+        """One decode query a sequence: ``q`` [b, heads, d] row ``r`` after ``starts[r]`` cached
+        positions of slot ``r`` of ``keys``/``values`` [>= b, kv_heads, capacity, d] (a batched
+        cache): float32 ``[b, heads * d]``.  Row ``r`` is :meth:`attention` of ``q[r : r + 1]``
+        over slot ``r``, without a tensor made per row (64 rows x 30 layers a step)."""
+        b, heads, d = q.shape
+        kv_heads, capacity = keys.shape[1], keys.shape[2]
+        if (keys.dim() != 4 or keys.shape[0] < b or keys.stride()[1:] != (capacity * d, d, 1)
+                or values.stride() != keys.stride() or max(starts) >= capacity or len(starts) != b):
+            raise ValueError(
+                f"slot attention kernel: keys {tuple(keys.shape)} strides {keys.stride()}"
+                f" for {b} rows"
+            )
+        if q.dtype != torch.float32 or keys.dtype != torch.float32 or values.dtype != torch.float32:
+            raise ValueError("slot attention kernel: float32 queries, keys and values")
+        q = q.contiguous()
+        out = torch.empty(b, heads * d)
+        row, slot = heads * d * 4, keys.stride(0) * 4  # bytes
+        qp, kp, vp, op = q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr()
+        att = self._attention
+        for r, start in enumerate(starts):
+            rc = att(qp + r * row, 1, heads, d, kp + r * slot, vp + r * slot, kv_heads,
+                     capacity * d, start, scale, op + r * row)  # fmt: skip
+            if rc == -1:
+                raise MemoryError("attention kernel: no memory for its scores")
+            if rc != 0:
+                raise ValueError(f"attention kernel: head size {d}, {heads} heads over {kv_heads}")
         return out
 
     def matmul(self, q: torch.Tensor, w: PackedInt8, scale: torch.Tensor) -> torch.Tensor:
@@ -233,6 +319,14 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
     return _state["kernel"].attention(q, keys, values, start, scale)  # type: ignore[union-attr]
 
 
+def slot_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, starts: list[int], scale: float
+) -> torch.Tensor:
+    """``Kernel.slot_attention`` of the loaded kernel (where :func:`attention_supported` holds)."""
+    kernel = _state["kernel"]
+    return kernel.slot_attention(q, keys, values, starts, scale)  # type: ignore[union-attr]
+
+
 def matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
     """float32 ``[rows, out]`` of uint8 rows ``q`` times ``w``: a kernel where it takes the rows, else oneDNN (same bits)."""
     if w.kernel is not None and (q.shape[0] <= w.kernel.max_rows or w.onednn is None):
@@ -254,6 +348,87 @@ def pack_bf16(w: torch.Tensor) -> PackedBF16:
     """Weights ``[out, k]`` (any float dtype) as bf16 in the kernel's layout (``k`` padded to 32, ``out`` to 16)."""
     data, kp = _blocked(w.to(torch.bfloat16), 32, 2)  # whole AMX tiles
     return PackedBF16(data, w.shape[1], kp, w.shape[0])
+
+
+def _gguf_blocks(raw: torch.Tensor, type_name: str, k: int) -> torch.Tensor:
+    """A GGUF tensor's bytes ``[out, k/32 * block bytes]`` (uint8) as ``[out, k/32, block bytes]``."""
+    if type_name not in GGUF_TYPES:
+        raise ValueError(f"not a block type the gguf kernel reads: {type_name} (it reads {', '.join(GGUF_TYPES)})")
+    if k % GGUF_BLOCK or raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] != k // GGUF_BLOCK * GGUF_BLOCK_BYTES[type_name]:
+        raise ValueError(f"{type_name} bytes {tuple(raw.shape)} {raw.dtype} for {k} inputs")
+    return raw.reshape(raw.shape[0], k // GGUF_BLOCK, GGUF_BLOCK_BYTES[type_name])
+
+
+def dequantize_gguf(raw: torch.Tensor, type_name: str, k: int) -> torch.Tensor:
+    """float32 ``[out, k]`` of a GGUF tensor's blocks (the reference the gguf kernel is checked
+    against): Q8_0 ``q * d``, Q4_0 ``(q - 8) * d``, Q4_1 ``q * d + m``; in a Q4 block byte ``i``
+    holds input ``i`` in its low nibble and ``i + 16`` in its high one."""
+    blocks = _gguf_blocks(raw, type_name, k)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [out, blocks, 1]
+    if type_name == "Q8_0":
+        q = blocks[..., 2:].contiguous().view(torch.int8).float()
+        return (q * d).reshape(raw.shape[0], k)
+    qs = blocks[..., 4:] if type_name == "Q4_1" else blocks[..., 2:]
+    q = torch.cat([qs & 0xF, qs >> 4], dim=-1).float()  # [out, blocks, 32], inputs in order
+    if type_name == "Q4_0":
+        return ((q - 8) * d).reshape(raw.shape[0], k)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+    return (q * d + m).reshape(raw.shape[0], k)
+
+
+def pack_gguf(raw: torch.Tensor, type_name: str, k: int) -> PackedGGUF:
+    """A GGUF tensor's blocks ``[out, k/32 * block bytes]`` in the gguf kernel's layout: the same
+    quantized values and scales, moved, never requantized (channels padded to 16 with zero blocks)."""
+    blocks = _gguf_blocks(raw, type_name, k)
+    out_features, nb, size = blocks.shape
+    padded = -(-out_features // TILE) * TILE
+    if padded != out_features:
+        blocks = torch.cat([blocks, torch.zeros(padded - out_features, nb, size, dtype=torch.uint8)])
+    tiles = blocks.view(padded // TILE, TILE, nb, size).permute(0, 2, 1, 3)  # [tiles, nb, 16 channels, size]
+    head = 4 if type_name == "Q4_1" else 2  # fp16 d (and m) before the quantized values
+    parts = [tiles[..., j : j + 2].reshape(padded // TILE, nb, 2 * TILE) for j in range(0, head, 2)]
+    qs = tiles[..., head:]  # [tiles, nb, 16 channels, values]
+    if type_name == "Q8_0":  # a value at a time, the 16 channels side by side
+        parts.append(qs.transpose(2, 3).reshape(padded // TILE, nb, -1))
+    else:  # 4 bytes (8 nibbles) at a time, the 16 channels side by side: one 32-bit lane a channel
+        groups = qs.reshape(padded // TILE, nb, TILE, 4, 4).transpose(2, 3)
+        parts.append(groups.reshape(padded // TILE, nb, -1))
+    return PackedGGUF(torch.cat(parts, dim=-1).contiguous().view(-1), type_name, k, out_features)
+
+
+def cat_gguf(parts: list[PackedGGUF]) -> PackedGGUF | None:
+    """Packed weights stacked along their outputs (q/k/v, gate/up: one call instead of several),
+    or None where they differ in type or inputs, or a part's channels are not whole tiles."""
+    first = parts[0]
+    if any(p.type != first.type or p.k != first.k or p.out_features % TILE for p in parts):
+        return None
+    data = torch.cat([p.data for p in parts])
+    return PackedGGUF(data, first.type, first.k, sum(p.out_features for p in parts))
+
+
+def gguf_available() -> bool:
+    """Whether the gguf matmul runs in this process (the kernel loaded and passed its self-check)."""
+    return load() is not None
+
+
+def gguf_matmul(x: torch.Tensor, w: PackedGGUF, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``Kernel.gguf_matmul`` of the loaded kernel; call only where :func:`gguf_available` holds."""
+    return _state["kernel"].gguf_matmul(x, w, out)  # type: ignore[union-attr]
+
+
+def random_gguf(n: int, k: int, type_name: str, gen: torch.Generator) -> torch.Tensor:
+    """Random blocks of a GGUF type, ``[n, k/32 * block bytes]`` uint8, with finite fp16 scales
+    of a real model's size: operands for the self-check and the tests."""
+    nb = k // GGUF_BLOCK
+    d = (torch.rand(n, nb, 1, generator=gen) * 0.02 + 1e-4).half().view(torch.uint8).view(n, nb, 2)
+    if type_name == "Q8_0":
+        q = torch.randint(-128, 128, (n, nb, 32), generator=gen, dtype=torch.int8).view(torch.uint8)
+        return torch.cat([d, q], -1).reshape(n, -1)
+    q = torch.randint(0, 256, (n, nb, 16), generator=gen, dtype=torch.uint8)
+    if type_name == "Q4_0":
+        return torch.cat([d, q], -1).reshape(n, -1)
+    m = (-torch.rand(n, nb, 1, generator=gen) * 0.15).half().view(torch.uint8).view(n, nb, 2)
+    return torch.cat([d, m, q], -1).reshape(n, -1)
 
 
 def amx_available() -> bool:
@@ -353,6 +528,9 @@ def self_check(kernel: Kernel) -> str | None:
         exact = (x.double() @ w.double().T + bias.double()).float()
         if not torch.allclose(block, exact, atol=1e-4, rtol=1e-4):
             return f"its bf16 product is {(block - exact).abs().max().item():.1e} from the exact one"
+    reason = _gguf_self_check(kernel, gen)
+    if reason is not None:
+        return reason
     heads, kv_heads, d, start, rows = 6, 2, 32, 21, 5
     keys, values = (torch.randn(kv_heads, 40, d, generator=gen) for _ in range(2))
     q = torch.randn(rows, heads, d, generator=gen)
@@ -368,6 +546,36 @@ def self_check(kernel: Kernel) -> str | None:
     ])  # fmt: skip
     if not torch.allclose(block, expect, atol=1e-5, rtol=1e-4):
         return f"its attention is {(block - expect).abs().max().item():.1e} from SDPA's"
+    return None
+
+
+GGUF_RTOL = 1e-4  # the gguf matmul against float32 on the dequantized weights (relative to the sum of |terms|)
+
+
+def gguf_error(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
+    """The largest ``|got - x w^T| / (|x| |w|^T)`` over the outputs, against a float64 product:
+    float32 rounding of a sum is bounded relative to the sum of its terms' magnitudes, not to the
+    sum itself (which cancels)."""
+    exact = x.double() @ w.double().T
+    scale = x.double().abs() @ w.double().abs().T
+    return ((got.double() - exact).abs() / scale.clamp(min=1e-30)).max().item()
+
+
+def _gguf_self_check(kernel: Kernel, gen: torch.Generator) -> str | None:
+    """None if the gguf matmul gives a row the same bits alone as in a block, within float32
+    rounding of the product on the dequantized weights, for every block type."""
+    for type_name in GGUF_TYPES:
+        for k, n in ((64, 37), (576, 48)):
+            raw = random_gguf(n, k, type_name, gen)
+            w = pack_gguf(raw, type_name, k)
+            x = torch.randn(GGUF_MAX_ROWS + 3, k, generator=gen)
+            block = kernel.gguf_matmul(x, w)
+            alone = torch.cat([kernel.gguf_matmul(x[r : r + 1], w) for r in range(len(x))])
+            if not torch.equal(block, alone):
+                return f"its {type_name} product of a block differs from the same rows alone"
+            err = gguf_error(block, x, dequantize_gguf(raw, type_name, k))
+            if err > GGUF_RTOL:
+                return f"its {type_name} product is {err:.1e} (relative) from the float32 one on the dequantized weights"
     return None
 
 
@@ -421,7 +629,7 @@ def status() -> str:
     kernel = load()
     if kernel is not None:
         if kernel.amx_reason is None:
-            return "specui kernels: AMX int8 and bf16 matmuls, row-wise attention"
+            return "specui kernels: AMX int8 and bf16 matmuls, gguf matmul, row-wise attention"
         return (f"specui kernels: AVX512-VNNI int8 matmul for up to {MAX_ROWS} rows (oneDNN u8s8 beyond), "
-                f"row-wise attention; bf16 matmuls oneDNN's ({kernel.amx_reason})")  # fmt: skip
+                f"gguf matmul, row-wise attention; bf16 matmuls oneDNN's ({kernel.amx_reason})")  # fmt: skip
     return f"oneDNN u8s8 and SDPA rows ({_state.get('reason')})"

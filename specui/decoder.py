@@ -32,7 +32,9 @@ from specui.batch_invariant import (
     ATTENTION_NAME,
     ROWWISE_MAX_ROWS,
     BF16Linear,
+    GGUFLinear,
     Int8Linear,
+    gguf_matmul,
     int8_matmul,
     quantize_rows,
 )
@@ -102,16 +104,20 @@ class _Layer:
         )
         # int8: q/k/v and gate/up fused (batch_invariant._fuse_int8_layers); bf16 keeps them
         # apart (fused bf16 measured no faster, and the separate ones are transformers' bits).
-        self.qkv, self.gate_up = getattr(attn, "qkv_q8", None), getattr(mlp, "gate_up_q8", None)
+        # gguf: likewise fused, where the parts share a block type (batch_invariant._to_gguf).
+        self.qkv = getattr(attn, "qkv_q8", None) or getattr(attn, "qkv_gguf", None)
+        self.gate_up = getattr(mlp, "gate_up_q8", None) or getattr(mlp, "gate_up_gguf", None)
         q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         self.q_norm = None if q_norm is None else (q_norm.weight, q_norm.variance_epsilon)
         self.k_norm = None if k_norm is None else (k_norm.weight, k_norm.variance_epsilon)
         self.scaling = attn.scaling
 
 
-def _packed(m: nn.Module) -> tuple:
+def _packed(m: nn.Module) -> object:
     if isinstance(m, Int8Linear):
         return m.weight_q8
+    if isinstance(m, GGUFLinear):
+        return m.weight_gguf
     bias = None if m.bias is None else m.bias.detach().to(torch.bfloat16)
     return m.weight_packed, bias, m.weight_kernel, m.bias_f32
 
@@ -130,13 +136,18 @@ def _bf16_rows(x: torch.Tensor) -> torch.Tensor:
     )
 
 
+def _float_rows(x: torch.Tensor) -> torch.Tensor:
+    # The gguf matmul reads float32 rows as they are.
+    return x.contiguous()
+
+
 def _bf16_rows_kernel(x: torch.Tensor) -> torch.Tensor:
     # specui.cpu_kernels' bf16 matmul sums a row alike at any row count: no padding.
     return x.to(torch.bfloat16)
 
 
-def unsupported_reason(model: nn.Module) -> str | None:
-    """Why ``FastDecoder`` cannot stand in for this model's modules, or None."""
+def architecture_reason(model: nn.Module) -> str | None:
+    """Why this model's layers are not the Llama-style stack these plain ops compute, or None."""
     cfg = model.config
     if cfg.model_type not in FAMILIES:
         return f"model type {cfg.model_type}"
@@ -145,6 +156,14 @@ def unsupported_reason(model: nn.Module) -> str | None:
         return f"{rope.get('rope_type')} rotary scaling"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"activation {cfg.hidden_act}"
+    return None
+
+
+def unsupported_reason(model: nn.Module) -> str | None:
+    """Why ``FastDecoder`` cannot stand in for this model's modules, or None."""
+    reason = architecture_reason(model)
+    if reason is not None:
+        return reason
     layers = model.model.layers
     linears = [
         m
@@ -155,6 +174,8 @@ def unsupported_reason(model: nn.Module) -> str | None:
     head = model.get_output_embeddings()
     if all(isinstance(m, Int8Linear) for m in (*linears, head)):
         return None
+    if all(isinstance(m, GGUFLinear) for m in (*linears, head)):
+        return None
     if not all(isinstance(m, BF16Linear) and m.is_packed for m in linears):
         return "linear layers not packed for oneDNN or SpecUI's AMX kernel"
     if not isinstance(head, BF16Linear) or not head.is_packed:
@@ -163,15 +184,17 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
 
 class FastDecoder:
-    """``model``'s forward (bf16 or int8 batch-invariant) over a :class:`KVBuffer`."""
+    """``model``'s forward (bf16, int8 or gguf batch-invariant) over a :class:`KVBuffer`."""
 
     def __init__(self, model: nn.Module) -> None:
         cfg = model.config
         self.model = model
         # How a normed activation is made ready once for every matmul that reads it, and the matmul.
-        int8 = isinstance(model.get_output_embeddings(), Int8Linear)
-        if int8:
+        head = model.get_output_embeddings()
+        if isinstance(head, Int8Linear):
             self.rows, self.mm = quantize_rows, int8_matmul
+        elif isinstance(head, GGUFLinear):
+            self.rows, self.mm = _float_rows, gguf_matmul
         else:  # on AMX (specui.cpu_kernels) unpadded rows, else padded for oneDNN
             kernel = model.get_output_embeddings().weight_kernel is not None
             self.rows, self.mm = (_bf16_rows_kernel if kernel else _bf16_rows), _mm

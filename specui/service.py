@@ -57,7 +57,10 @@ def run_settings(spec: RunSpec, num_speculative_tokens: int | None, extra: dict 
 def start_run(store: Store, verifier: Verifier, drafter: Drafter, *, prompt_set: str, spec: RunSpec,
               owner: str | None = None) -> Run:  # fmt: skip
     """Create the stored run for decoding with ``drafter`` under ``spec`` (status running)."""
-    settings = run_settings(spec, drafter.num_speculative_tokens, {"verifier_precision": verifier.precision})
+    # The drafter's own settings too (the n-gram sizes): a run must say what it measured.
+    own = dict(getattr(drafter, "stored_settings", None) or {})
+    extra = {"verifier_precision": verifier.precision, **own}
+    settings = run_settings(spec, drafter.num_speculative_tokens, extra)
     return store.create_run(
         verifier=verifier.name, verifier_fingerprint=verifier.fingerprint, prompt_set=prompt_set,
         algorithm=drafter.algorithm, drafter=drafter.name, settings=settings, seed=spec.seed, owner=owner,

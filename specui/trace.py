@@ -187,6 +187,13 @@ class GenerationResult:
         return self.acceptance_counts.per_position_acceptance(self.num_speculative_tokens)
 
     @property
+    def tokens_per_step(self) -> float:
+        """Output tokens / steps (``specui.metrics.definitions``); 1.0 before the first step,
+        as tau is, so the live stats show a number from the start."""
+        per_step = self.acceptance_counts.tokens_per_verifier_step
+        return 1.0 if per_step is None else per_step
+
+    @property
     def draft_acceptance_rate(self) -> float:
         """Accepted / drafted tokens (``specui.metrics.definitions``); 0.0 when nothing
         was drafted, as the live stats print a number (the comparison leaves it blank)."""
@@ -202,6 +209,7 @@ class GenerationResult:
             "output_text": self.output_text,
             "output_token_ids": self.output_token_ids,
             "acceptance_length": self.acceptance_length,
+            "tokens_per_step": self.tokens_per_step,
             "per_position_acceptance": self.per_position_acceptance,
             "draft_acceptance_rate": self.draft_acceptance_rate,
             "tokens_per_s": self.tokens_per_s,  # the name the CSV, Compare and the store use

@@ -69,7 +69,7 @@ class Verifier:
         self.vocab_size: int = cfg.vocab_size
         self.max_context: int = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
         self.dtype = next(model.parameters()).dtype
-        self.precision = "fp32"  # "bf16" / "int8" once batch_invariant.enable() switched the model
+        self.precision = "fp32"  # "bf16" / "int8" / "gguf" once batch_invariant.enable() switched the model
         self._layers = _decoder_layers(model)
         self._fast = None  # a specui.decoder.FastDecoder once the model runs in bf16 and it fits
         # Per-thread capture state: the dashboard decodes for several visitors at once.
@@ -100,11 +100,16 @@ class Verifier:
         bf16 batch-invariant verification (``specui.batch_invariant``) and fails
         if this machine cannot give it; ``int8`` does the same with int8 weights and
         int8 rows (faster, but another model's logits: opt-in, never ``auto``'s);
-        ``auto`` tries ``bf16`` and falls back to ``fp32``.  ``Verifier.precision``
-        says which one runs.
+        ``gguf`` (a GGUF verifier only) keeps the file's own Q8_0 / Q4_0 / Q4_1 blocks,
+        multiplied by float32 rows (within float32 rounding of the fp32 model, and the fastest);
+        ``auto`` tries ``gguf`` for a GGUF verifier (``AUTO_GGUF``), then ``bf16``, and falls
+        back to ``fp32``.  ``Verifier.precision`` says which one runs.
         """
         if precision not in PRECISIONS:
             raise SpecUIError(f"verifier precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        gguf_file = gguf_source(spec) if precision in ("gguf", "auto") else None
+        if precision == "gguf" and gguf_file is None:
+            raise SpecUIError(f"the gguf precision keeps a GGUF file's own blocks: load {EMBEDDED!r} or a .gguf file, not {spec!r}")
         verifier = cls(*_load_model(spec, dtype))
         # Now, while every weight is still there: bf16 verification frees the float32 ones.
         _ = verifier.fingerprint
@@ -112,21 +117,34 @@ class Verifier:
             return verifier
         from specui import batch_invariant
 
-        weights = "int8" if precision == "int8" else "bf16"
-        reason = batch_invariant.unsupported_reason(verifier.config, weights)
-        if dtype != torch.float32:
-            reason = f"a {dtype} load ({weights} verification starts from float32)"
-        if reason is None:
-            batch_invariant.enable(verifier.model, weights)
-            verifier.precision = weights
-            verifier._use_fast_decoder()
-            if batch_invariant.check(verifier):
-                return verifier
-            reason = f"this machine's {weights} kernels give a token other logits inside a block than alone"
-        if precision != "auto":
-            raise SpecUIError(f"cannot verify {verifier.name} in {weights}: {reason}")
-        log.warning("verifying %s in float32: %s", verifier.name, reason)
-        return cls(*_load_model(spec, dtype))  # a fresh float32 copy: enable() changed the first
+        if precision == "auto":  # gguf first where the file's blocks can be read (docs/decoding.md)
+            candidates = (["gguf"] if gguf_file is not None and AUTO_GGUF else []) + ["bf16"]
+        else:
+            candidates = [precision]
+        for weights in candidates:
+            reason = batch_invariant.unsupported_reason(verifier.config, weights)
+            if dtype != torch.float32:
+                reason = f"a {dtype} load ({weights} verification starts from float32)"
+            if reason is None:
+                try:
+                    batch_invariant.enable(verifier.model, weights, gguf=gguf_file)
+                except SpecUIError as e:  # a GGUF type the kernel does not read: raised before any change
+                    if precision != "auto":
+                        raise
+                    log.warning("verifying %s without its GGUF blocks: %s", verifier.name, e)
+                    continue
+                verifier.precision = weights
+                verifier._use_fast_decoder()
+                if batch_invariant.check(verifier):
+                    return verifier
+                reason = f"this machine's {weights} kernels give a token other logits inside a block than alone"
+                verifier = cls(*_load_model(spec, dtype))  # a fresh float32 copy: enable() changed the first
+                _ = verifier.fingerprint
+            if precision != "auto":
+                raise SpecUIError(f"cannot verify {verifier.name} in {weights}: {reason}")
+            log.warning("verifying %s without %s: %s", verifier.name, weights, reason)
+        log.warning("verifying %s in float32", verifier.name)
+        return verifier
 
     # --- model parts drafters borrow ------------------------------------------------
 
@@ -308,7 +326,18 @@ class Verifier:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-PRECISIONS = ("fp32", "bf16", "int8", "auto")
+PRECISIONS = ("fp32", "bf16", "int8", "gguf", "auto")
+# Whether ``auto`` verifies a GGUF verifier (the embedded one, a .gguf file) in ``gguf`` precision:
+# within float32 rounding of the float32 model, and the fastest (docs/decoding.md).
+AUTO_GGUF = True
+
+
+def gguf_source(spec: str) -> Path | None:
+    """The GGUF file a verifier spec loads from (``embedded``: the embedded SmolLM2's), or None."""
+    if spec == EMBEDDED:
+        return embedded_gguf_path()
+    path = Path(spec).expanduser()
+    return path if path.suffix == ".gguf" and path.is_file() else None
 
 
 # --- the weights fingerprint ------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Batch-invariant verification (``specui.batch_invariant``), bf16 and int8: a token gets
+"""Batch-invariant verification (``specui.batch_invariant``), bf16, int8 and gguf: a token gets
 bit-identical logits whether the verifier sees it alone or inside a block, so
 greedy speculation is lossless by construction, and ``auto`` uses bf16 only where
 it holds."""
@@ -22,7 +22,7 @@ from specui.verifier import Verifier
 from tests.conftest import make_tiny_verifier
 
 
-@pytest.fixture(scope="module", params=["bf16", "int8"])
+@pytest.fixture(scope="module", params=["bf16", "int8", "gguf"])
 def bf16_verifier(request) -> Verifier:
     """The embedded verifier in each batch-invariant precision (the name is the first's)."""
     return Verifier.load("embedded", precision=request.param)
@@ -35,17 +35,18 @@ def heldout(bf16_verifier) -> list[list[int]]:
 
 def test_bf16_keeps_the_residual_stream_and_what_drafters_borrow_in_float32(bf16_verifier):
     v = bf16_verifier
-    assert v.precision in ("bf16", "int8")
+    assert v.precision in ("bf16", "int8", "gguf")
     assert v.embed_tokens.weight.dtype == torch.float32 and v.lm_head.weight.dtype == torch.float32
     layer_linears = [m for m in v.model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
-    weight_dtype = torch.bfloat16 if v.precision == "bf16" else torch.int8
+    weight_dtype = {"bf16": torch.bfloat16, "int8": torch.int8, "gguf": torch.uint8}[v.precision]
     assert layer_linears and all(m.weight.dtype == weight_dtype for m in layer_linears)
     # Each layer keeps one copy of its weight (packed for oneDNN or SpecUI's AMX kernel), not the float32 one too.
     if v.precision == "bf16":
         one_copy = [(m.weight_packed is None) != (m.weight_kernel is None) for m in layer_linears]
         assert all(one_copy) and all(m.weight.is_meta and m.weight_bf16 is None for m in layer_linears)
     else:
-        assert all(m.weight.is_meta and isinstance(m, batch_invariant.Int8Linear) for m in layer_linears)
+        kind = batch_invariant.Int8Linear if v.precision == "int8" else batch_invariant.GGUFLinear
+        assert all(m.weight.is_meta and isinstance(m, kind) for m in layer_linears)
     assert not v.lm_head.weight.is_meta  # drafters read the borrowed head
     out = v.forward(torch.tensor([1, 2, 3]), v.new_cache(), aux_layer_ids=[1, v.num_layers])
     assert out.logits.dtype == torch.float32 and out.aux_hidden.dtype == torch.float32
@@ -119,7 +120,10 @@ def test_int8_rows_are_quantized_each_on_its_own_scale():
 
 
 def test_int8_is_never_autos_choice_and_stays_close_to_bf16():
-    assert Verifier.load("embedded", precision="auto").precision == "bf16"  # auto never quantizes
+    # auto never requantizes: the embedded GGUF in its own blocks where SpecUI's kernel runs, else bf16
+    from specui import cpu_kernels
+
+    assert Verifier.load("embedded", precision="auto").precision == ("gguf" if cpu_kernels.gguf_available() else "bf16")
     bf16, int8 = Verifier.load("embedded", precision="bf16"), Verifier.load("embedded", precision="int8")
     ids = torch.tensor(load_prompts("gsm-symbolic", split="eval", limit=1)[0].encode(bf16))
     a = bf16.forward(ids, bf16.new_cache()).logits.log_softmax(-1)

@@ -180,6 +180,7 @@ def test_responses_are_cached_on_disk(fixture_verifier, id_prompts, tmp_path, mo
         raise AssertionError("generated although cached")
 
     monkeypatch.setattr("specui.data.distill.generate_greedy", no_generation)
+    monkeypatch.setattr("specui.data.generate.generate_responses", no_generation)
     assert self_distill(fixture_verifier, id_prompts, max_new_tokens=8, batch_size=2, cache_dir=tmp_path) == first
 
 

@@ -245,3 +245,18 @@ def test_greedy_output_with_random_learned_drafter_equals_plain(fixture_verifier
         sampled = generate(v, drafter, prompt, max_new_tokens=20, sampling=SamplingParams(temperature=1.0), seed=seed,
                            stop_on_eos=False)
         assert len(sampled.output_token_ids) == 20
+
+
+def test_a_one_hot_distribution_is_sampled_without_a_draw():
+    """Greedy rows allow one token: returned as is, the generator left where it was; any
+    other distribution is drawn from."""
+    from specui.sampling import sample
+
+    p = torch.zeros(50)
+    p[7] = 1.0
+    g = torch.Generator().manual_seed(3)
+    state = g.get_state()
+    assert sample(p, g) == 7 and torch.equal(g.get_state(), state)
+    q = torch.full((50,), 1 / 50)
+    draws = {sample(q, g) for _ in range(200)}
+    assert len(draws) > 20 and not torch.equal(g.get_state(), state)

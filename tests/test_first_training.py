@@ -103,7 +103,7 @@ def test_generation_plan_says_prompts_tokens_and_time_before_it_starts() -> None
     plan = generation_plan(10114, 10114, 256)
     assert "0 of 10114 responses cached; generating 10114" in plan
     assert "up to 256 new tokens each, 2,589,184 tokens at most" in plan
-    assert "roughly 14.4 h at ~50 tokens/s" in plan
+    assert "roughly 4.8 h at ~150 tokens/s" in plan
     assert [format_duration(s) for s in (0.4, 89, 600, 5400)] == ["0 s", "89 s", "10 min", "1.5 h"]
 
 

@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # training abstractions they implement: specui.algorithms.objective and .options).
     ("models", (
         "specui.data", "specui.verifier", "specui.decoder", "specui.batch_invariant", "specui.cpu_kernels", "specui.sampling",
+        "specui.gguf_weights",
         "specui.algorithms",
     )),  # fmt: skip
     ("engine", ("specui.engine",)),

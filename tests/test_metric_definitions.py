@@ -121,3 +121,30 @@ def test_the_package_compare_is_the_function_even_after_importing_its_module() -
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_an_ngram_run_drafting_at_half_its_steps_has_tau_above_tokens_per_step(tmp_path) -> None:
+    """tau counts the steps that drafted; tokens per step counts every verifier pass.  An
+    n-gram lookup that finds a match at every other step: each drafting step commits 3 tokens
+    (2 of 3 drafts accepted + the verifier's), each other step 1.  tau = 3, tokens per step = 2."""
+    steps = [_step(i, 3, 2) if i % 2 == 0 else _step(i, 0, 0) for i in range(8)]
+    result = GenerationResult([1, 2], [], "", steps=steps, num_speculative_tokens=3)
+    row = _stored(tmp_path, "ngram", steps, 3)
+    assert result.acceptance_length == row["acceptance_length"] == pytest.approx(3.0)
+    assert result.tokens_per_step == row["tokens_per_step"] == pytest.approx(2.0)
+    assert result.summary()["tokens_per_step"] == pytest.approx(2.0)
+    # A learned drafter drafts at every step: there the two are one number.
+    every = [_step(i, 3, 2) for i in range(8)]
+    (tmp_path / "learned").mkdir()
+    learned = _stored(tmp_path / "learned", "dflash", every, 3)
+    assert learned["acceptance_length"] == learned["tokens_per_step"] == pytest.approx(3.0)
+
+
+def test_tokens_per_step_counts_what_the_steps_emitted_and_is_none_without_steps() -> None:
+    # A stop condition cut the last step to 1 of its 3 tokens: 4 + 1 over 2 steps.
+    cut = _step(1, 3, 2)
+    cut.emitted_token_ids = cut.emitted_token_ids[:1]
+    assert AcceptanceCounts.of_steps([_step(0, 3, 3), cut]).tokens_per_verifier_step == 2.5
+    assert AcceptanceCounts.of_steps([]).tokens_per_verifier_step is None
+    uncounted = AcceptanceCounts(steps=None, drafts=4, accepted_tokens=6)  # vLLM's counters
+    assert uncounted.tokens_per_verifier_step is None

@@ -71,6 +71,7 @@ def _expected(prompts: list[list[StepTrace]], walls: list[float], k_max: int, ba
         "num_drafts": len(drafts),
         "num_output_tokens": tokens,
         "acceptance_length": 1 + accepted / len(drafts) if drafts else 1.0,
+        "tokens_per_step": tokens / len(steps),
         "draft_acceptance_rate": accepted / drafted if drafted else None,
         "tokens_per_s": tokens / wall,
         "speedup": None if base_tpot is None else base_tpot / (wall / tokens),

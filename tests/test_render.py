@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from specui.trace import FinalTokenKind, StepTrace
-from specui.ui.render import output_html, step_html
+from specui.trace import FinalTokenKind, GenerationResult, StepTrace
+from specui.ui.render import output_html, stats_markdown, step_html
 
 
 def _step(num_accepted, kind, emitted, texts=("a", " b", "\n", "<script>")):
@@ -39,3 +39,20 @@ def test_output_colours_tokens_by_origin():
     html = output_html([_step(2, FinalTokenKind.CORRECTED, [1, 2, 9])])
     assert _classes(html) == ["accepted", "accepted", "corrected"]
     assert ">a<" in html and "> b<" in html
+
+
+def test_live_stats_show_tokens_per_step_beside_tau():
+    """Two steps that drafted (2 of 4 accepted: 3 tokens each) and two that did not (1 each):
+    tau 3.00 over the drafts, tokens per step 2.00 over every step."""
+    plain = StepTrace(
+        step=1, context_len=8, draft_token_ids=[], draft_texts=[], draft_probs=[], target_probs=[],
+        confidences=None, num_accepted=0, final_token_id=9, final_token_text="Z",
+        final_token_kind=FinalTokenKind.BONUS, emitted_token_ids=[9], draft_time_s=0.0,
+        verify_time_s=0.1,
+    )
+    drafted = _step(2, FinalTokenKind.CORRECTED, [1, 2, 9])
+    steps = [drafted, plain, drafted, plain]
+    result = GenerationResult([1], [], "", steps=steps, num_speculative_tokens=4)
+    stats = stats_markdown(result, running=True)
+    assert "**tau** (1 + accepted/drafts) **3.00**" in stats
+    assert "**tokens per step** (tokens/steps) **2.00**" in stats

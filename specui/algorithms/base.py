@@ -68,6 +68,8 @@ class Drafter(Protocol):
     # convention: 0 = embeddings, L = after L decoder layers), or None.
     aux_layer_ids: list[int] | None
     num_speculative_tokens: int  # K: the most tokens one proposal may hold
+    # Optional, not part of the protocol check: ``stored_settings``, a dict of the drafter's
+    # own settings that its runs store (the n-gram lookup's sizes).
 
     def reset(self) -> None: ...
 

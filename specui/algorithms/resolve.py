@@ -7,6 +7,7 @@ from pathlib import Path
 
 from specui.algorithms.base import Drafter
 from specui.algorithms.checkpoint import load_drafter
+from specui.algorithms.ngram import OPTION_NAMES, NgramConfig
 from specui.algorithms.simple import BUILTIN, NgramDrafter, PlainDrafter
 from specui.algorithms.spec import ALGORITHMS
 from specui.paths import shipped_drafters_dir
@@ -30,7 +31,10 @@ def resolve_drafter(spec: str, verifier: Verifier, num_speculative_tokens: int |
     if spec in ("", "none", "plain"):
         return PlainDrafter()
     if spec == "ngram":
-        return NgramDrafter(num_speculative_tokens if num_speculative_tokens is not None else 4)
+        # Its lookup options (max_ngram / min_ngram or vLLM's names); others' are dropped.
+        k = num_speculative_tokens if num_speculative_tokens is not None else 4
+        return NgramDrafter(k, NgramConfig.from_options({o: options.get(o) for o in OPTION_NAMES}))
+    options = {k: v for k, v in options.items() if k not in OPTION_NAMES}
     shipped = shipped_drafters()
     path = shipped.get(spec) or Path(spec).expanduser()
     if not path.exists():
@@ -41,7 +45,7 @@ def resolve_drafter(spec: str, verifier: Verifier, num_speculative_tokens: int |
     others = {o for a in ALGORITHMS.values() for o in a.drafter_options} - set(algo.drafter_options if algo else ())
     options = {k: v for k, v in options.items() if not (k in others and v is not None)}
     drafter = load_drafter(path, verifier, num_speculative_tokens=num_speculative_tokens, **options)
-    if getattr(verifier, "precision", "fp32") in ("bf16", "int8"):  # int8: drafters stay bf16 (small, not worth the error)
+    if getattr(verifier, "precision", "fp32") in ("bf16", "int8", "gguf"):  # int8, gguf: drafters stay bf16 (small, not worth the error)
         from specui.batch_invariant import bf16_matmuls
 
         bf16_matmuls(drafter.model)  # drafts in bf16 too: ~1/3 less drafting time, and the verifier decides

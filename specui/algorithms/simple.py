@@ -7,6 +7,7 @@ AlgorithmSpec: ``BUILTIN`` is their list, next to the registry's learned ones.
 from __future__ import annotations
 
 from specui.algorithms.base import DraftContext
+from specui.algorithms.ngram import DEFAULT_NGRAM, NgramConfig
 from specui.trace import Proposal
 
 BUILTIN = ("none", "ngram")  # the algorithm names runs store for them
@@ -28,8 +29,12 @@ class PlainDrafter:
 
 
 class NgramDrafter:
-    """Prompt lookup: find the latest earlier occurrence of the last n tokens
-    (n = max_ngram .. min_ngram) and propose the K tokens that followed it.
+    """Prompt lookup: find an earlier occurrence of the last n committed tokens and propose
+    the K tokens that followed it.
+
+    The rule is vLLM's (``vllm/v1/spec_decode/ngram_proposer.py``), so both backends draft
+    the same tokens: the longest n in ``config.max_ngram .. config.min_ngram`` that occurs
+    earlier, at its *earliest* occurrence; fewer than K tokens where the context ends first.
 
     The proposal is deterministic (q is one-hot), which speculative sampling
     handles exactly: accept with probability p(d), else sample p without d.
@@ -38,11 +43,17 @@ class NgramDrafter:
     algorithm = "ngram"
     aux_layer_ids = None
 
-    def __init__(self, num_speculative_tokens: int = 4, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(
+        self, num_speculative_tokens: int = 4, config: NgramConfig = DEFAULT_NGRAM
+    ) -> None:
         self.num_speculative_tokens = num_speculative_tokens
-        self.max_ngram = max_ngram
-        self.min_ngram = min_ngram
+        self.config = config
         self.name = f"ngram-k{num_speculative_tokens}"
+
+    @property
+    def stored_settings(self) -> dict[str, int]:
+        """The lookup's settings, which the run service stores with the run."""
+        return self.config.settings()
 
     def reset(self) -> None:
         pass
@@ -51,15 +62,13 @@ class NgramDrafter:
         tokens = ctx.token_ids
         length = tokens.shape[0]
         k = self.num_speculative_tokens
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+        for n in range(min(self.config.max_ngram, length - 1), self.config.min_ngram - 1, -1):
             pattern = tokens[length - n :]
-            # Windows of size n over tokens[:-1], so a match never is the suffix itself.
+            # Windows of size n over tokens[:-1], so a match never is the suffix itself
+            # and at least one token follows it.
             windows = tokens[:-1].unfold(0, n, 1)  # [length-n, n]
             hits = (windows == pattern).all(-1).nonzero().flatten()
             if hits.numel():
-                start = int(hits[-1]) + n  # the most recent match
-                follow = tokens[start : start + k]
-                if follow.numel():
-                    return Proposal(token_ids=follow.tolist())
+                start = int(hits[0]) + n  # the earliest match, as vLLM picks
+                return Proposal(token_ids=tokens[start : start + k].tolist())
         return Proposal(token_ids=[])
-

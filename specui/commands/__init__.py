@@ -11,3 +11,23 @@ def add_precision_argument(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--precision", choices=PRECISIONS, default=default_precision(),
                    help="verifier precision (default: SPECUI_VERIFIER_PRECISION or auto; see specui.batch_invariant)")
+
+
+def add_ngram_arguments(p: argparse.ArgumentParser) -> None:
+    """``--max-ngram`` / ``--min-ngram`` (vLLM's names as aliases): the n-gram lookup's sizes,
+    the same for the local drafter and a vLLM server (``specui.algorithms.ngram``)."""
+    from specui.algorithms.ngram import DEFAULT_NGRAM
+
+    p.add_argument("--max-ngram", "--prompt-lookup-max", dest="max_ngram", type=int, default=None,
+                   help=f"ngram: longest suffix to look up (default {DEFAULT_NGRAM.max_ngram})")
+    p.add_argument("--min-ngram", "--prompt-lookup-min", dest="min_ngram", type=int, default=None,
+                   help=f"ngram: shortest suffix to look up (default {DEFAULT_NGRAM.min_ngram})")
+
+
+def ngram_options(args: argparse.Namespace) -> dict[str, int]:
+    """The n-gram sizes given on the command line (checked: a bad pair is a SpecUIError)."""
+    from specui.algorithms.ngram import NgramConfig
+
+    given = {k: getattr(args, k, None) for k in ("max_ngram", "min_ngram")}
+    NgramConfig.from_options(given)  # before any model loads
+    return {k: v for k, v in given.items() if v is not None}

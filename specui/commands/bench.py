@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from specui.commands import add_precision_argument
+from specui.commands import add_ngram_arguments, add_precision_argument, ngram_options
 from specui.trace import SamplingParams, SpecUIError, check_decode_settings
 
 
@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None)
+    add_ngram_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 gives stable timings)")
     p.add_argument("--db", default=None, metavar="PATH", help="store file (default: $SPECUI_DB, else $SPECUI_DATA_DIR/specui.db)")
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     # Before the store opens: a bad setting must not even create the database file.
     check_decode_settings(max_new_tokens=args.max_new_tokens, seed=args.seed,
                           num_speculative_tokens=args.num_speculative_tokens)
+    ngram = ngram_options(args)
     if args.threads < 1:
         raise SpecUIError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     result = bench(
         store, verifier=args.verifier, drafters=drafters, prompts=args.prompts, limit=args.limit,
         max_new_tokens=args.max_new_tokens, sampling=sampling, num_speculative_tokens=args.num_speculative_tokens,
-        seed=args.seed, progress=log, precision=args.precision,
+        seed=args.seed, progress=log, precision=args.precision, drafter_options=ngram,
     )
     run_ids, comparison = result.run_ids, result.comparison
     # Every metric per task group too (Spec-Bench's six), as the field reports it.
@@ -78,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_table(comparison, group: str | None) -> None:
-    keys = ["run_id", "drafter", "algorithm", "acceptance_length", "acceptance_length_95ci", "draft_acceptance_rate",
-            "tokens_per_s", "speedup", "speedup_95ci"]
+    keys = ["run_id", "drafter", "algorithm", "acceptance_length", "acceptance_length_95ci",
+            "tokens_per_step", "draft_acceptance_rate", "tokens_per_s", "speedup", "speedup_95ci"]
     pos = [c.key for c in comparison.columns if c.key.startswith("acceptance_pos_")][:8]
     header = (["group", "num_prompts"] if group else []) + keys + pos
     print("\t".join(header))

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from specui.commands import add_precision_argument
+from specui.commands import add_ngram_arguments, add_precision_argument, ngram_options
 from specui.trace import SamplingParams, SpecUIError, check_decode_settings
 
 
@@ -22,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_precision_argument(p)
     p.add_argument("--drafter", default="none", help="none | ngram | a shipped drafter name | a speculators folder")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help="K (default: the drafter's own)")
+    add_ngram_arguments(p)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     check_decode_settings(max_new_tokens=args.max_new_tokens, seed=args.seed,
                           num_speculative_tokens=args.num_speculative_tokens)
+    ngram = ngram_options(args)
     if args.threads is not None and args.threads < 1:
         raise SpecUIError(f"--threads must be >= 1, got {args.threads}")
     if args.threads:
@@ -53,11 +55,12 @@ def run(args: argparse.Namespace) -> int:
     from specui.workbench import WORKBENCH
 
     spec = RunSpec(drafter=args.drafter, num_speculative_tokens=args.num_speculative_tokens, sampling=sampling,
-                   max_new_tokens=args.max_new_tokens, seed=args.seed, stop_strings=tuple(args.stop))  # fmt: skip
+                   max_new_tokens=args.max_new_tokens, seed=args.seed,
+                   stop_strings=tuple(args.stop), drafter_options=ngram or None)  # fmt: skip
     verifier = WORKBENCH.verifier(args.verifier, args.precision)
     check_decode_settings(max_new_tokens=args.max_new_tokens, max_context=verifier.max_context)
     store = Store(args.db) if args.db else None
-    with WORKBENCH.drafter(args.drafter, verifier, args.num_speculative_tokens) as drafter:
+    with WORKBENCH.drafter(args.drafter, verifier, args.num_speculative_tokens, **ngram) as drafter:
         if prompt_ids is None:
             prompt_ids = encode_text(verifier, args.prompt, chat=args.chat)
         text = args.prompt if args.prompt is not None else args.prompt_ids
@@ -75,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         s = result.summary()
         print(
             f"[{drafter.name}] {s['num_output_tokens']} tokens in {s['wall_time_s']:.2f}s "
-            f"({s['tokens_per_s']:.1f} tok/s), tau {s['acceptance_length']:.2f}, {s['num_steps']} steps",
+            f"({s['tokens_per_s']:.1f} tok/s), tau {s['acceptance_length']:.2f}, "
+            f"{s['tokens_per_step']:.2f} tokens/step, {s['num_steps']} steps",
             file=sys.stderr,
         )
     return 0

@@ -240,10 +240,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="length of the self-distilled responses (default: that of the shipped "
                         "general responses; a longer one generates again every response that "
                         "reached it: hours on a CPU)")
-    d.add_argument("--gen-batch-size", type=int)
+    d.add_argument("--gen-batch-size", type=int, help="rows the generator decodes at once")
     d.add_argument("--max-seq-len", type=int)
     d.add_argument("--extraction",
-                   help="hidden states: offline (all first, then training reads them from disk) | online | mixed")
+                   help="hidden states and targets: mixed (each extracted once when first needed, then read "
+                        "from disk) | offline (all first: long runs) | online (never kept)")
     d.add_argument("--extract-batch-tokens", type=int,
                    help="padded tokens per batched extraction forward (local extractor)")
     d.add_argument("--precision", choices=PRECISIONS,

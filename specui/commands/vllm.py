@@ -16,6 +16,7 @@ import os
 import sys
 import time
 
+from specui.commands import add_ngram_arguments, ngram_options
 from specui.trace import SpecUIError
 
 
@@ -49,9 +50,12 @@ def _server_options(p: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, speculator: str | None = None):
+    from specui.algorithms.ngram import NgramConfig
     from specui.vllm.server import ServerConfig, parse_extra_args
 
     return ServerConfig(
+        # extract has no n-gram flags: it gets the default
+        ngram=NgramConfig.from_options(ngram_options(args)),
         verifier=args.verifier or "embedded", speculator=speculator, num_speculative_tokens=getattr(args, "num_speculative_tokens", None),
         host=args.host, port=args.port, python=args.python, tensor_parallel_size=args.tensor_parallel_size,
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_bytes=args.kv_cache_bytes, dtype=args.dtype,
@@ -68,12 +72,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve = vs.add_parser("serve", help="serve the verifier (with a speculator) until Ctrl-C")
     serve.add_argument("--speculator", default=None, help="a speculators-format folder, or ngram (default: none)")
     serve.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help="default: the checkpoint's")
+    add_ngram_arguments(serve)
     _server_options(serve)
     serve.set_defaults(func=cmd_serve)
 
     bench = vs.add_parser("bench", help="benchmark speculators against the plain verifier; runs are stored")
     bench.add_argument("--speculator", action="append", default=[], help="a folder | ngram | none (repeatable)")
     bench.add_argument("-k", "--num-speculative-tokens", type=int, default=None)
+    add_ngram_arguments(bench)
     bench.add_argument("--prompts", default="demo", help="a prompt set or a JSONL file (held-out split)")
     bench.add_argument("--limit", type=int, default=None, help="first N prompts")
     bench.add_argument("--concurrency", type=int, default=1, help="requests in flight")
@@ -152,7 +158,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                    for r in runs}}, default=str))
         return 0
     extra = {r.run_id: r for r in runs}
-    keys = ["run_id", "drafter", "algorithm", "acceptance_length", "draft_acceptance_rate", "tokens_per_s", "speedup"]
+    keys = ["run_id", "drafter", "algorithm", "acceptance_length", "tokens_per_step",
+            "draft_acceptance_rate", "tokens_per_s", "speedup"]
     pos = [c.key for c in comparison.columns if c.key.startswith("acceptance_pos_")][:8]
     header = [*keys, "aggregate_tok_s", "ttft_ms", "itl_ms", "counter_tau", *pos]
     print("\t".join(header))

@@ -1,8 +1,8 @@
 """The metrics package: what the numbers mean, how they are computed over stored runs, and
 their CSV (docs/algorithms.md, "Metrics").
 
-    definitions   tau, a_k, acceptance rate and their empty cases (pure Python; the trace
-                  and the vLLM counters use it too)
+    definitions   tau, tokens per step, a_k, acceptance rate and their empty cases (pure
+                  Python; the trace and the vLLM counters use it too)
     calibration   ECE, AUROC, Brier, temperature scaling, bootstrap intervals (numpy)
     columns       each comparison and step column's label, definition and unit
     confidence    confidence-head scores read from the store, with their labels
@@ -29,6 +29,7 @@ _MODULES = {
         "accepted_at_positions",
         "draft_acceptance_rate",
         "per_position_acceptance",
+        "tokens_per_verifier_step",
     ),
     "calibration": (
         "BOOTSTRAP_RESAMPLES",

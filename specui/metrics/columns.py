@@ -57,9 +57,16 @@ BASE_COLUMNS: list[Column] = [
     Column("num_drafted_tokens", "Drafted tokens", "Draft tokens proposed, over all steps", "tokens", "int"),
     Column("num_accepted_tokens", "Accepted tokens", "Draft tokens the verifier accepted, over all steps", "tokens", "int"),
     Column("acceptance_length", "τ (acceptance length)",
-           "1 + accepted draft tokens / drafts (the 1 is the verifier's bonus token)", "tokens/step"),
+           "1 + accepted draft tokens / drafts (the 1 is the verifier's bonus token): the tokens a "
+           "step that drafted commits. vLLM's \"mean acceptance length\" is this one. A drafter "
+           "that drafts at only some steps (n-gram lookup) has a τ above its tokens per step",
+           "tokens/step"),
     Column("acceptance_length_ci_low", "τ 95% CI low", _CI_DEFINITION.format(what="τ"), "tokens/step"),
     Column("acceptance_length_ci_high", "τ 95% CI high", _CI_DEFINITION.format(what="τ"), "tokens/step"),
+    Column("tokens_per_step", "Tokens per step",
+           "Output tokens / verifier steps, the steps that drafted nothing included: what a "
+           "verifier pass yields. Equals τ when every step drafts (learned drafters); compare this "
+           "one across drafters. Spec-Bench's \"mean accepted tokens\" is this one", "tokens/step"),
     Column("draft_acceptance_rate", "Draft acceptance rate", "Accepted draft tokens / drafted tokens", "fraction"),
     Column("tokens_per_s", "Throughput", "Output tokens / wall time, over finished prompts", "tokens/s"),
     Column("ms_per_output_token", "Time per output token", "Wall time / output tokens, over finished prompts", "ms/token"),

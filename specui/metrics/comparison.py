@@ -1,8 +1,8 @@
 """The Compare tab's data: one row per stored run, and what its charts draw.
 
-* Acceptance metrics (tau, a_k, acceptance rate) use every stored step of the run, as
-  ``specui.metrics.definitions`` defines them; a *draft* is a step that drafted at least
-  one token.
+* Acceptance metrics (tau, tokens per step, a_k, acceptance rate) use every stored step
+  of the run, as ``specui.metrics.definitions`` defines them; a *draft* is a step that
+  drafted at least one token.
 * Throughput and speedup use the prompts whose generation finished.  Speedup compares
   time per output token over the prompts that both the run and its baseline finished.
   The baseline is a run without drafter (algorithm "none") on the same backend, prompt
@@ -156,6 +156,7 @@ class _RunSteps:
             drafted_tokens=t.get("drafted") or 0,
             accepted_tokens=t.get("accepted") or 0,
             histogram=self.histogram,
+            output_tokens=t.get("emitted") or 0,
         )
 
 
@@ -165,13 +166,16 @@ def _read_steps(store: Store, ids: Sequence[int], where: str) -> dict[int, _RunS
     if not ids:
         return out
     marks = ",".join("?" * len(ids))
-    keys = ("steps", "drafts", "drafted", "accepted", "max_drafted", "draft_s", "verify_s")
+    keys = (
+        "steps", "drafts", "drafted", "accepted", "max_drafted", "draft_s", "verify_s", "emitted",
+    )  # fmt: skip
     with store.read() as s:
         conn = s.connection()
         for rid, idx, *values in conn.exec_driver_sql(
             f"SELECT r.run_id, r.prompt_index, count(s.id), sum(s.num_drafted > 0), sum(s.num_drafted), "
             f"sum(CASE WHEN s.num_drafted > 0 THEN s.num_accepted ELSE 0 END), max(s.num_drafted), "
-            f"sum(s.draft_time_s), sum(s.verify_time_s) "
+            f"sum(s.draft_time_s), sum(s.verify_time_s), "
+            f"sum(json_array_length(s.emitted_token_ids)) "
             f"FROM results r JOIN steps s ON s.result_id = r.id WHERE r.run_id IN ({marks}){where} "
             f"GROUP BY r.run_id, r.prompt_index",
             tuple(ids),
@@ -202,6 +206,7 @@ def _acceptance_cells(run: Run, steps: _RunSteps, k_max: int) -> dict[str, Any]:
         "acceptance_length": counts.acceptance_length,
         "acceptance_length_ci_low": None,
         "acceptance_length_ci_high": None,
+        "tokens_per_step": counts.tokens_per_verifier_step,
         "draft_acceptance_rate": counts.draft_acceptance_rate,
     }
     if counts.drafts:

@@ -16,6 +16,11 @@ A *step* is one verifier pass; a *draft* is a step that proposed at least one to
   tried: no positions at all, rather than a row of zeros.
 * draft acceptance rate = accepted draft tokens / drafted tokens; None when nothing was
   drafted.
+* tokens per step = output tokens / steps: what a verifier pass yields on average, the
+  steps that drafted nothing included.  It equals tau when every step drafts (a learned
+  drafter); a drafter that drafts at only some steps (n-gram lookup) has a tau above it, so
+  tokens per step is the figure to compare across drafters.  None without steps (vLLM's
+  counters do not count them).
 """
 
 from __future__ import annotations
@@ -33,6 +38,13 @@ def acceptance_length(accepted_tokens: float, drafts: float, steps: float | None
     if drafts > 0:
         return 1.0 + accepted_tokens / drafts
     return NO_DRAFT_ACCEPTANCE_LENGTH if steps else None
+
+
+def tokens_per_verifier_step(output_tokens: float | None, steps: float | None) -> float | None:
+    """Output tokens / verifier steps; None without steps or without a token count."""
+    if not steps or output_tokens is None:
+        return None
+    return output_tokens / steps
 
 
 def draft_acceptance_rate(accepted_tokens: float, drafted_tokens: float) -> float | None:
@@ -66,6 +78,9 @@ class DraftStep(Protocol):
     @property
     def num_accepted(self) -> int: ...
 
+    @property
+    def emitted_token_ids(self) -> Sequence[int]: ...
+
 
 @dataclass(frozen=True)
 class AcceptanceCounts:
@@ -76,23 +91,30 @@ class AcceptanceCounts:
     drafted_tokens: int = 0
     accepted_tokens: int = 0  # over drafts
     histogram: dict[int, int] = field(default_factory=dict)  # accepted draft tokens -> drafts
+    # Tokens the steps committed (after stop truncation); None: not counted.
+    output_tokens: int | None = None
 
     @classmethod
     def of_steps(cls, steps: Iterable[DraftStep]) -> AcceptanceCounts:
-        n = drafts = drafted = accepted = 0
+        n = drafts = drafted = accepted = emitted = 0
         hist: dict[int, int] = {}
         for s in steps:
             n += 1
+            emitted += len(s.emitted_token_ids)
             if s.num_drafted > 0:
                 drafts += 1
                 drafted += s.num_drafted
                 accepted += s.num_accepted
                 hist[s.num_accepted] = hist.get(s.num_accepted, 0) + 1
-        return cls(n, drafts, drafted, accepted, hist)
+        return cls(n, drafts, drafted, accepted, hist, emitted)
 
     @property
     def acceptance_length(self) -> float | None:
         return acceptance_length(self.accepted_tokens, self.drafts, self.steps)
+
+    @property
+    def tokens_per_verifier_step(self) -> float | None:
+        return tokens_per_verifier_step(self.output_tokens, self.steps)
 
     @property
     def draft_acceptance_rate(self) -> float | None:

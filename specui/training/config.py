@@ -66,11 +66,12 @@ class TrainConfig:
     # --- data
     num_prompts: int | None = None  # first N prompts of the train split (None: all)
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # self-distilled response length
-    gen_batch_size: int = 8
+    gen_batch_size: int = 64  # rows the generator decodes at once (continuous batching)
     max_seq_len: int = 1024  # longer samples are cut (the loss needs the start of the response)
-    # offline (every sample's hidden states and targets first, then training reads them from
-    # disk: the verifier never runs in a step) | online | mixed (see specui.data.hidden)
-    extraction: str = "offline"
+    # mixed: each sample's hidden states and targets extracted once, when first needed, and
+    # kept, so a run starts at once and later epochs run no verifier; offline: all of them
+    # first (long runs: no verifier in any step); online: never kept (specui.data.hidden)
+    extraction: str = "mixed"
     extract_batch_tokens: int = 4096  # padded tokens per extraction forward (local extractor)
     cache_dir: str | None = None  # responses + hidden states (default: OUT/cache)
     # Hidden states from the verifier in this process ("local") or from a vLLM server the

@@ -173,8 +173,13 @@ def prepare_samples(
         hooks.say(
             f"self-distillation: {len(prompts)} prompts, up to {cfg.max_new_tokens} new tokens each"
         )
+        # bf16 matmuls where they are fast (the shipped responses were generated so too); the
+        # cache stays keyed by the verifier as loaded.
+        from specui.data.hidden import default_extraction_dtype
+
         samples = self_distill(
-            verifier, prompts, cfg.max_new_tokens, cfg.gen_batch_size, cache_dir, progress=progress
+            verifier, prompts, cfg.max_new_tokens, cfg.gen_batch_size, cache_dir, progress=progress,
+            generation_dtype=default_extraction_dtype(),
         )
     d.barrier()
     if not d.is_main:

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 
 # Tokens a second of self-distillation, counted as prompts x max_new_tokens (the most a
 # request can generate), for the estimate a run says before it generates anything.
-# Measured on the embedded verifier (SmolLM2-135M-Instruct) at the training default of
-# batch 8, fp32, one thread of the 2-core CPU SpecUI is developed on: 65 tokens/s with
-# 73-token prompts (general corpus); longer prompts are slower, so 50 keeps the estimate
-# on the long side.  A GPU is far faster: the progress bar's ETA, from the real rate,
-# replaces this one after the first batch.
-GENERATION_TOKENS_PER_S = 50.0
+# Measured on the embedded verifier (SmolLM2-135M-Instruct) with the batched generator
+# (specui.data.generate) at the training default of 64 slots in bf16, one thread of the
+# 2-core CPU SpecUI is developed on: 167-378 response tokens/s (bench/generation.py, 128
+# general prompts, other work on the other core at the low end); 150 keeps the estimate on
+# the long side.  A GPU is far faster: the progress bar's ETA, from the real rate,
+# replaces this one after the first prompts.
+GENERATION_TOKENS_PER_S = 150.0
 
 # The unit one count of a stage is in (TrainHooks.stage's ``what``); others count "items".
 STAGE_UNITS = {

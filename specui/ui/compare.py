@@ -154,7 +154,8 @@ def charts(c: Comparison) -> tuple[go.Figure, go.Figure, go.Figure, go.Figure]:
     for rid, counts in c.tokens_per_step.items():
         if counts:  # one bar per step length, its height the drafts of that length
             hist.add_trace(go.Bar(x=list(counts), y=list(counts.values()), name=str(rid), opacity=0.6))
-    hist.update_layout(title="Tokens per step (1 + accepted)", barmode="overlay", xaxis_title="tokens", yaxis_title="steps")
+    hist.update_layout(title="Tokens per drafting step (1 + accepted)", barmode="overlay",
+                       xaxis_title="tokens", yaxis_title="steps")
     rel = go.Figure()
     rel.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect", line={"dash": "dot"}))
     for rid, reliability in c.reliability.items():

@@ -124,7 +124,7 @@ def _raw_chip(text: str, cls: str, title: str) -> str:
 
 
 def stats_markdown(result: GenerationResult, running: bool, state: str | None = None) -> str:
-    """Live tau, a_k, tokens/s and draft vs verify time; ``state`` replaces the
+    """Live tau, tokens per step, a_k, tokens/s and draft vs verify time; ``state`` replaces the
     running / done label (a replay says "replaying")."""
     s = result.summary() if result.steps else None
     if s is None:
@@ -142,6 +142,7 @@ def stats_markdown(result: GenerationResult, running: bool, state: str | None = 
     return (
         f"**{state}** · steps {len(result.steps)} · tokens {n_tokens}  \n"
         f"**tau** (1 + accepted/drafts) **{result.acceptance_length:.2f}** · "
+        f"**tokens per step** (tokens/steps) **{result.tokens_per_step:.2f}** · "
         f"draft acceptance rate {result.draft_acceptance_rate:.2f}  \n"
         f"per-position acceptance a_k: {a}  \n"
         f"{timing}"

@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from specui.algorithms.ngram import NgramConfig
 from specui.algorithms.spec import algorithm_for_vllm
 from specui.data import Prompt, load_prompts
 from specui.metrics import Comparison, compare
@@ -541,7 +542,9 @@ def run_benchmark(
             settings=DecodingSettings(
                 num_speculative_tokens=k, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
                 # concurrency at the top level too: a baseline should match it (metrics.find_baseline)
-                max_new_tokens=settings.max_new_tokens, extra={"vllm": vllm_info, "concurrency": settings.concurrency},
+                max_new_tokens=settings.max_new_tokens,
+                extra={"vllm": vllm_info, "concurrency": settings.concurrency,
+                       **_ngram_settings(spec_cfg)},
             ),
         )
         assert run.id is not None
@@ -698,6 +701,14 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
+
+
+def _ngram_settings(spec_cfg: dict[str, Any] | None) -> dict[str, int]:
+    """An n-gram server's lookup sizes under SpecUI's names, stored where a local n-gram
+    run stores them, so the two backends' runs show the same settings."""
+    if not spec_cfg or spec_cfg.get("method") != "ngram":
+        return {}
+    return NgramConfig.from_options(spec_cfg).settings()
 
 
 # --- the whole benchmark: baseline + speculators ----------------------------------------------

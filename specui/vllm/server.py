@@ -48,6 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from specui.algorithms.ngram import DEFAULT_NGRAM, NgramConfig
 from specui.algorithms.spec import ALGORITHMS, algorithm_for_vllm, algorithm_specs
 from specui.paths import REPO_ROOT, data_dir
 from specui.trace import SpecUIError
@@ -134,14 +135,16 @@ def speculator_algorithm(speculator: str | None) -> str:
     return str(cfg.get("speculators_model_type") or "unknown")
 
 
-def build_speculative_config(speculator: str | None, num_speculative_tokens: int | None) -> dict[str, Any] | None:
+def build_speculative_config(
+    speculator: str | None, num_speculative_tokens: int | None, ngram: NgramConfig = DEFAULT_NGRAM
+) -> dict[str, Any] | None:
     """vLLM's ``--speculative-config`` for a speculators folder, ``ngram`` or nothing."""
     if not speculator or speculator in ("none", "plain"):
         return None
     if speculator == "ngram":
         k = num_speculative_tokens or 4
-        # Prompt lookup: match up to 4 trailing tokens anywhere in the context.
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+        # Prompt lookup with the sizes the local NgramDrafter uses (one NgramConfig for both).
+        return {"method": "ngram", "num_speculative_tokens": k, **ngram.vllm_settings()}
     folder = Path(speculator).expanduser()
     if not (folder / "config.json").is_file():
         raise SpecUIError(f"speculator {speculator!r} is neither none, ngram nor a folder with config.json")
@@ -198,6 +201,7 @@ class ServerConfig:
     verifier: str = "embedded"  # embedded | a Hugging Face folder | a hub id (GPU machines)
     speculator: str | None = None  # a speculators folder | ngram | None
     num_speculative_tokens: int | None = None  # K; None = the checkpoint's
+    ngram: NgramConfig = DEFAULT_NGRAM  # the lookup sizes when speculator is ngram
     speculative_config: dict[str, Any] | None = None  # overrides speculator/K (e.g. extract_hidden_states)
     kv_transfer_config: dict[str, Any] | None = None
     host: str = "127.0.0.1"
@@ -293,7 +297,9 @@ def plan_launch(cfg: ServerConfig) -> LaunchPlan:
     python = vllm_python(cfg.python)
     cpu = is_cpu_build(python)
     model = resolve_model(cfg.verifier)
-    spec = cfg.speculative_config or build_speculative_config(cfg.speculator, cfg.num_speculative_tokens)
+    spec = cfg.speculative_config or build_speculative_config(
+        cfg.speculator, cfg.num_speculative_tokens, cfg.ngram
+    )
     if spec and spec.get("model"):
         spec = {**spec, "model": str(servable_folder(Path(spec["model"]), model))}
     method = speculator_method(spec)
