@@ -14,6 +14,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from specui.algorithms.base import Drafter
+from specui.algorithms.spec import drafter_option_label
 from specui.data import Prompt
 from specui.engine import Decoding
 from specui.store import DecodingSettings, Run, RunRecorder, Store
@@ -41,13 +42,14 @@ class RunSpec:
 
 def run_settings(spec: RunSpec, num_speculative_tokens: int | None, extra: dict | None = None) -> DecodingSettings:
     """The stored settings of a run of ``spec`` (K as the drafter resolved it)."""
+    options = spec.drafter_options or {}
     return DecodingSettings(
         num_speculative_tokens=num_speculative_tokens,
         temperature=spec.sampling.temperature,
         top_p=spec.sampling.top_p,
         top_k=spec.sampling.top_k,
         max_new_tokens=spec.max_new_tokens,
-        confidence_policy=_policy_label((spec.drafter_options or {}).get("confidence_policy")),
+        confidence_policy=drafter_option_label("confidence_policy", options.get("confidence_policy")),
         extra=extra or {},
     )
 
@@ -63,14 +65,6 @@ def start_run(store: Store, verifier: Verifier, drafter: Drafter, *, prompt_set:
         verifier=verifier.name, verifier_fingerprint=verifier.fingerprint, prompt_set=prompt_set,
         algorithm=drafter.algorithm, drafter=drafter.name, settings=settings, seed=spec.seed, owner=owner,
     )  # fmt: skip
-
-
-def _policy_label(policy: dict | str | None) -> str | None:
-    if not policy:
-        return None
-    if isinstance(policy, dict):
-        return f"{policy.get('mode')}:{policy.get('threshold')}"
-    return str(policy)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from specui.algorithms.base import Drafter
 from specui.algorithms.resolve import BUILTIN, resolve_drafter, shipped_drafters
+from specui.algorithms.spec import algorithm_specs
 from specui.paths import data_dir
 from specui.verifier import Verifier, default_precision
 
@@ -27,6 +28,14 @@ log = logging.getLogger(__name__)
 def trained_drafters_dir() -> Path:
     """Where trained and imported speculators live (inside the app's data folder)."""
     return data_dir() / "speculators"
+
+
+def default_drafter(choices: list[str]) -> str:
+    """The speculator a Playground opens with: the first shipped drafter of the algorithms by
+    their playground_rank, else ngram (it needs no training), else none."""
+    ranked = sorted((s for s in algorithm_specs() if s.playground_rank is not None),
+                    key=lambda s: s.playground_rank)
+    return next((c for c in [*(s.name for s in ranked), "ngram"] if c in choices), "none")
 
 
 def drafter_choices() -> list[str]:

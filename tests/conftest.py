@@ -39,6 +39,22 @@ def fixture_verifier(fixture_dir):
     return Verifier.load(str(fixture_dir / "verifier"))
 
 
+def dflash_family() -> list[str]:
+    """The registered algorithms that draft a block per pass (DFlash's model and its kin's)."""
+    from specui.algorithms import algorithm, algorithm_names
+    from specui.algorithms.dflash.model import DFlashModel
+
+    return [n for n in algorithm_names() if issubclass(algorithm(n).model_class, DFlashModel)]
+
+
+def eagle_family() -> list[str]:
+    """The registered algorithms built on EAGLE-3's model (the shifted layout)."""
+    from specui.algorithms import algorithm, algorithm_names
+    from specui.algorithms.eagle3.model import Eagle3Model
+
+    return [n for n in algorithm_names() if issubclass(algorithm(n).model_class, Eagle3Model)]
+
+
 def make_tiny_verifier(vocab_size: int = 8, hidden: int = 32, layers: int = 4, seed: int = 0, eos: int | None = None):
     """A small random Llama, fast enough for thousands of generations."""
     from transformers import LlamaConfig, LlamaForCausalLM

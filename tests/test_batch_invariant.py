@@ -12,12 +12,14 @@ import pytest
 import torch
 
 from specui import batch_invariant
+from specui.algorithms import algorithm_names
 from specui.algorithms.resolve import resolve_drafter
 from specui.algorithms.simple import PlainDrafter
 from specui.data import load_prompts
 from specui.engine import generate
 from specui.trace import SpecUIError
 from specui.verifier import Verifier
+from tests.conftest import make_tiny_verifier
 
 
 @pytest.fixture(scope="module", params=["bf16", "int8", "gguf"])
@@ -72,6 +74,11 @@ def test_a_float32_verifier_keeps_float32_drafters(embedded_verifier):
     assert not any(isinstance(m, batch_invariant.BF16Linear) for m in d.model.modules())
 
 
+def test_check_runs_on_a_vocabulary_under_100_tokens():
+    v = make_tiny_verifier(vocab_size=8)  # float32 eager attention: a block may round differently
+    assert isinstance(batch_invariant.check(v, block=3, context=4), bool)
+
+
 def test_check_catches_a_verifier_whose_blocks_differ():
     v = Verifier.load("embedded", precision="bf16")
     assert batch_invariant.check(v)
@@ -79,7 +86,7 @@ def test_check_catches_a_verifier_whose_blocks_differ():
     assert not batch_invariant.check(v)
 
 
-@pytest.mark.parametrize("drafter", ["dflash", "dspark", "peagle", "eagle3", "ngram"])
+@pytest.mark.parametrize("drafter", [*algorithm_names(), "ngram"])
 def test_greedy_speculation_in_bf16_is_identical_to_plain_bf16_decoding(bf16_verifier, heldout, drafter):
     d = resolve_drafter(drafter, bf16_verifier)
     if drafter != "ngram":  # beside a bf16 (int8) verifier the drafter's matmuls are bf16

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from specui.algorithms import algorithm_names
 from specui.cli import main
 from tests.conftest import REPO
 
@@ -77,7 +78,7 @@ def test_decode_error_exit_code_and_no_traceback_in_a_real_process():
     assert proc.stderr.strip() == "specui: error: the prompt is empty"
 
 
-@pytest.mark.parametrize("algorithm", ["dflash", "dspark", "peagle", "eagle3"])
+@pytest.mark.parametrize("algorithm", algorithm_names())
 def test_decode_with_each_fixture_checkpoint(capsys, fixture_dir, algorithm):
     rc = main(["decode", "--verifier", str(fixture_dir / "verifier"), "--drafter", str(fixture_dir / algorithm),
                "--prompt-ids", "5 17 300 42 7 99 12", "--max-new-tokens", "12", "--json"])

@@ -11,6 +11,7 @@ without code changes; a type without a check here fails.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specui.algorithms import load_drafter, load_model
+from specui.algorithms import algorithm_names, load_drafter, load_model
 from specui.algorithms.base import DraftContext
 from specui.trace import SamplingParams
 from specui.verifier import Verifier
@@ -118,19 +119,16 @@ def _peagle(folder: Path, ref: dict[str, torch.Tensor]) -> None:
     close("chain logits", out.logits[ref["chain_row_indices"]], ref["chain_logits"])
 
 
-TRAINING_CHECKS: dict[str, Callable[[Path, dict[str, torch.Tensor]], None]] = {
-    "dflash": _dflash_family,
-    "dspark": _dflash_family,
-    "eagle3": _eagle3,
-    "peagle": _peagle,
-}
+def _run_check(folder: Path, which: int, what: str) -> None:
+    """Check ``which`` of CHECKS (0: training layout, 1: inference path) on ``folder``."""
+    checks = CHECKS.get(model_type(folder))
+    assert checks is not None, f"{folder.name}: no {what} check for type {model_type(folder)!r}"
+    checks[which](folder, load_file(folder / "reference.safetensors"))
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
 def test_conformance_training_layout_matches_reference(folder: Path) -> None:
-    check = TRAINING_CHECKS.get(model_type(folder))
-    assert check is not None, f"{folder.name}: no conformance check for type {model_type(folder)!r}"
-    check(folder, load_file(folder / "reference.safetensors"))
+    _run_check(folder, 0, "conformance")
 
 
 # --- per algorithm: the incremental inference path against the same reference -----------------
@@ -175,19 +173,41 @@ def _peagle_inference(folder: Path, ref: dict[str, torch.Tensor]) -> None:
     close("inference rollout logits", d.draft_rows(ctx(x[: a + 2], G[: a + 1])), ref["chain_logits"])
 
 
-INFERENCE_CHECKS: dict[str, Callable[[Path, dict[str, torch.Tensor]], None]] = {
-    "dflash": _dflash_family_inference,
-    "dspark": _dflash_family_inference,
-    "eagle3": _eagle3_inference,
-    "peagle": _peagle_inference,
+Check = Callable[[Path, dict[str, torch.Tensor]], None]
+# Each registered type's checks: (training layout, inference path).
+CHECKS: dict[str, tuple[Check, Check]] = {
+    "dflash": (_dflash_family, _dflash_family_inference),
+    "dspark": (_dflash_family, _dflash_family_inference),
+    "eagle3": (_eagle3, _eagle3_inference),
+    "peagle": (_peagle, _peagle_inference),
 }
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
 def test_conformance_inference_path_matches_reference(folder: Path) -> None:
-    check = INFERENCE_CHECKS.get(model_type(folder))
-    assert check is not None, f"{folder.name}: no inference check for type {model_type(folder)!r}"
-    check(folder, load_file(folder / "reference.safetensors"))
+    _run_check(folder, 1, "inference")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_manifest_records_every_file_of_the_set() -> None:
+    """manifest.json's sizes and hashes are the files' (as scripts/make_fixtures.py writes them)."""
+    manifest = json.loads((FIXTURES / "manifest.json").read_text())["files"]
+    files = {
+        str(f.relative_to(FIXTURES)): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+        for f in sorted(FIXTURES.rglob("*"))
+        if f.is_file() and f.parent != FIXTURES
+    }
+    assert files == manifest
+
+
+def test_every_registered_type_has_checks_and_a_fixture() -> None:
+    """A type registered without an entry in CHECKS, or a fixture folder, is checked by nothing."""
+    registered = algorithm_names()
+    assert [name for name in registered if name not in CHECKS] == [], "types without a check"
+    assert sorted({model_type(f) for f in FOLDERS}) == sorted(registered), "a fixture per type"
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from specui.algorithms import algorithm_names
 from specui.algorithms.resolve import shipped_drafters
 from specui.doctor import (
     DoctorOptions,
@@ -67,7 +68,9 @@ def test_a_fixture_drafter_is_diagnosed_as_trained_for_another_verifier(
     report = diagnose(folder, embedded_verifier, "embedded", STATIC)
     assert first_code(report) == "verifier_mismatch", to_text(report)
     assert report.findings[0].severity is Severity.ERROR
-    assert "hidden size 64" in report.findings[0].evidence
+    config = json.loads((fixture_dir / "dflash" / "config.json").read_text())
+    hidden = config["transformer_layer_config"]["hidden_size"]
+    assert f"hidden size {hidden}" in report.findings[0].evidence
 
 
 def test_a_shipped_drafter_against_the_tiny_fixture_verifier_is_a_verifier_mismatch(
@@ -155,7 +158,7 @@ def test_truncated_weights_are_found_before_anything_else(tmp_path, embedded_ver
 # --- healthy drafters ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["dflash", "dspark", "eagle3", "peagle"])
+@pytest.mark.parametrize("name", algorithm_names())
 def test_the_shipped_drafters_get_no_error(name, embedded_verifier):
     report = diagnose(name, embedded_verifier, "embedded", DYNAMIC)
     assert not report.errors, to_text(report)

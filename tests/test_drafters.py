@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specui.algorithms import (
+    algorithm_names,
     create_drafter,
     load_drafter,
     save_drafter,
@@ -23,9 +24,10 @@ from specui.algorithms.base import DraftContext
 from specui.algorithms.dspark import ConfidencePolicy
 from specui.trace import SamplingParams, SpecUIError
 from specui.verifier import Verifier
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, dflash_family
 
-ALGOS = ["dflash", "dspark", "eagle3", "peagle"]
+ALGOS = algorithm_names()
+DFLASH_FAMILY = dflash_family()
 TOL = 1e-4
 
 
@@ -236,7 +238,7 @@ def test_training_forwards_train_the_drafter_and_never_the_verifier(algo: str, v
     x, taps = seq
     m = create_drafter(algo, verifier, seed=13).model
     f = features(taps, m.config.aux_layer_ids)
-    if algo in ("dflash", "dspark"):
+    if algo in DFLASH_FAMILY:
         out = m.forward_blocks(f, x, torch.tensor([4, 12, 20]))
         loss = (out.markov_logits if algo == "dspark" else out.logits).logsumexp(-1).sum()
         if algo == "dspark":
@@ -306,18 +308,20 @@ def test_reduced_draft_vocabulary_drafts_only_kept_tokens(verifier: Verifier, se
     assert load_drafter(tmp_path, verifier).propose(ctx(x[:20], f[:19])).token_ids == d.propose(ctx(x[:20], f[:19])).token_ids
 
 
-@pytest.mark.parametrize("algo", ["eagle3", "peagle", "dflash"])
+@pytest.mark.parametrize("algo", ALGOS)
 def test_a_single_committed_token_is_handled(algo: str, verifier: Verifier, seq) -> None:
     x, taps = seq
     d = create_drafter(algo, verifier, seed=11)
     f = features(taps, d.aux_layer_ids)
     p = d.propose(ctx(x[:1], f[:0]))
-    assert len(p) == (d.num_speculative_tokens if algo == "dflash" else 0)  # EAGLE rows need one feature
+    # A block drafts from the anchor alone; EAGLE rows need one feature.
+    assert len(p) == (d.num_speculative_tokens if algo in DFLASH_FAMILY else 0)
 
 
 def test_load_drafter_overrides_k(verifier: Verifier, seq) -> None:
     x, taps = seq
-    for algo, k in [("dflash", 3), ("dspark", 5), ("eagle3", 5), ("peagle", 2)]:
+    for i, algo in enumerate(ALGOS):
+        k = 5 if i % 2 else 2  # away from each fixture's own K (7, 8, 4, 3)
         d = load_drafter(FIXTURES / algo, verifier, num_speculative_tokens=k)
         assert d.num_speculative_tokens == k
         assert len(d.propose(ctx(x[:20], features(taps, d.aux_layer_ids)[:19]))) == k
@@ -352,6 +356,18 @@ def test_create_rejects_bad_options(verifier: Verifier) -> None:
 
 
 # --- DSpark confidence policy ---------------------------------------------------------------
+
+
+def test_a_runs_confidence_policy_is_labelled_by_the_dspark_package() -> None:
+    from specui.algorithms.dspark.policy import policy_option
+    from specui.service import RunSpec, run_settings
+
+    def label(mode: str) -> str | None:
+        spec = RunSpec(drafter="dspark", drafter_options={"confidence_policy": policy_option(mode, 0.3)})
+        return run_settings(spec, 7).confidence_policy
+
+    assert (label("threshold"), label("cost"), label("off")) == ("threshold:0.3", "cost:0.3", None)
+    assert run_settings(RunSpec(drafter="dflash"), 7).confidence_policy is None
 
 
 def test_confidence_policy_threshold_keeps_the_surviving_prefix() -> None:

@@ -10,6 +10,7 @@ import torch
 from scipy.stats import chisquare
 
 import specui.engine as engine
+from specui.algorithms import algorithm_names
 from specui.algorithms.simple import NgramDrafter, PlainDrafter
 from specui.engine import Decoding, generate
 from specui.sampling import process_logits
@@ -225,7 +226,7 @@ def test_bad_engine_input_raises_clear_errors(tiny):
 
 # --- the learned drafters plugged into the loop -------------------------------------------
 
-ALGORITHMS = ["dflash", "dspark", "peagle", "eagle3"]
+ALGORITHMS = algorithm_names()
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

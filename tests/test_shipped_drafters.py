@@ -10,10 +10,11 @@ import json
 import pytest
 from safetensors import safe_open
 
+from specui.algorithms import algorithm_names
 from specui.algorithms.resolve import resolve_drafter, shipped_drafters
 from specui.engine import generate
 
-ALGORITHMS = ("dflash", "dspark", "peagle", "eagle3")
+ALGORITHMS = algorithm_names()  # one shipped drafter per registered algorithm
 MAX_BYTES = 64 * 2**20  # every clone carries these files forever
 
 

@@ -43,8 +43,27 @@ from specui.algorithms.spec import AlgorithmSpec, register_algorithm
 SPEC = register_algorithm(AlgorithmSpec(
     name="toyflash", label="ToyFlash", rank=50, default_layers=1, vllm_method="dflash",
     drafter=f"{__name__}.parts:ToyDrafter", objective=f"{__name__}.parts:ToyObjective",
-    train_fields=("block_size",),
+    train_options=f"{__name__}.options:ToyOptions",
 ))
+'''
+
+# The toy's own training knob, beside the DFlash ones it inherits: declared once, here.
+TOY_OPTIONS = '''
+from dataclasses import dataclass
+
+from specui.algorithms.dflash.options import DFlashOptions
+from specui.algorithms.options import knob
+from specui.errors import SpecUIError
+
+
+@dataclass(kw_only=True)
+class ToyOptions(DFlashOptions):
+    toy_wobble: float = knob(0.5, "wobble of the toy's blocks", group="loss")
+
+    def check(self) -> None:
+        super().check()
+        if not 0 <= self.toy_wobble <= 1:
+            raise SpecUIError(f"toy-wobble must be in [0, 1], got {self.toy_wobble}")
 '''
 
 TOY_PARTS = '''
@@ -85,6 +104,7 @@ def toy(tmp_path_factory):
     pkg.mkdir()
     (pkg / "__init__.py").write_text(textwrap.dedent(TOY_INIT))
     (pkg / "parts.py").write_text(textwrap.dedent(TOY_PARTS))
+    (pkg / "options.py").write_text(textwrap.dedent(TOY_OPTIONS))
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(root))
         mp.setenv("SPECUI_ALGORITHMS", "toy_algo")
@@ -127,6 +147,39 @@ def test_the_toy_is_a_train_tab_choice(toy, tmp_path: Path, monkeypatch) -> None
     # The tab's start button takes it: a queued train job with the toy's name.
     job_id = train_tab.start_training(store, toy, "embedded", "gsm-symbolic", 1, 8, 64, 0, 6e-4, "toy-run", None)
     assert store.get_job(job_id).params["algorithm"] == toy
+
+
+def test_the_toys_own_knob_reaches_the_cli_the_train_tab_and_the_saved_config(toy, tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    from specui.training.config import TrainConfig
+
+    help_text = " ".join(_train_parser().format_help().split())
+    assert "--toy-wobble TOY_WOBBLE ToyFlash wobble of the toy's blocks" in help_text
+    argv = ["train", "--algorithm", toy, "--out", str(tmp_path / "out"), "--toy-wobble", "0.25"]
+    cfg = build_config(build_parser().parse_args(argv))
+    assert cfg.toy_wobble == 0.25 and cfg.algorithm_options.toy_wobble == 0.25
+    assert build_config(build_parser().parse_args(argv[:5])).toy_wobble == 0.5  # its default
+    with pytest.raises(SpecUIError, match=r"toy-wobble must be in \[0, 1\], got 2.0"):
+        build_config(build_parser().parse_args([*argv[:5], "--toy-wobble", "2"]))
+
+    # The saved config (a job's params, train_run.json: to_dict) holds it flat, and reads it back.
+    saved = json.loads(json.dumps(cfg.to_dict()))
+    assert saved["toy_wobble"] == 0.25 and TrainConfig.from_dict(saved) == cfg
+
+    monkeypatch.setenv("SPECUI_DATA_DIR", str(tmp_path / "data"))
+    from specui.store import Store
+    from specui.ui import train as train_tab
+
+    store = Store(tmp_path / "specui.db")
+    with gr.Blocks() as demo:
+        train_tab.build(store)
+    widget = next(b for b in demo.blocks.values()
+                  if getattr(b, "elem_id", None) == "train-option-toy_wobble")
+    assert widget.value == 0.5 and widget.label == "Wobble of the toy's blocks (ToyFlash)"
+    job_id = train_tab.start_training(store, toy, "embedded", "gsm-symbolic", 1, 8, 64, 0, 6e-4,
+                                      "wobbly", None, options={"toy_wobble": 0.25})
+    assert TrainConfig.from_dict(store.get_job(job_id).params).toy_wobble == 0.25
+    store.close()
 
 
 def test_a_toy_checkpoint_loads_trains_and_exports_to_vllm(toy, fixture_verifier, tmp_path: Path) -> None:

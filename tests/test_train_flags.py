@@ -6,11 +6,11 @@ with; a real training run is covered by tests/test_training.py."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 import pytest
 
+from specui.algorithms import algorithm_names
 from specui.cli import build_parser
 from specui.commands.train import (
     SPECULATORS_FLAG_ALIASES,
@@ -68,7 +68,8 @@ def test_speculators_spellings_build_the_same_config_as_specui_names() -> None:
     assert theirs == ours
     # ... and that config is the run asked for, not the defaults both might fall back to.
     default = TrainConfig(algorithm="dflash", out="runs/x")
-    changed = {f.name for f in dataclasses.fields(TrainConfig) if getattr(ours, f.name) != getattr(default, f.name)}
+    # Every key, the algorithms' options (TrainConfig.options) as well as the shared fields:
+    changed = {k for k in TrainConfig.config_keys() if getattr(ours, k) != getattr(default, k)}
     assert changed == {
         "verifier", "steps", "warmup_steps", "schedule", "layers", "aux_layer_ids", "num_depths", "gamma",
         "confidence_weight", "cod_ratio", "cod_min_ratio", "extra", "log_every", "init_from", "dpace",
@@ -76,6 +77,14 @@ def test_speculators_spellings_build_the_same_config_as_specui_names() -> None:
         "draft_vocab_size", "mask_token_id", "markov_rank",
     }  # fmt: skip
     assert ours.aux_layer_ids == [1, 3, 4] and ours.extra == {"loss": "kl"} and ours.schedule == "linear"
+
+
+@pytest.mark.parametrize("algorithm", algorithm_names(trainable=True))
+def test_without_flags_the_cli_trains_the_configs_defaults(algorithm: str) -> None:
+    """The flags' defaults are read from TrainConfig and the algorithms' options, not written
+    again: no flag, no difference (each algorithm at its own option defaults)."""
+    cli = _config("--algorithm", algorithm, "--out", "x")
+    assert cli == TrainConfig(algorithm=algorithm, out="x")
 
 
 def test_the_table_is_what_the_parser_does() -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specui.algorithms import algorithm_names
 from specui.algorithms.checkpoint import load_model
 from specui.algorithms.dflash.objective import decay_weights, dpace_weights, select_anchors
 from specui.algorithms.eagle3.objective import pack_shifted
@@ -23,6 +24,7 @@ from specui.data.hidden import SampleTensors, topk_targets
 from specui.trace import SpecUIError
 from specui.training.config import TrainConfig
 from specui.training.loop import batch_indices, lr_at
+from tests.conftest import dflash_family, eagle_family
 
 ATOL = 1e-4
 
@@ -55,7 +57,7 @@ def assert_targets_match(got: Targets, dense: torch.Tensor) -> None:
     torch.testing.assert_close(got.logprobs, want.logprobs, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("algo", ["dflash", "dspark"])
+@pytest.mark.parametrize("algo", dflash_family())
 def test_block_layout_matches_the_speculators_reference(algo, fixture_dir, fixture_verifier):
     r = ref(fixture_dir, algo)
     obj = objective(algo, fixture_verifier, max_anchors=512)
@@ -80,7 +82,7 @@ def verifier_sample(fixture_dir, verifier) -> SampleTensors:
                         torch.ones_like(v["input_ids"]))
 
 
-@pytest.mark.parametrize("algo", ["peagle", "eagle3"])
+@pytest.mark.parametrize("algo", eagle_family())
 def test_shifted_layout_matches_the_speculators_reference(algo, fixture_dir, fixture_verifier):
     r = ref(fixture_dir, algo)
     p = pack_shifted([verifier_sample(fixture_dir, fixture_verifier)])
@@ -97,7 +99,7 @@ def test_shifted_layout_matches_the_speculators_reference(algo, fixture_dir, fix
         assert_targets_match(targets[q], r["chain_targets"])
 
 
-@pytest.mark.parametrize("algo", ["dflash", "dspark", "peagle", "eagle3"])
+@pytest.mark.parametrize("algo", algorithm_names(trainable=True))
 def test_loss_is_finite_and_reaches_every_trainable_parameter(algo, fixture_dir, fixture_verifier):
     obj = objective(algo, fixture_verifier, markov_rank=16, max_anchors=8)
     model = obj.build().train()
@@ -202,7 +204,7 @@ def two_documents(fixture_dir, verifier) -> list[SampleTensors]:
     return [s, cut]
 
 
-@pytest.mark.parametrize("algo", ["dflash", "dspark", "peagle", "eagle3"])
+@pytest.mark.parametrize("algo", algorithm_names(trainable=True))
 def test_per_document_attention_gives_the_packed_loss_and_gradients(algo, fixture_dir, fixture_verifier):
     """One pass per document computes what the packed pass under its document mask did
     (to 1e-5 in float32), without the scores across documents."""

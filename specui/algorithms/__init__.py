@@ -6,7 +6,9 @@
     spec.py        AlgorithmSpec and the registry every list of algorithms is read from
     simple.py      the drafters that need no training: none (plain decoding) and ngram
     resolve.py     what a user typed (none, ngram, a shipped name, a folder) -> a Drafter
-    <algo>/        config.py, model.py, drafter.py, objective.py; __init__.py registers its AlgorithmSpec
+    options.py     TrainOptions and knob: the base of an algorithm's training options
+    <algo>/        config.py, model.py, drafter.py, objective.py, options.py; __init__.py registers
+                   its AlgorithmSpec
 
 Adding an algorithm is one folder: a package here (or anywhere, named in
 ``$SPECUI_ALGORITHMS``) whose ``__init__`` calls ``register_algorithm``.

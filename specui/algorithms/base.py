@@ -31,6 +31,7 @@ their length.  ``reset()`` is called before each new generation.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
@@ -104,6 +105,11 @@ def read_field(d: dict[str, Any], key: str, kind: str, default: Any = _REQUIRED)
     return float(v) if kind == "float" else v
 
 
+# read_field's kind of each field type an algorithm's config declares (annotations are strings:
+# ``from __future__ import annotations``); another type is a KeyError at its first read.
+_FIELD_KINDS = {"int": "int", "int | None": "int?", "bool": "bool", "float": "float", "str": "str"}
+
+
 # --- the config every drafter shares ------------------------------------------------------
 
 
@@ -111,8 +117,8 @@ def read_field(d: dict[str, Any], key: str, kind: str, default: Any = _REQUIRED)
 class DraftConfig:
     """Fields every speculators checkpoint has; algorithms subclass and add theirs.
 
-    Subclasses set the ClassVars and implement ``own_from_dict`` / ``own_to_dict``
-    for their per-algorithm fields.
+    Subclasses set the ClassVars and declare their per-algorithm fields, which
+    ``own_from_dict`` / ``own_to_dict`` read and write by ``dataclasses.fields``.
     """
 
     model_type: ClassVar[str]  # speculators_model_type
@@ -158,11 +164,20 @@ class DraftConfig:
         )
 
     @classmethod
+    def own_fields(cls) -> list[dataclasses.Field]:
+        """The fields a subclass adds (each a config.json key of its name), declared once."""
+        shared = {f.name for f in dataclasses.fields(DraftConfig)}
+        return [f for f in dataclasses.fields(cls) if f.name not in shared]
+
+    @classmethod
     def own_from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
-        return {}
+        """The subclass's fields from config.json, checked by their declared type, missing
+        ones at their declared default."""
+        return {f.name: read_field(d, f.name, _FIELD_KINDS[str(f.type)], f.default)
+                for f in cls.own_fields()}
 
     def own_to_dict(self) -> dict[str, Any]:
-        return {}
+        return {f.name: getattr(self, f.name) for f in self.own_fields()}
 
     def to_dict(self) -> dict[str, Any]:
         import transformers

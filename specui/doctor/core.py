@@ -73,7 +73,7 @@ def verifier_folder(spec: str) -> Path | None:
 def diagnose(
     speculator: str | Path,
     verifier: Verifier,
-    verifier_spec: str = EMBEDDED,
+    verifier_choice: str = EMBEDDED,
     options: DoctorOptions | None = None,
 ) -> Report:
     """Examine the speculator at ``speculator`` for ``verifier``: ranked findings and measurements."""
@@ -90,7 +90,7 @@ def diagnose(
         findings.append(note)
     if facts.config is not None and facts.weights_ok:
         findings += identity.check_algorithm(facts)
-        findings += identity.check_verifier(facts, verifier, verifier_folder(verifier_spec))
+        findings += identity.check_verifier(facts, verifier, verifier_folder(verifier_choice))
         findings += static.check_aux_layers(facts, verifier)
         findings += static.check_vocab_map(facts, verifier)
         findings += static.check_mask_token(facts, verifier, encoded)
@@ -117,7 +117,7 @@ def diagnose(
         findings += _dynamic(
             folder,
             verifier,
-            verifier_spec,
+            verifier_choice,
             prompts[: opts.num_prompts],
             encoded[: opts.num_prompts],
             prompt_set,
@@ -126,7 +126,7 @@ def diagnose(
         )
     return Report(
         speculator=str(folder),
-        verifier=verifier_spec,
+        verifier=verifier_choice,
         prompts=prompt_set,
         findings=findings,
         measurements=measured,
@@ -138,7 +138,7 @@ def diagnose(
 def _dynamic(
     folder: Path,
     verifier: Verifier,
-    verifier_spec: str,
+    verifier_choice: str,
     prompts: list,
     encoded: list[list[int]],
     prompt_set: str,
@@ -162,7 +162,7 @@ def _dynamic(
             from specui.doctor.served import served_findings
 
             out += served_findings(
-                folder, verifier, verifier_spec, drafter, prompts, opts.max_new_tokens, measured
+                folder, verifier, verifier_choice, drafter, prompts, opts.max_new_tokens, measured
             )
     except (SpecUIError, RuntimeError, IndexError, ValueError) as e:
         return [

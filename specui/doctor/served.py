@@ -22,7 +22,7 @@ STEP_AGREEMENT = 0.95  # below it, vLLM drafts otherwise (measured 98.8-100% for
 
 
 def served_acceptance(
-    folder: Path, verifier_spec: str, prompts: list[Prompt], k: int | None, max_new_tokens: int
+    folder: Path, verifier_choice: str, prompts: list[Prompt], k: int | None, max_new_tokens: int
 ) -> tuple[list[float], float | None, list[list[int]], list[list[StepTrace]]]:
     """(a_1..a_K, tau, the prompt ids vLLM tokenized, its steps per prompt) of a vLLM server
     launched for this folder."""
@@ -34,7 +34,7 @@ def served_acceptance(
         store = Store(Path(tmp) / "doctor.db")
         try:
             cfg = ServerConfig(
-                verifier=verifier_spec,
+                verifier=verifier_choice,
                 speculator=str(folder),
                 num_speculative_tokens=k,
                 log_path=str(Path(tmp) / "vllm.log"),
@@ -45,7 +45,7 @@ def served_acceptance(
                     server,
                     prompts,
                     prompt_set="doctor",
-                    verifier=verifier_spec,
+                    verifier=verifier_choice,
                     settings=BenchSettings(max_new_tokens=max_new_tokens),
                 )
             traces = [store.get_traces(run.run_id, p) for p in range(len(prompts))]
@@ -64,7 +64,7 @@ def served_acceptance(
 def served_findings(
     folder: Path,
     verifier: Verifier,
-    verifier_spec: str,
+    verifier_choice: str,
     drafter: Drafter,
     prompts: list[Prompt],
     max_new_tokens: int,
@@ -85,7 +85,7 @@ def served_findings(
         ]
     try:
         served, served_tau, ids, served_steps = served_acceptance(
-            folder, verifier_spec, prompts, drafter.num_speculative_tokens, max_new_tokens
+            folder, verifier_choice, prompts, drafter.num_speculative_tokens, max_new_tokens
         )
     except SpecUIError as e:
         return [

@@ -36,7 +36,8 @@ after ``kill_grace_s`` more.  A child that dies without writing its status
 next store open when the runner died too.
 """
 
-from specui.jobs.context import JobCancelled, JobContext, run_job
+from specui.jobs.context import JobCancelled, JobContext
+from specui.jobs.execute import run_job
 from specui.jobs.kinds import KIND_MODULES, KINDS, job_kind, load_kinds, registered_kinds
 from specui.jobs.runner import Runner
 

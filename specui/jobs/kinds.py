@@ -27,18 +27,18 @@ KIND_MODULES = ["specui.jobs.builtin", "specui.jobs.training", "specui.jobs.benc
 
 
 @dataclass(frozen=True)
-class KindSpec:
+class JobKind:
     kind: str
     fn: JobFn
     module: str  # what a child imports to find fn again
 
 
-def _same_fn(old: KindSpec, new: KindSpec) -> bool:
+def _same_fn(old: JobKind, new: JobKind) -> bool:
     """A module imported twice registers the same function again: that is no clash."""
     return (old.module, old.fn.__qualname__) == (new.module, new.fn.__qualname__)
 
 
-KINDS: Registry[KindSpec] = Registry(
+KINDS: Registry[JobKind] = Registry(
     "job kind", modules=KIND_MODULES, env="SPECUI_JOB_MODULES", skip_missing=True,
     same=_same_fn, describe=lambda k: f"by {k.module}.{k.fn.__qualname__}",
 )  # fmt: skip
@@ -48,7 +48,7 @@ def job_kind(kind: str) -> Callable[[JobFn], JobFn]:
     """Register ``fn(params, ctx)`` as the function that runs jobs of ``kind``."""
 
     def wrap(fn: JobFn) -> JobFn:
-        KINDS.register(kind, KindSpec(kind, fn, fn.__module__))
+        KINDS.register(kind, JobKind(kind, fn, fn.__module__))
         return fn
 
     return wrap

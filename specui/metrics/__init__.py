@@ -6,7 +6,7 @@ their CSV (docs/algorithms.md, "Metrics").
     calibration   ECE, AUROC, Brier, temperature scaling, bootstrap intervals (numpy)
     columns       each comparison and step column's label, definition and unit
     confidence    confidence-head scores read from the store, with their labels
-    compare       one row per run plus the Compare tab's chart data
+    comparison    one row per run (``compare``) plus the Compare tab's chart data
     agreement     do two runs of one drafter draft the same thing (vLLM against local)
     csv           CSV export
 
@@ -18,8 +18,6 @@ which runs this file first, so this file must not import the store-reading modul
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import Any
 
 _MODULES = {
@@ -58,7 +56,7 @@ _MODULES = {
         "confidence_report",
         "load_confidences",
     ),
-    "compare": ("Comparison", "compare", "comparison_csv_text", "find_baseline"),
+    "comparison": ("Comparison", "compare", "comparison_csv_text", "find_baseline"),
     "agreement": ("Disagreement", "StepAgreement", "step_agreement"),
     "csv": ("csv_text", "iter_step_rows", "write_csv", "write_steps_csv"),
 }
@@ -75,16 +73,3 @@ def __getattr__(name: str) -> Any:
         globals()[n] = getattr(loaded, n)
     return globals()[name]
 
-
-class _Package(types.ModuleType):
-    """This package, keeping its function ``compare``: the import system sets each loaded
-    submodule as an attribute of its package, and the submodule ``compare`` would then hide
-    the function of that name from ``from specui.metrics import compare``."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _HOME and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -1,4 +1,8 @@
-"""Everything one training run needs, in one dataclass (what the CLI and the job fill in)."""
+"""Everything one training run needs, in one dataclass (what the CLI and the job fill in).
+
+The fields every algorithm shares are declared here; an algorithm's own knobs in its package's
+options class (specui.algorithms.options), held in ``TrainConfig.options`` and read and written
+flat, as if they were fields: ``TrainConfig(algorithm="dflash", block_size=4).block_size``."""
 
 from __future__ import annotations
 
@@ -6,7 +10,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from specui.algorithms.spec import ALGORITHMS, algorithm_names
+from specui.algorithms.options import check_positive
+from specui.algorithms.spec import (
+    ALGORITHMS,
+    algorithm_names,
+    algorithm_specs,
+    train_defaults,
+    train_knobs,
+)
 from specui.data.prompts import mix_sources, refuse_evaluation_sets
 from specui.trace import SpecUIError
 from specui.vllm.install import vllm_python
@@ -29,7 +40,7 @@ DEFAULT_MAX_NEW_TOKENS = 128
 # (DFlash) layers on GPUs) come from the registry, specui.algorithms.spec.
 
 
-@dataclass
+@dataclass(init=False)
 class TrainConfig:
     algorithm: str
     verifier: str = "embedded"
@@ -71,32 +82,13 @@ class TrainConfig:
     # the same GPU meanwhile, so vLLM's default (0.9) may not fit.
     vllm_gpu_memory_utilization: float | None = None
 
-    # --- drafter shape
+    # --- drafter shape (each algorithm's own knobs, block_size ... ttt_steps, live in its
+    # package's options.py: the `options` below, read as attributes, cfg.block_size)
     layers: int | None = None  # draft decoder layers (default per algorithm)
-    block_size: int = 8  # DFlash/DSpark block B (who reads a field: AlgorithmSpec.train_fields)
-    max_anchors: int = 64  # DFlash/DSpark anchors per sequence
-    num_depths: int = 4  # P-EAGLE tokens per parallel pass (K)
-    ttt_steps: int = 3  # EAGLE-3 training-time-test steps
     aux_layer_ids: list[int] | None = None  # default: the verifier's [2, n//2, n-3]
     draft_vocab_size: int | None = None  # reduced draft vocabulary (most frequent tokens)
     mask_token_id: int | None = None
-    markov_rank: int = 256  # DSpark
     init_from: str | None = None  # warm start from a checkpoint (DSpark from DFlash)
-    # P-EAGLE: keep the embedding the verifier's (frozen).  Saves ~V*H trainable parameters
-    # and optimizer state, and the shipped checkpoint may then omit it (vLLM and SpecUI
-    # borrow the verifier's); the P-EAGLE default trains its own.
-    freeze_embeddings: bool = False
-
-    # --- losses
-    gamma: float = 4.0  # DFlash family: slot k weighted exp(-(k-1)/gamma)
-    dpace: bool = False  # DFlash family: adaptive D-PACE weights instead of the fixed decay
-    tv_weight: float = 0.0  # DSpark: loss = (1-w)*CE + w*TV on the draft distribution
-    confidence_weight: float = 1.0  # DSpark: weight of the confidence head's BCE
-    # DSpark: the sampling temperature whose acceptance the head learns: 1 - TV of the draft and
-    # target distributions at that temperature; 0 is greedy, where that is "the argmaxes agree".
-    confidence_temperature: float = 1.0
-    cod_ratio: float = 0.7  # P-EAGLE draft-block sparsification: keep max(r^d, r_min)
-    cod_min_ratio: float = 0.2
 
     # --- bookkeeping
     log_every: int = 10
@@ -105,31 +97,68 @@ class TrainConfig:
     resume: bool = False
 
     extra: dict[str, Any] = field(default_factory=dict)  # algorithm-specific knobs
+    # Every registered algorithm's training options (specui.algorithms.spec.train_knobs), flat,
+    # by name, a value for each: what a job's params and a saved run hold, keyword and attribute
+    # alike.  Not only this algorithm's: the CLI passes them all, and each is checked by the
+    # options class that declares it.
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __init__(self, algorithm: str, **kw: Any) -> None:
+        """The generated __init__ plus the options as keywords: ``TrainConfig(algorithm="dflash",
+        block_size=4)`` (an ``options`` dict, as dataclasses.replace passes it, merges too)."""
+        knobs = train_knobs()
+        options = dict(kw.pop("options", None) or {})
+        options.update({k: kw.pop(k) for k in list(kw) if k in knobs})
+        for f in dataclasses.fields(self):
+            if f.name in ("algorithm", "options"):
+                continue
+            if f.name in kw:
+                value = kw.pop(f.name)
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                value = f.default
+            object.__setattr__(self, f.name, value)
+        if kw:
+            unexpected = ", ".join(sorted(kw))
+            raise TypeError(f"TrainConfig() got unexpected keyword arguments: {unexpected}")
+        self.algorithm = algorithm
+        self.options = options
+        self.__post_init__()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails: an algorithm's option, cfg.block_size.
+        options = self.__dict__.get("options")
+        if options is not None and name in options:
+            return options[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        options = self.__dict__.get("options")
+        if options is not None and name in options:
+            options[name] = value
+        else:
+            object.__setattr__(self, name, value)
 
     def __post_init__(self) -> None:
         self.algorithm = str(self.algorithm).lower()
         spec = ALGORITHMS.get(self.algorithm)
         if spec is None or not spec.trainable:
             raise SpecUIError(f"unknown algorithm {self.algorithm!r}; use one of {', '.join(algorithm_names(trainable=True))}")
+        self._check_options()
         if self.schedule not in SCHEDULES:
             raise SpecUIError(f"unknown schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
         if self.precision not in PRECISIONS:
             raise SpecUIError(f"unknown training precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
         if self.extraction not in EXTRACTION_MODES:
             raise SpecUIError(f"unknown extraction mode {self.extraction!r}; use one of {', '.join(EXTRACTION_MODES)}")
-        positive = {
+        check_positive({
             "steps": self.steps, "batch_size": self.batch_size, "max_new_tokens": self.max_new_tokens,
             "gen_batch_size": self.gen_batch_size, "max_seq_len": self.max_seq_len,
-            "max_anchors": self.max_anchors, "num_depths": self.num_depths, "ttt_steps": self.ttt_steps,
             "log_every": self.log_every, "checkpoint_every": self.checkpoint_every,
-            "keep_checkpoints": self.keep_checkpoints, "markov_rank": self.markov_rank,
+            "keep_checkpoints": self.keep_checkpoints,
             "extract_batch_tokens": self.extract_batch_tokens,
-        }  # fmt: skip
-        for name, value in positive.items():
-            if not isinstance(value, int) or value < 1:
-                raise SpecUIError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if self.block_size < 2:
-            raise SpecUIError(f"block-size must be >= 2 (an anchor plus at least one drafted slot), got {self.block_size}")
+        })  # fmt: skip
         if self.layers is not None and self.layers < 1:
             raise SpecUIError(f"layers must be >= 1, got {self.layers}")
         if not self.lr > 0:
@@ -138,14 +167,6 @@ class TrainConfig:
             raise SpecUIError(f"warmup-steps must be >= 0, got {self.warmup_steps}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise SpecUIError(f"min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if not 0 <= self.tv_weight <= 1:
-            raise SpecUIError(f"tv-weight must be in [0, 1], got {self.tv_weight}")
-        if not self.confidence_temperature >= 0:
-            raise SpecUIError(f"confidence-temperature must be >= 0, got {self.confidence_temperature}")
-        if not self.gamma > 0:
-            raise SpecUIError(f"gamma must be > 0, got {self.gamma}")
-        if not (0 < self.cod_min_ratio <= 1 and 0 < self.cod_ratio <= 1):
-            raise SpecUIError("cod-ratio and cod-min-ratio must be in (0, 1]")
         if self.num_prompts is not None and self.num_prompts < 1:
             raise SpecUIError(f"num-prompts must be >= 1, got {self.num_prompts}")
         # Before any folder is made or model loaded: an evaluation set is never training data.
@@ -157,6 +178,29 @@ class TrainConfig:
         if self.device not in ("auto", "cpu", "cuda"):
             raise SpecUIError(f"device must be auto, cpu or cuda, got {self.device!r}")
         self._check_extractor()
+
+    def _check_options(self) -> None:
+        """Fill in the defaults (this algorithm's own where it declares a knob) and check every
+        value with the options class that declares it."""
+        knobs = train_knobs()
+        unknown = sorted(set(self.options) - set(knobs))
+        if unknown:
+            raise SpecUIError(f"unknown training options: {', '.join(unknown)}")
+        defaults = train_defaults(self.algorithm)
+        self.__dict__["options"] = {name: self.options.get(name, defaults[name]) for name in knobs}
+        for spec in algorithm_specs():
+            cls = spec.train_options_class if spec.trainable else None
+            if cls is not None:
+                self._options_of(cls)  # its __post_init__ checks the values
+
+    def _options_of(self, cls: type) -> Any:
+        return cls(**{f.name: self.options[f.name] for f in dataclasses.fields(cls)})
+
+    @property
+    def algorithm_options(self) -> Any:
+        """This algorithm's options as its own TrainOptions (None: it declares none)."""
+        cls = ALGORITHMS[self.algorithm].train_options_class
+        return None if cls is None else self._options_of(cls)
 
     def _check_extractor(self) -> None:
         self.extractor = str(self.extractor).lower()
@@ -178,12 +222,20 @@ class TrainConfig:
         return self.layers or ALGORITHMS[self.algorithm].default_layers
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Flat, the options beside the shared fields: a job's params, a saved run's config."""
+        d = dataclasses.asdict(self)
+        return d | d.pop("options")
+
+    @classmethod
+    def config_keys(cls) -> list[str]:
+        """Every key of to_dict and from_dict: the shared fields, then the options by name."""
+        shared = [f.name for f in dataclasses.fields(cls) if f.name != "options"]
+        return shared + list(train_knobs())
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """From a job's params or a saved run: unknown keys are an error, not ignored."""
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = set(cls.config_keys())
         unknown = sorted(set(d) - names)
         if unknown:
             raise SpecUIError(f"unknown training options: {', '.join(unknown)}")

@@ -8,6 +8,7 @@ from contextlib import ExitStack
 
 import gradio as gr
 
+from specui.algorithms.dspark.policy import MODES, policy_option
 from specui.choices import ui_drafter, ui_verifier
 from specui.data import Prompt, load_prompts
 from specui.data.prompts import MAX_PROMPT_CHARS, check_prompt_text, encode_text
@@ -17,7 +18,7 @@ from specui.store import Store
 from specui.trace import SamplingParams, SpecUIError
 from specui.ui import render
 from specui.verifier import EMBEDDED, EMBEDDED_NAME, EMBEDDED_WHEEL_MB, embedded_first_use
-from specui.workbench import WORKBENCH, drafter_choices
+from specui.workbench import WORKBENCH, default_drafter, drafter_choices
 
 _STOP: dict[str, threading.Event] = {}  # session -> stop request of its running generation
 _REPLAY_STOP: dict[str, threading.Event] = {}  # session -> stop request of its running replay
@@ -29,11 +30,11 @@ _REPLAY_STOP: dict[str, threading.Event] = {}  # session -> stop request of its 
 DEFAULT_PROMPT = "Give me a short recipe for pancakes."
 
 
-def verifier_wait_note(verifier_spec: str) -> str | None:
-    """What a Generate with ``verifier_spec`` waits for before its first step (None: the
+def verifier_wait_note(verifier_choice: str) -> str | None:
+    """What a Generate with ``verifier_choice`` waits for before its first step (None: the
     verifier is loaded).  The embedded one's first use also fetches and/or converts it."""
     try:
-        spec = ui_verifier(verifier_spec)
+        spec = ui_verifier(verifier_choice)
     except SpecUIError:
         return None  # run_playground reports the bad choice
     if WORKBENCH.verifier_ready(spec):
@@ -63,30 +64,24 @@ def example_prompts() -> dict[str, Prompt]:
     return out
 
 
-def _policy(mode: str, threshold: float) -> dict | None:
-    if mode == "off":
-        return None
-    return {"mode": mode, "threshold": float(threshold)}
-
-
 def run_playground(
-    store: Store, verifier_spec: str, drafters: list[str], k: int, temperature: float, top_p: float,
-    seed: int, max_new_tokens: int, prompt: str | Prompt, chat: bool, policy_mode: str, threshold: float,
-    owner: str | None, stop: threading.Event,
+    store: Store, verifier_choice: str, drafters: list[str], k: int, temperature: float,
+    top_p: float, seed: int, max_new_tokens: int, prompt: str | Prompt, chat: bool,
+    policy_mode: str, threshold: float, owner: str | None, stop: threading.Event,
 ):
     """Generator of (lanes, finished) as decoding advances: the library side of the tab."""
     if isinstance(prompt, str):
         check_prompt_text(prompt)
     sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p))
     # Visitors may name folders: only inside the app's folders (paths.confine).
-    verifier_spec, drafters = ui_verifier(verifier_spec), [ui_drafter(d) for d in drafters]
-    v = WORKBENCH.verifier(verifier_spec)
+    verifier_choice, drafters = ui_verifier(verifier_choice), [ui_drafter(d) for d in drafters]
+    v = WORKBENCH.verifier(verifier_choice)
     if isinstance(prompt, Prompt):
         ids, text = prompt.encode(v), prompt.preview(10_000)
     else:
         ids, text = encode_text(v, prompt, chat), prompt
     k_opt = int(k) if k else None
-    policy = _policy(policy_mode, threshold)
+    policy = policy_option(policy_mode, threshold)
     with ExitStack() as stack:
         runs = []
         for name in drafters:
@@ -104,7 +99,7 @@ def build(store: Store) -> None:
     """Components and events of the Playground tab (inside a gr.Blocks context)."""
     examples = example_prompts()
     choices = drafter_choices()
-    default = next((c for c in ("dspark", "dflash", "ngram") if c in choices), "none")
+    default = default_drafter(choices)
     gr.Markdown("Decode one prompt with speculative decoding and watch each step: the draft block, "
                 "which tokens the verifier accepted or rejected, and its own corrected or bonus token.")
     with gr.Row():
@@ -124,7 +119,8 @@ def build(store: Store) -> None:
             seed = gr.Number(0, precision=0, label="Seed")
             max_new = gr.Slider(1, 512, value=96, step=1, label="Max new tokens", elem_id="max-new")
             with gr.Accordion("DSpark confidence policy", open=False):
-                policy = gr.Radio(["off", "threshold", "cost"], value="off", label="Truncate drafts before verifying",
+                policy = gr.Radio(list(MODES), value="off",
+                                  label="Truncate drafts before verifying",
                                   info="threshold: keep slots while cumprod(confidence) ≥ t; cost: maximise expected tokens per cost")
                 threshold = gr.Slider(0, 1, value=0.5, step=0.05, label="Threshold t")
         with gr.Column(scale=3):
@@ -169,21 +165,23 @@ def build(store: Store) -> None:
     refresh.click(refresh_choices, None, [drafter_a, drafter_b], api_visibility="private")
     example.change(lambda e: _example_text(examples.get(e)) if e else gr.update(), example, prompt)
 
-    def generate(verifier_spec, da, db, side_by_side, k_, t, tp, seed_, max_new_, text, chat_, pol, thr,
-                 request: gr.Request):
+    def generate(verifier_choice, da, db, side_by_side, k_, t, tp, seed_, max_new_, text, chat_,
+                 pol, thr, request: gr.Request):
         session = request.session_hash if request is not None else "cli"
         stop_event = _STOP[session] = threading.Event()
         chosen = examples.get(_example_key(examples, text))
         names = [da] + ([db] if side_by_side else [])
         blank = ("", "", "")
-        feed = _Feed(lambda: run_playground(store, verifier_spec, names, k_, t, tp, seed_, max_new_, chosen or text,
-                                            chat_, pol, thr, owner=session, stop=stop_event))
+        feed = _Feed(lambda: run_playground(store, verifier_choice, names, k_, t, tp, seed_,
+                                            max_new_, chosen or text, chat_, pol, thr,
+                                            owner=session, stop=stop_event))
         try:
             # The first steps come only once the verifier is loaded: say what the wait is for
             # (asked again each second: a fetch becomes a conversion, then a load), with the
             # seconds so far, so the page does not look stuck.
             started = time.monotonic()
-            while not (feed.done.is_set() or stop_event.is_set()) and (note := verifier_wait_note(verifier_spec)):
+            while not (feed.done.is_set() or stop_event.is_set()) and (
+                    note := verifier_wait_note(verifier_choice)):
                 yield (f"{note} (waiting {time.monotonic() - started:.0f} s)", *blank, *blank)
                 feed.done.wait(1.0)
             for lanes, finished in feed.updates():

@@ -53,18 +53,18 @@ def describe(folder: Path) -> str:
     return head + (card.read_text()[:20_000] if card.is_file() else "_no model card_")
 
 
-def validate(folder: Path, verifier_spec: str) -> str:
-    problems = validate_checkpoint(folder, WORKBENCH.verifier(ui_verifier(verifier_spec)))
+def validate(folder: Path, verifier_choice: str) -> str:
+    problems = validate_checkpoint(folder, WORKBENCH.verifier(ui_verifier(verifier_choice)))
     if not problems:
-        return f"✅ `{folder.name}` fits verifier `{verifier_spec}`"
+        return f"✅ `{folder.name}` fits verifier `{verifier_choice}`"
     return "❌ does not fit:\n" + "\n".join(f"- {p}" for p in problems)
 
 
-def run_doctor(folder: Path, verifier_spec: str, prompts: str | None) -> str:
+def run_doctor(folder: Path, verifier_choice: str, prompts: str | None) -> str:
     """The doctor's report on ``folder`` as HTML (the CLI's ``specui doctor``), stored with it."""
     from specui.doctor import DoctorOptions, diagnose, save_report, to_html
 
-    spec = ui_verifier(verifier_spec)
+    spec = ui_verifier(verifier_choice)
     opts = DoctorOptions(prompts=ui_prompts(prompts) if (prompts or "").strip() else None)
     report = diagnose(folder, WORKBENCH.verifier(spec), spec, opts)
     save_report(report)

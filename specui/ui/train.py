@@ -3,19 +3,22 @@ per-position accuracy, read the log tail, cancel or resume."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import gradio as gr
 import plotly.graph_objects as go
 
-from specui.algorithms.spec import algorithm_names, labels
+from specui.algorithms.spec import algorithm_names, labels, train_defaults, train_knobs
 from specui.choices import ui_prompts, ui_verifier
 from specui.data import prompt_sets
 from specui.jobs import queue as jobs
 from specui.store import Job, JobStatus, Store, admin_mode, check_owner
 from specui.trace import SpecUIError
-from specui.training.config import DEFAULT_PROMPTS
+from specui.training.config import DEFAULT_PROMPTS, TrainConfig
 from specui.workbench import trained_drafters_dir
 
 
@@ -29,6 +32,29 @@ def prompt_choices() -> list[str]:
     are refused by training, so they are not offered), the default first."""
     names = sorted(name for name, ps in prompt_sets().items() if not ps.evaluation_only)
     return sorted(names, key=lambda name: name != DEFAULT_PROMPTS)
+
+
+# The two algorithm options the tab has shown from the start, among the /train API's first
+# inputs; every other one (train_knobs: each algorithm's options.py) is generated after them.
+LEADING_KNOBS = ("block_size", "max_anchors")
+
+
+def option_widgets() -> dict[str, Any]:
+    """A widget per training option of the registered algorithms, beyond LEADING_KNOBS, by name:
+    its default, its help and the algorithms that read it as the label."""
+    widgets: dict[str, Any] = {}
+    for name, f in train_knobs().items():
+        if name in LEADING_KNOBS:
+            continue
+        help_text = f.metadata["help"]
+        kw = {"label": f"{help_text[:1].upper()}{help_text[1:]} ({labels(name)})",
+              "elem_id": f"train-option-{name}"}
+        if isinstance(f.default, bool):
+            widgets[name] = gr.Checkbox(f.default, **kw)
+        else:
+            precision = 0 if isinstance(f.default, int) else None
+            widgets[name] = gr.Number(f.default, precision=precision, **kw)
+    return widgets
 
 
 # Where the verifier's hidden states come from (TrainConfig.extractor): (label, value).
@@ -66,7 +92,9 @@ def job_view(store: Store, choice: str | None):
 
 def start_training(store: Store, algorithm: str, verifier: str, prompts: str, steps: int, block_size: int,
                    max_anchors: int, layers: int, lr: float, name: str, owner: str | None,
-                   extractor: str = "local") -> int:
+                   extractor: str = "local", options: Mapping[str, Any] | None = None) -> int:
+    """Queue a train job; ``options``: more algorithm options by name (option_widgets'), those
+    at the algorithm's default left out of the job's params."""
     if algorithm not in algorithm_choices():
         raise SpecUIError(f"unknown algorithm {algorithm!r}")
     name = name.strip() or f"{algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -89,10 +117,15 @@ def start_training(store: Store, algorithm: str, verifier: str, prompts: str, st
         params["layers"] = int(layers)
     if extractor != "local":
         params["extractor"] = extractor
+    knobs, defaults = train_knobs(), train_defaults(algorithm)
+    for key, value in (options or {}).items():
+        if key not in knobs:
+            raise SpecUIError(f"unknown training option {key!r}")
+        value = type(knobs[key].default)(value)  # a Number widget's float for an int option
+        if value != defaults[key]:
+            params[key] = value
     # Every option checked now (an unknown extractor, vLLM not installed), in the button's
     # message, rather than in a job that fails after minutes of self-distillation.
-    from specui.training.config import TrainConfig
-
     TrainConfig.from_dict(params)
     return jobs.enqueue(store, "train", params, owner=owner).id
 
@@ -117,13 +150,18 @@ def build(store: Store) -> None:
             prompts = gr.Dropdown(prompt_choices(), value=DEFAULT_PROMPTS,
                                   label="Prompt set (train split)", allow_custom_value=True,
                                   elem_id="train-prompts")
-            steps = gr.Number(200, precision=0, label="Steps", elem_id="train-steps")
-            block = gr.Number(8, precision=0, label="Block size / K")
-            anchors = gr.Number(64, precision=0, label=f"Anchors per sequence ({labels('max_anchors')})")
+            shared = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # one place
+            steps = gr.Number(shared["steps"], precision=0, label="Steps", elem_id="train-steps")
+            knobs = train_knobs()
+            block = gr.Number(knobs["block_size"].default, precision=0, label="Block size / K")
+            anchors = gr.Number(knobs["max_anchors"].default, precision=0,
+                                label=f"Anchors per sequence ({labels('max_anchors')})")
             layers = gr.Number(0, precision=0, label="Draft layers (0 = default)")
-            lr = gr.Number(6e-4, label="Learning rate")
+            lr = gr.Number(shared["lr"], label="Learning rate")
             extractor = gr.Dropdown(EXTRACTORS, value="local", label="Hidden states from", elem_id="train-extractor",
                                     info="vLLM: extracted by a vLLM server (.venv-vllm) before training, which it then stops")
+            with gr.Accordion("More algorithm options", open=False):
+                options = option_widgets()
             name = gr.Textbox(label="Name (the speculator's folder)", elem_id="train-name")
             start = gr.Button("Start training", variant="primary", elem_id="train-start")
             started = gr.Markdown(elem_id="train-started")
@@ -140,17 +178,21 @@ def build(store: Store) -> None:
             log = gr.Textbox(label="Log tail", lines=10, max_lines=20, autoscroll=True)
     timer = gr.Timer(2.0)
 
-    def on_start(a, v, p, s, b, an, ly, lr_, n, ex, request: gr.Request):
+    # The request first: gradio passes it only among the positional parameters, before *values.
+    def on_start(request: gr.Request, a, v, p, s, b, an, ly, lr_, n, ex, *values):
         try:
-            jid = start_training(store, a, v, p, s, b, an, ly, lr_, n, request.session_hash if request else None, ex or "local")
+            owner = request.session_hash if request else None
+            jid = start_training(store, a, v, p, s, b, an, ly, lr_, n, owner, ex or "local",
+                                 dict(zip(options, values, strict=True)))
         except SpecUIError as e:
             return f"❌ {e}", gr.update()
         choices = job_choices(store)
         return f"job {jid} queued", gr.update(choices=choices, value=next(c for c in choices if c.startswith(f"{jid}:")))
 
-    # The extractor last: /train callers that pass the first nine inputs keep working.
-    start.click(on_start, [algorithm, verifier, prompts, steps, block, anchors, layers, lr, name, extractor],
-                [started, pick], api_name="train")
+    # The extractor and the generated options last: /train callers that pass the first nine
+    # inputs keep working.
+    inputs = [algorithm, verifier, prompts, steps, block, anchors, layers, lr, name, extractor]
+    start.click(on_start, [*inputs, *options.values()], [started, pick], api_name="train")
     refresh.click(lambda: gr.update(choices=job_choices(store)), None, pick)
     pick.change(lambda c: job_view(store, c), pick, [head, loss, acc, log])
     timer.tick(lambda c: job_view(store, c), pick, [head, loss, acc, log])

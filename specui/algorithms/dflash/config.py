@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from specui.algorithms.base import DraftConfig, read_field
+from specui.algorithms.base import DraftConfig
 
 
 @dataclass(kw_only=True)
@@ -23,23 +23,6 @@ class DFlashConfig(DraftConfig):
     sliding_window_non_causal: bool = False
 
     create_options: ClassVar[tuple[str, ...]] = ("sample_from_anchor",)
-
-    @classmethod
-    def own_from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "block_size": read_field(d, "block_size", "int", 8),
-            "mask_token_id": read_field(d, "mask_token_id", "int?", None),
-            "sample_from_anchor": read_field(d, "sample_from_anchor", "bool", cls.sample_from_anchor),
-            "sliding_window_non_causal": read_field(d, "sliding_window_non_causal", "bool", False),
-        }
-
-    def own_to_dict(self) -> dict[str, Any]:
-        return {
-            "block_size": self.block_size,
-            "mask_token_id": self.mask_token_id,
-            "sample_from_anchor": self.sample_from_anchor,
-            "sliding_window_non_causal": self.sliding_window_non_causal,
-        }
 
     def problems(self, verifier: Any) -> list[str]:
         out = super().problems(verifier) + self.check_mask_token(self.mask_token_id)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from specui.algorithms.base import read_field
 from specui.algorithms.dflash.config import DFlashConfig
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
@@ -27,23 +26,6 @@ class DSparkConfig(DFlashConfig):
         "sample_from_anchor", "markov_rank", "markov_head_type", "enable_confidence_head",
         "confidence_head_with_markov",
     )  # fmt: skip
-
-    @classmethod
-    def own_from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
-        return super().own_from_dict(d) | {
-            "markov_rank": read_field(d, "markov_rank", "int", 256),
-            "markov_head_type": read_field(d, "markov_head_type", "str", "vanilla"),
-            "enable_confidence_head": read_field(d, "enable_confidence_head", "bool", True),
-            "confidence_head_with_markov": read_field(d, "confidence_head_with_markov", "bool", True),
-        }
-
-    def own_to_dict(self) -> dict[str, Any]:
-        return super().own_to_dict() | {
-            "markov_rank": self.markov_rank,
-            "markov_head_type": self.markov_head_type,
-            "enable_confidence_head": self.enable_confidence_head,
-            "confidence_head_with_markov": self.confidence_head_with_markov,
-        }
 
     def problems(self, verifier: Any) -> list[str]:
         out = super().problems(verifier)

@@ -11,6 +11,7 @@ import torch
 from specui.algorithms.base import DraftContext, pick_tokens
 from specui.algorithms.dflash.drafter import DFlashDrafter
 from specui.algorithms.dspark.model import DSparkModel
+from specui.algorithms.dspark.policy import MODES
 from specui.algorithms.layers import to_target_vocab
 from specui.trace import Proposal, SpecUIError
 
@@ -35,7 +36,7 @@ class ConfidencePolicy:
     min_tokens: int = 1
 
     def __post_init__(self) -> None:
-        if self.mode not in ("off", "threshold", "cost"):
+        if self.mode not in MODES:
             raise SpecUIError(f"confidence policy mode must be off, threshold or cost, got {self.mode!r}")
         if min(self.draft_cost, self.verify_cost, self.verify_token_cost) < 0 or self.min_tokens < 0:
             raise SpecUIError("confidence policy costs and min_tokens must be >= 0")

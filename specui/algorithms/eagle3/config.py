@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from specui.algorithms.base import DraftConfig, read_field
+from specui.algorithms.base import DraftConfig
 
 
 @dataclass(kw_only=True)
@@ -23,22 +23,6 @@ class Eagle3Config(DraftConfig):
     norm_before_residual: bool = False  # residual stream starts from hidden_norm(fc(.)), not fc(.)
     norm_output: bool = False  # feed the *normed* output to the next step
     embed_requires_grad: bool = False
-
-    @classmethod
-    def own_from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
-        return {
-            name: read_field(d, name, "bool", getattr(cls, name))
-            for name in ("norm_before_fc", "fc_norm", "norm_before_residual", "norm_output", "embed_requires_grad")
-        }
-
-    def own_to_dict(self) -> dict[str, Any]:
-        return {
-            "embed_requires_grad": self.embed_requires_grad,
-            "fc_norm": self.fc_norm,
-            "norm_before_fc": self.norm_before_fc,
-            "norm_before_residual": self.norm_before_residual,
-            "norm_output": self.norm_output,
-        }
 
     def problems(self, verifier: Any) -> list[str]:
         out = super().problems(verifier)

@@ -10,13 +10,14 @@ from specui.algorithms.spec import AlgorithmSpec, lazy_exports, register_algorit
 SPEC = register_algorithm(AlgorithmSpec(
     name="peagle", label="P-EAGLE", rank=30, speculators_rank=3, default_layers=2,
     drafter=f"{__name__}.drafter:PEagleDrafter", objective=f"{__name__}.objective:PEagleObjective",
-    train_fields=("num_depths", "cod_ratio", "cod_min_ratio", "freeze_embeddings"),
+    train_options=f"{__name__}.options:PEagleOptions",
     # vLLM rejects "method": "peagle"; without parallel_drafting it would silently run
     # the sequential EAGLE-3 path and skip mask_hidden.
     vllm_method="eagle3", vllm_extra={"parallel_drafting": True},
 ))  # fmt: skip
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "PEagleConfig": "config", "PEagleModel": "model", "RowsOutput": "model",
+    "PEagleConfig": "config", "PEagleOptions": "options", "PEagleModel": "model",
+    "RowsOutput": "model",
     "PEagleDrafter": "drafter", "PEagleObjective": "objective", "cod_rows": "objective",
 })  # fmt: skip

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from specui.algorithms.base import read_field
 from specui.algorithms.eagle3.config import Eagle3Config
 
 
@@ -18,13 +17,6 @@ class PEagleConfig(Eagle3Config):
 
     mask_token_id: int | None = None
     embed_requires_grad: bool = True
-
-    @classmethod
-    def own_from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
-        return super().own_from_dict(d) | {"mask_token_id": read_field(d, "mask_token_id", "int?", None)}
-
-    def own_to_dict(self) -> dict[str, Any]:
-        return super().own_to_dict() | {"mask_token_id": self.mask_token_id}
 
     def problems(self, verifier: Any) -> list[str]:
         return super().problems(verifier) + self.check_mask_token(self.mask_token_id)

@@ -1,0 +1,26 @@
+"""DFlash's training options (DSpark's extend them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from specui.algorithms.options import TrainOptions, knob
+from specui.errors import SpecUIError
+
+
+@dataclass(kw_only=True)
+class DFlashOptions(TrainOptions):
+    positive: ClassVar[tuple[str, ...]] = ("max_anchors",)
+
+    block_size: int = knob(8, "block size B")
+    max_anchors: int = knob(64, "anchors per sequence")
+    gamma: float = knob(4.0, "slot weight exp(-(k-1)/gamma)", group="loss")
+    dpace: bool = knob(False, "D-PACE adaptive slot weights instead", group="loss")
+
+    def check(self) -> None:
+        if self.block_size < 2:
+            raise SpecUIError(
+                f"block-size must be >= 2 (an anchor plus at least one drafted slot), got {self.block_size}")
+        if not self.gamma > 0:
+            raise SpecUIError(f"gamma must be > 0, got {self.gamma}")
