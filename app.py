@@ -56,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(max(1, args.threads))
+    from specui.errors import SpecUIError
     from specui.jobs import Runner
     from specui.store import Store
-    from specui.trace import SpecUIError
     from specui.ui.app import CSS, build_app
     from specui.ui.memory import SESSION_CAPACITY, expire_idle_sessions, limit_malloc_arenas
 

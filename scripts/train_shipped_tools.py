@@ -125,7 +125,7 @@ def calibrate(a: argparse.Namespace) -> None:
     fit_id, test_id = dspark_run(a.fit), dspark_run(a.test)
     fit = load_confidences(store, [fit_id])
     test = load_confidences(store, [test_id])
-    from specui.trace import SpecUIError
+    from specui.errors import SpecUIError
 
     try:
         t = fit_temperature(fit.confidences, fit.labels)

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from specui.data import Prompt, bench_split, load_prompts
+from specui.errors import SpecUIError
 from specui.metrics import Comparison, compare
 from specui.service import RunSpec, record_runs
 from specui.store import Store
-from specui.trace import SamplingParams, SpecUIError, check_decode_settings
+from specui.trace import SamplingParams, check_decode_settings
 from specui.workbench import WORKBENCH
 
 

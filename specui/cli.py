@@ -11,7 +11,7 @@ import os
 import sys
 import typing
 
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
 # One module per command group; adding a command is adding a module here.
 COMMAND_MODULES = ["decode", "runs", "bench", "train", "jobs", "vllm", "doctor"]

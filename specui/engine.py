@@ -29,15 +29,9 @@ from collections.abc import Callable, Iterator
 import torch
 
 from specui.algorithms.base import DraftContext, Drafter
+from specui.errors import SpecUIError
 from specui.sampling import process_logits, sample
-from specui.trace import (
-    FinalTokenKind,
-    GenerationResult,
-    Proposal,
-    SamplingParams,
-    SpecUIError,
-    StepTrace,
-)
+from specui.trace import FinalTokenKind, GenerationResult, Proposal, SamplingParams, StepTrace
 from specui.verifier import Verifier
 
 

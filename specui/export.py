@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 from specui.algorithms.spec import ALGORITHMS
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from specui.verifier import EMBEDDED, EMBEDDED_HUB_ID
 
 

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The operator's override: more folders (os.pathsep-separated) visitors may name.

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,9 @@ from safetensors.torch import load_file, save_file
 
 from specui.cli import main
 from specui.data.prompts import MAX_PROMPT_CHARS, FileProblem, read_prompt_file
+from specui.errors import SpecUIError
 from specui.store import Store
-from specui.trace import MAX_SEED, SpecUIError
+from specui.trace import MAX_SEED
 from tests.app_server import running_app
 from tests.conftest import FIXTURES, REPO
 

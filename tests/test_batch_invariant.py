@@ -17,7 +17,7 @@ from specui.algorithms.resolve import resolve_drafter
 from specui.algorithms.simple import PlainDrafter
 from specui.data import load_prompts
 from specui.engine import generate
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from specui.verifier import Verifier
 from tests.conftest import make_tiny_verifier
 

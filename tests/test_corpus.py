@@ -10,7 +10,7 @@ import pytest
 
 from specui.data.corpus import build
 from specui.data.magpie import filter_user_turns, read_samples, sample_user_turns, user_prefix_ids
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from tests.conftest import REPO
 
 

@@ -13,7 +13,7 @@ from specui.data import load_prompts, prompt_sets, read_prompt_file
 from specui.data.distill import TokenSample, generate_greedy, self_distill, synthetic_prompts
 from specui.data.hidden import HiddenStateStore, LocalExtractor, read_sample, write_sample
 from specui.data.prompts import Prompt, split_of, write_prompt_file
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
 # --- prompt sets -----------------------------------------------------------------------------
 

@@ -22,7 +22,8 @@ from specui.algorithms import (
 )
 from specui.algorithms.base import DraftContext
 from specui.algorithms.dspark import ConfidencePolicy
-from specui.trace import SamplingParams, SpecUIError
+from specui.errors import SpecUIError
+from specui.trace import SamplingParams
 from specui.verifier import Verifier
 from tests.conftest import FIXTURES, dflash_family
 

@@ -13,8 +13,9 @@ import specui.engine as engine
 from specui.algorithms import algorithm_names
 from specui.algorithms.simple import NgramDrafter, PlainDrafter
 from specui.engine import Decoding, generate
+from specui.errors import SpecUIError
 from specui.sampling import process_logits
-from specui.trace import FinalTokenKind, SamplingParams, SpecUIError
+from specui.trace import FinalTokenKind, SamplingParams
 from tests.conftest import make_tiny_verifier
 from tests.scripted_drafters import RandomDrafter, ScriptedDrafter
 

@@ -35,9 +35,9 @@ from specui.algorithms import (
     save_drafter,
     validate_checkpoint,
 )
+from specui.errors import SpecUIError
 from specui.jobs import Runner, queue, run_job
 from specui.store import JobStatus, RunStatus, Store, pid_alive
-from specui.trace import SpecUIError
 from specui.training.config import TrainConfig
 from specui.training.loop import TrainHooks, make_optimizer, train
 from specui.training.state import (

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from specui.errors import SpecUIError
 from specui.jobs import Runner, queue
 from specui.store import JobStatus, Store, pid_alive
-from specui.trace import SpecUIError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from specui.errors import SpecUIError
 from specui.metrics import (
     BASE_COLUMNS,
     ConfidenceSamples,
@@ -29,7 +30,7 @@ from specui.metrics import (
     write_steps_csv,
 )
 from specui.store import Backend, DecodingSettings, RunStatus, Store
-from specui.trace import FinalTokenKind, SpecUIError, StepTrace
+from specui.trace import FinalTokenKind, StepTrace
 from tests.store_helpers import make_trace, record
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from specui.errors import SpecUIError
 from specui.paths import confine
-from specui.trace import SpecUIError
 
 
 def test_confine_accepts_paths_inside_and_refuses_escapes(tmp_path, monkeypatch):

@@ -14,10 +14,10 @@ import pytest
 
 from specui.cli import main
 from specui.data import Prompt
+from specui.errors import SpecUIError
 from specui.replay import load_replay, play, replay_runs, step_source
 from specui.service import RunSpec, record_run
 from specui.store import Store
-from specui.trace import SpecUIError
 from specui.ui.render import output_html, stats_markdown, step_html
 from specui.verifier import cache_dir
 from specui.vllm.bench import UNKNOWN_TOKEN, TokenTexts

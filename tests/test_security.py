@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from tests.conftest import REPO
 from tests.test_vllm import needs_vllm
 

@@ -16,7 +16,7 @@ from specui.data.prompts import (
     write_prompt_file,
 )
 from specui.data.sets import SPEC_BENCH_GROUPS
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from tests.conftest import REPO
 from tests.test_bad_input import assert_one_error, cli
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import SQLModel
 
+from specui.errors import SpecUIError
 from specui.store import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -23,7 +24,6 @@ from specui.store import (
     Store,
     default_db_path,
 )
-from specui.trace import SpecUIError
 from tests.store_helpers import make_result, make_trace, record
 from tests.store_history import write_old_store
 
@@ -210,7 +210,7 @@ def test_newer_schema_version_is_refused_untouched(tmp_path: Path) -> None:
 _OPEN = """
 import sys
 from specui.store import Store
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 for path in sys.argv[1:]:
     try:
         Store(path).close()

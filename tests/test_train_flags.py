@@ -19,7 +19,7 @@ from specui.commands.train import (
     SPECULATORS_SHARED_FLAGS,
     build_config,
 )
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from specui.training.config import TrainConfig
 
 

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from specui.algorithms.checkpoint import load_drafter, load_model, validate_checkpoint
 from specui.cli import main
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from specui.training.config import TrainConfig
 from specui.training.loop import TrainHooks, train
 from specui.training.state import latest_checkpoint, list_checkpoints

@@ -21,7 +21,7 @@ from specui.algorithms.objective import (
     pack,
 )
 from specui.data.hidden import SampleTensors, topk_targets
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from specui.training.config import TrainConfig
 from specui.training.loop import batch_indices, lr_at
 from tests.conftest import dflash_family, eagle_family

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from specui.cli import main
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from specui.training.config import TrainConfig
 from specui.vllm.watchdog import group_alive
 from tests.test_vllm import needs_vllm

@@ -10,10 +10,10 @@ import torch
 
 from specui.algorithms.simple import NgramDrafter, PlainDrafter
 from specui.data.prompts import Prompt
+from specui.errors import SpecUIError
 from specui.metrics import compare
 from specui.service import RunSpec, record_run, record_runs
 from specui.store import SCHEMA_VERSION, RunStatus, Store
-from specui.trace import SpecUIError
 from specui.verifier import Verifier, folder_fingerprint, model_fingerprint, weights_fingerprint
 from tests.conftest import make_tiny_verifier
 from tests.store_helpers import make_trace, record

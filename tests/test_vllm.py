@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from specui.vllm.bench import (
     BenchSettings,
     RequestResult,

@@ -40,8 +40,9 @@ import torch
 from torch import nn
 
 from specui.algorithms.layers import LayerConfig, init_weights, set_draft_vocab
+from specui.errors import SpecUIError
 from specui.sampling import process_logits
-from specui.trace import MAX_SPECULATIVE_TOKENS, Proposal, SamplingParams, SpecUIError
+from specui.trace import MAX_SPECULATIVE_TOKENS, Proposal, SamplingParams
 
 if TYPE_CHECKING:
     from specui.verifier import Verifier

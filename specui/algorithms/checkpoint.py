@@ -29,7 +29,7 @@ from torch import nn
 
 from specui.algorithms.base import DTYPES, DraftConfig, DraftModel
 from specui.algorithms.spec import ALGORITHMS
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
 if TYPE_CHECKING:
     from specui.algorithms.base import Drafter

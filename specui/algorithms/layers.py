@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
 # --- config of the decoder layers ("transformer_layer_config") ---------------------------
 

@@ -10,8 +10,8 @@ from specui.algorithms.checkpoint import load_drafter
 from specui.algorithms.ngram import OPTION_NAMES, NgramConfig
 from specui.algorithms.simple import BUILTIN, NgramDrafter, PlainDrafter
 from specui.algorithms.spec import ALGORITHMS
+from specui.errors import SpecUIError
 from specui.paths import shipped_drafters_dir
-from specui.trace import SpecUIError
 from specui.verifier import Verifier
 
 __all__ = ["BUILTIN", "resolve_drafter", "shipped_drafters"]

@@ -9,7 +9,8 @@ import sys
 import torch
 
 from specui.commands import add_ngram_arguments, add_precision_argument, ngram_options
-from specui.trace import SamplingParams, SpecUIError, check_decode_settings
+from specui.errors import SpecUIError
+from specui.trace import SamplingParams, check_decode_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:

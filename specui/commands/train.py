@@ -20,7 +20,7 @@ from typing import Any
 from specui.algorithms.options import flag_of
 from specui.algorithms.spec import algorithm_names, algorithm_specs, labels, train_knobs
 from specui.data import prompt_sets
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from specui.training.config import DEFAULT_PROMPTS, PRECISIONS, TrainConfig
 
 # --- speculators' flag names -----------------------------------------------------------

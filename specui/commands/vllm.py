@@ -17,7 +17,7 @@ import sys
 import time
 
 from specui.commands import add_ngram_arguments, ngram_options
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
 
 def _int_list(text: str) -> list[int]:

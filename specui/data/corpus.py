@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from specui.data.prompts import check_training_prompts, load_prompts, normalize_text
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
 PY_DOCS = Path("/usr/share/doc/python3.11/html/_sources")
 FORTUNES = Path("/usr/share/games/fortunes")

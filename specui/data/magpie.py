@@ -23,7 +23,7 @@ import torch
 
 from specui.atomic import write_text
 from specui.data.prompts import normalize_text
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
 Progress = Callable[[int, int], None]  # (samples done, samples wanted)
 

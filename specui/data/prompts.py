@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specui.errors import SpecUIError
 from specui.registry import Registry
-from specui.trace import SpecUIError
 
 if TYPE_CHECKING:  # torch and transformers load with it; prompt files need neither
     from specui.verifier import Verifier

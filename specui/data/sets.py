@@ -15,8 +15,8 @@ from specui.data.prompts import (
     split_of,
     split_prompts,
 )
+from specui.errors import SpecUIError
 from specui.paths import shipped_data_dir
-from specui.trace import SpecUIError
 
 HUMANEVAL_TEMPLATE = "Complete the following Python function. Reply with the code only.\n\n```python\n{prompt}```"
 

@@ -17,7 +17,7 @@ from specui.doctor import identity, static
 from specui.doctor.dynamic import DynamicOptions, run_dynamic
 from specui.doctor.facts import read_facts
 from specui.doctor.findings import Finding, Report, Severity
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from specui.verifier import EMBEDDED, Verifier
 
 DEFAULT_PROMPTS = "spec-bench:qa"

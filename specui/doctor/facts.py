@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from specui.algorithms.spec import ALGORITHMS
 from specui.doctor.findings import Finding, Severity
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
 if TYPE_CHECKING:
     pass

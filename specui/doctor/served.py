@@ -13,8 +13,9 @@ from specui.algorithms.spec import ALGORITHMS
 from specui.data.prompts import Prompt
 from specui.doctor.findings import Finding, Severity
 from specui.doctor.measure import Acceptance, real_decode
+from specui.errors import SpecUIError
 from specui.metrics.agreement import StepAgreement, step_agreement
-from specui.trace import SpecUIError, StepTrace
+from specui.trace import StepTrace
 from specui.verifier import Verifier
 
 GAP = 0.10  # served-vs-local: a_k apart by more than 10 points, or tau by more than 10%

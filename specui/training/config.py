@@ -19,7 +19,7 @@ from specui.algorithms.spec import (
     train_knobs,
 )
 from specui.data.prompts import mix_sources, refuse_evaluation_sets
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from specui.vllm.install import vllm_python
 
 SCHEDULES = ("cosine", "linear", "constant")

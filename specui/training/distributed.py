@@ -59,7 +59,7 @@ def setup(device: str = "auto") -> Dist:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
     if use_cuda and not torch.cuda.is_available():
-        from specui.trace import SpecUIError
+        from specui.errors import SpecUIError
 
         raise SpecUIError("--device cuda, but torch sees no CUDA device here")
     if use_cuda:

@@ -47,7 +47,7 @@ from specui.data.hidden import (
     topk_targets,
 )
 from specui.data.prompts import load_prompts
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 from specui.training import distributed
 from specui.training.config import TrainConfig
 from specui.training.progress import generation_plan

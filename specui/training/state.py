@@ -33,8 +33,8 @@ from torch import nn
 
 from specui.algorithms.checkpoint import WEIGHTS_FILE, save_drafter
 from specui.atomic import fsync_dir, remove_tree, sweep_aside, write_json
+from specui.errors import SpecUIError
 from specui.processes import pid_alive
-from specui.trace import SpecUIError
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "trainer_state.json"

@@ -9,10 +9,11 @@ from specui.benchmark import bench
 from specui.choices import ui_drafter, ui_verifier
 from specui.data import Prompt, prompt_sets
 from specui.data.prompts import check_prompt_text, encode_text
+from specui.errors import SpecUIError
 from specui.metrics import compare, comparison_csv_text
 from specui.service import RunSpec, record_run
 from specui.store import Store
-from specui.trace import SamplingParams, SpecUIError, as_int
+from specui.trace import SamplingParams, as_int
 from specui.workbench import WORKBENCH
 
 # One API call decodes at most this much (the CLI's `specui bench` has no cap):

@@ -18,11 +18,11 @@ from specui.algorithms.simple import BUILTIN
 from specui.algorithms.spec import algorithm_names
 from specui.choices import ui_drafter, ui_prompts
 from specui.data import prompt_sets
+from specui.errors import SpecUIError
 from specui.jobs import queue as jobs
 from specui.metrics import Column, Comparison, compare
 from specui.paths import data_dir
 from specui.store import Store
-from specui.trace import SpecUIError
 from specui.workbench import drafter_choices
 
 ALL = "(all)"

@@ -12,10 +12,11 @@ from specui.algorithms.dspark.policy import MODES, policy_option
 from specui.choices import ui_drafter, ui_verifier
 from specui.data import Prompt, load_prompts
 from specui.data.prompts import MAX_PROMPT_CHARS, check_prompt_text, encode_text
+from specui.errors import SpecUIError
 from specui.replay import Replay, load_replay, play, replay_runs, request_label, run_label
 from specui.service import RunSpec, decode_and_record
 from specui.store import Store
-from specui.trace import SamplingParams, SpecUIError
+from specui.trace import SamplingParams
 from specui.ui import render
 from specui.verifier import EMBEDDED, EMBEDDED_NAME, EMBEDDED_WHEEL_MB, embedded_first_use
 from specui.workbench import WORKBENCH, default_drafter, drafter_choices

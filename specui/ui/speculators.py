@@ -15,9 +15,9 @@ import gradio as gr
 from specui.algorithms import validate_checkpoint
 from specui.algorithms.resolve import shipped_drafters
 from specui.choices import ui_prompts, ui_verifier
+from specui.errors import SpecUIError
 from specui.export import vllm_serve_command
 from specui.paths import confine
-from specui.trace import SpecUIError
 from specui.workbench import WORKBENCH, trained_drafters_dir
 
 ALLOWED_UPLOADS = {"config.json", "model.safetensors", "README.md"}

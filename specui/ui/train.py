@@ -15,9 +15,9 @@ import plotly.graph_objects as go
 from specui.algorithms.spec import algorithm_names, labels, train_defaults, train_knobs
 from specui.choices import ui_prompts, ui_verifier
 from specui.data import prompt_sets
+from specui.errors import SpecUIError
 from specui.jobs import queue as jobs
 from specui.store import Job, JobStatus, Store, admin_mode, check_owner
-from specui.trace import SpecUIError
 from specui.training.config import DEFAULT_PROMPTS, TrainConfig
 from specui.workbench import trained_drafters_dir
 

@@ -16,8 +16,8 @@ import json
 import gradio as gr
 
 from specui.data import prompt_sets
+from specui.errors import SpecUIError
 from specui.store import Store, admin_mode
-from specui.trace import SpecUIError
 from specui.vllm.bench import BenchSettings
 from specui.vllm.server import ServerConfig
 from specui.vllm.session import SLOT, VLLMSlot

@@ -43,6 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specui.algorithms.ngram import NgramConfig
 from specui.algorithms.spec import algorithm_for_vllm
 from specui.data import Prompt, load_prompts
+from specui.errors import SpecUIError
 from specui.metrics import Comparison, compare
 from specui.metrics.definitions import (
     acceptance_length,
@@ -50,7 +51,7 @@ from specui.metrics.definitions import (
     per_position_acceptance,
 )
 from specui.store import Backend, DecodingSettings, Run, RunRecorder, Store, collect_versions
-from specui.trace import FinalTokenKind, GenerationResult, SpecUIError, StepTrace
+from specui.trace import FinalTokenKind, GenerationResult, StepTrace
 from specui.vllm.server import (
     ServerConfig,
     VLLMServer,

@@ -23,8 +23,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from specui.errors import SpecUIError
 from specui.paths import data_dir
-from specui.trace import SpecUIError
 
 WEIGHTS = "model.safetensors"
 

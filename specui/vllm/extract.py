@@ -36,8 +36,8 @@ from safetensors.torch import load_file
 
 from specui.data.distill import TokenSample, verifier_fingerprint
 from specui.data.hidden import HiddenStateExtractor, TargetFn, topk_targets, write_sample
+from specui.errors import SpecUIError
 from specui.paths import REPO_ROOT
-from specui.trace import SpecUIError
 from specui.vllm.server import (
     ServerConfig,
     VLLMServer,

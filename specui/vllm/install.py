@@ -12,8 +12,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from specui.errors import SpecUIError
 from specui.paths import REPO_ROOT
-from specui.trace import SpecUIError
 
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
 PYTHON_ENV = "SPECUI_VLLM_PYTHON"

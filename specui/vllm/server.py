@@ -50,8 +50,8 @@ import httpx
 
 from specui.algorithms.ngram import DEFAULT_NGRAM, NgramConfig
 from specui.algorithms.spec import ALGORITHMS, algorithm_for_vllm, algorithm_specs
+from specui.errors import SpecUIError
 from specui.paths import REPO_ROOT, data_dir
-from specui.trace import SpecUIError
 from specui.vllm.draft_head import servable_folder
 from specui.vllm.install import (
     check_installed,

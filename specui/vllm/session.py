@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 
 from specui.choices import ui_drafter, ui_prompts, ui_verifier
 from specui.data import load_prompts
+from specui.errors import SpecUIError
 from specui.store import Store, check_owner
-from specui.trace import SpecUIError
 from specui.vllm.bench import BenchSettings, VLLMRun, bench, run_benchmark
 from specui.vllm.server import ServerConfig, ServerState, VLLMServer, redact_url
 

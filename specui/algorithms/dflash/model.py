@@ -37,7 +37,7 @@ from specui.algorithms.layers import (
     draft_vocab_rows,
     register_vocab_map,
 )
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
 
 @dataclass

@@ -13,7 +13,8 @@ from specui.algorithms.dflash.drafter import DFlashDrafter
 from specui.algorithms.dspark.model import DSparkModel
 from specui.algorithms.dspark.policy import MODES
 from specui.algorithms.layers import to_target_vocab
-from specui.trace import Proposal, SpecUIError
+from specui.errors import SpecUIError
+from specui.trace import Proposal
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from specui.algorithms.layers import (
     project_features,
     register_vocab_map,
 )
-from specui.trace import SpecUIError
+from specui.errors import SpecUIError
 
 
 @dataclass
