@@ -106,16 +106,11 @@ def self_distill(
     batch, the old path).  ``shard=(i, n)`` generates only the missing prompts whose key falls
     to worker ``i`` of ``n`` and returns only the samples known so far (``distill_in_processes``).
     """
-    if max_new_tokens < 1:
-        raise SpecUIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if batch_size < 1:
-        raise SpecUIError(f"batch size must be >= 1, got {batch_size}")
     # Here, not at the top: the fast path's modules import transformers, which a caller that
     # only reads the cache (export_cache) should not wait for.
-    from specui.data.generate import ENGINES, generate_responses
+    from specui.data.generate import check_generation, generate_responses
 
-    if engine not in ENGINES:
-        raise SpecUIError(f"generation engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    check_generation(max_new_tokens, batch_size, engine)
     encoded: list[tuple[Prompt, tuple[int, ...]]] = []
     for p in prompts:
         ids = p.encode(verifier)

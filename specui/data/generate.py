@@ -328,6 +328,16 @@ def _finished(row: _Row, eos: set[int], max_new_tokens: int, max_len: int) -> bo
 
 
 @torch.inference_mode()
+def check_generation(max_new_tokens: int, batch_size: int, engine: str) -> None:
+    """Refuse generation settings no engine can run (one message wherever they come in)."""
+    if max_new_tokens < 1:
+        raise SpecUIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise SpecUIError(f"batch size must be >= 1, got {batch_size}")
+    if engine not in ENGINES:
+        raise SpecUIError(f"generation engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+
+
 def generate_responses(
     verifier,
     prompts: Sequence[Sequence[int]],
@@ -347,12 +357,7 @@ def generate_responses(
     verifier :func:`unsupported_reason` names, runs ``generate_greedy`` in batches instead.
     ``generator``: a :class:`BatchedGreedy` to reuse (its weights are packed once).
     """
-    if max_new_tokens < 1:
-        raise SpecUIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if batch_size < 1:
-        raise SpecUIError(f"batch size must be >= 1, got {batch_size}")
-    if engine not in ENGINES:
-        raise SpecUIError(f"generation engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    check_generation(max_new_tokens, batch_size, engine)
     if any(len(p) == 0 for p in prompts):
         raise SpecUIError("cannot generate a response to an empty prompt")
     total = len(prompts)
