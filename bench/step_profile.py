@@ -96,7 +96,8 @@ def main() -> None:
 def ab(precisions: list[str], context: int, steps: int) -> None:
     """Median wall ms of fast-path steps of 1 and 9 tokens per precision, interleaved in one process."""
     verifiers = {p: Verifier.load("embedded", precision=p) for p in precisions}
-    ids = torch.randint(100, 49152, (context + 9,), generator=torch.Generator().manual_seed(0))
+    vocab = next(iter(verifiers.values())).vocab_size
+    ids = torch.randint(100, vocab, (context + 9,), generator=torch.Generator().manual_seed(0))
     caches = {}
     for p, v in verifiers.items():
         if v.precision != p or v._fast is None:

@@ -19,7 +19,7 @@ c05b95b303f7d4f21e8d7624e0ffa1c2d9b4d73b (``scripts/evaluate/evaluate.py`` and
 * Written with ``csv.DictWriter`` (excel dialect, CRLF line ends); a position a row has
   no value for is an empty cell.
 
-SpecUI's a_k (``specui.metrics.compare``, column ``acceptance_pos_k``) is drafts whose
+SpecUI's a_k (``specui.metrics.comparison``, column ``acceptance_pos_k``) is drafts whose
 slot k was accepted / drafts with k 1-based, and a slot counts as accepted only when all
 slots before it were: the same cumulative fraction.  So
 ``acceptance_at_pos_{k-1} = a_k``: a shift of the index, no conversion of the value.

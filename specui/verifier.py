@@ -138,10 +138,11 @@ class Verifier:
                 if batch_invariant.check(verifier):
                     return verifier
                 reason = f"this machine's {weights} kernels give a token other logits inside a block than alone"
-                verifier = cls(*_load_model(spec, dtype))  # a fresh float32 copy: enable() changed the first
-                _ = verifier.fingerprint
             if precision != "auto":
                 raise SpecUIError(f"cannot verify {verifier.name} in {weights}: {reason}")
+            if verifier.precision != "fp32":  # enable() changed it: the next try needs float32 again
+                verifier = cls(*_load_model(spec, dtype))
+                _ = verifier.fingerprint
             log.warning("verifying %s without %s: %s", verifier.name, weights, reason)
         log.warning("verifying %s in float32", verifier.name)
         return verifier
@@ -255,21 +256,14 @@ class Verifier:
         return torch.stack([taps[i][0] for i in layer_ids], dim=1).float()
 
     @torch.inference_mode()
-    def taps_batch(self, input_ids: torch.Tensor, lengths: list[int], layer_ids: list[int]) -> torch.Tensor:
+    def taps_batch(self, input_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
         """Taps of N right-padded sequences at once, without cache: ``[N, T, len(layer_ids), H]``.
 
-        Row i holds ``lengths[i]`` real tokens, then padding; causal attention keeps the
-        padding out of every real position, so those match ``taps`` of the row alone.
+        No attention mask: padding only follows a row's real tokens, so the causal mask
+        alone keeps it out of them (and attention stays on SDPA's fast causal path); the
+        real positions match ``taps`` of the row alone.
         """
-        # No attention mask: padding only follows the real tokens, so the causal mask alone
-        # keeps it out of them, and attention stays on SDPA's fast causal path.
-        local = self._local
-        local.capture, local.wanted = {}, set(layer_ids)
-        try:
-            self.model(input_ids=input_ids, use_cache=False, logits_to_keep=1)
-            taps = local.capture
-        finally:
-            local.capture = None
+        taps = self._run(input_ids, None, None, layer_ids, keep=1)
         return torch.stack([taps[i] for i in layer_ids], dim=2)
 
     def _run(self, ids: torch.Tensor, pos: torch.Tensor, cache, layer_ids: list[int] | None, keep: int = 0) -> dict[int, torch.Tensor]:

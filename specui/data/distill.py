@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Empty
 
 import torch
 
@@ -258,7 +259,7 @@ def distill_in_processes(
         while any(w.is_alive() for w in workers) or not queue.empty():
             try:
                 worker, done, total = queue.get(timeout=0.5)
-            except Exception:  # queue.Empty: nothing reported this half second
+            except Empty:  # nothing reported this half second
                 continue
             counts[worker] = (done, total)
             if progress and len(counts) == procs:

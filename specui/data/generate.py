@@ -327,7 +327,6 @@ def _finished(row: _Row, eos: set[int], max_new_tokens: int, max_len: int) -> bo
     return row.response[-1] in eos or len(row.response) >= max_new_tokens or row.length >= max_len
 
 
-@torch.inference_mode()
 def check_generation(max_new_tokens: int, batch_size: int, engine: str) -> None:
     """Refuse generation settings no engine can run (one message wherever they come in)."""
     if max_new_tokens < 1:
@@ -338,6 +337,7 @@ def check_generation(max_new_tokens: int, batch_size: int, engine: str) -> None:
         raise SpecUIError(f"generation engine must be one of {', '.join(ENGINES)}, got {engine!r}")
 
 
+@torch.inference_mode()
 def generate_responses(
     verifier,
     prompts: Sequence[Sequence[int]],

@@ -116,7 +116,7 @@ class LocalExtractor(HiddenStateExtractor):
         self.aux_layer_ids = list(aux_layer_ids)
         self.num_layers = verifier.num_layers
         self.fingerprint = verifier_fingerprint(verifier)
-        self.dtype = dtype or default_extraction_dtype()
+        self.dtype = dtype or fast_matmul_dtype()
         self.batch_tokens = batch_tokens
         self.topk = min(topk, verifier.vocab_size)
         self._head: torch.Tensor | None = None
@@ -155,7 +155,7 @@ class LocalExtractor(HiddenStateExtractor):
                 ids[row, : len(samples[i])] = torch.tensor(samples[i].input_ids, dtype=torch.long)
             lengths = [len(samples[i]) for i in batch]
             with self._autocast():
-                taps = self.verifier.taps_batch(ids.to(device), lengths, self.layer_ids)  # [N, W, n_aux + 1, H]
+                taps = self.verifier.taps_batch(ids.to(device), self.layer_ids)  # [N, W, n_aux + 1, H]
             for row, i in enumerate(batch):
                 s, n = samples[i], lengths[row]
                 t = taps[row, :n].float()
@@ -168,8 +168,9 @@ class LocalExtractor(HiddenStateExtractor):
         return [paths[i] for i in range(len(samples))]
 
 
-def default_extraction_dtype() -> torch.dtype:
-    """bf16 where this CPU (or any CUDA GPU) has fast bf16 matmuls, else float32."""
+def fast_matmul_dtype() -> torch.dtype:
+    """bf16 where this CPU (or any CUDA GPU) has fast bf16 matmuls, else float32: the
+    dtype extraction, generation and training steps multiply in by default."""
     if torch.cuda.is_available():
         return torch.bfloat16
     return torch.bfloat16 if torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX") else torch.float32

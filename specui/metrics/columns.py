@@ -4,7 +4,7 @@ and unit, so the dashboard, the CLI and the CSV say what a number means.
 * Acceptance metrics (tau, a_k, acceptance rate) use every stored step of the run
   (``specui.metrics.definitions``).
 * Throughput and speedup use the prompts whose generation finished
-  (``specui.metrics.compare``).
+  (``specui.metrics.comparison``).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from specui.data.hidden import (
     HiddenStateStore,
     LocalExtractor,
     SampleTensors,
-    topk_targets,
+    fast_matmul_dtype,
 )
 from specui.data.prompts import load_prompts
 from specui.errors import SpecUIError
@@ -175,11 +175,9 @@ def prepare_samples(
         )
         # bf16 matmuls where they are fast (the shipped responses were generated so too); the
         # cache stays keyed by the verifier as loaded.
-        from specui.data.hidden import default_extraction_dtype
-
         samples = self_distill(
             verifier, prompts, cfg.max_new_tokens, cfg.gen_batch_size, cache_dir, progress=progress,
-            generation_dtype=default_extraction_dtype(),
+            generation_dtype=fast_matmul_dtype(),
         )
     d.barrier()
     if not d.is_main:
@@ -413,7 +411,7 @@ def _train(
         tokens_window += sum(len(s) for s in batch)
         window.append({"loss": loss.detach(), "grad_norm": grad_norm.detach()})
         shown.update({k: v.detach() for k, v in metrics.items()})  # the logging step's only
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        if logging:
             elapsed = time.perf_counter() - t_window
             last = summarize(window, d)
             last.update(summarize([shown], d) if shown else {})
@@ -556,8 +554,8 @@ def hidden_state_store(
                 else "extracted first, the server stops before training"
             )
         )
-    # Files a vLLM server wrote lack the targets: the verifier's head adds them once per file.
-    store = HiddenStateStore(extractor, samples, mode, cache_dir, targets=lambda h: topk_targets(verifier, h))
+    # The extractor brings the verifier's head: files written without targets get them from it.
+    store = HiddenStateStore(extractor, samples, mode, cache_dir)
     if mode != "offline" or not prepare:
         return store
     # The local verifier runs in every process: each extracts its share.  One vLLM
@@ -579,7 +577,6 @@ def hidden_state_store(
         if hooks.stage and d.is_main:
             hooks.stage("extracting hidden states", done, total)
 
-    progress(0, missing)  # the bar from the start, not from the end of the first chunk
     store.prepare(mine, progress=progress, chunk=chunk)
     if close is not None:
         close()  # the server's memory goes back before the drafter trains
@@ -595,9 +592,7 @@ def compute_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
         return torch.float32
     if cfg.precision == "bf16" or device.type == "cuda":
         return torch.bfloat16
-    from specui.data.hidden import default_extraction_dtype
-
-    return default_extraction_dtype()
+    return fast_matmul_dtype()
 
 
 def make_optimizer(params: list[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -9,7 +9,7 @@ or ``/v1/chat/completions``, ``concurrency`` at a time.  What is measured:
 * per request, where the server reports it (``--per-request-spec-decode-metrics
   detailed``, which SpecUI's launcher always passes): the accepted and drafted
   count of every verify step, in order.  These become the run's stored steps,
-  so ``specui.metrics.compare`` gives tau and a_k exactly as for a local run.
+  so ``specui.metrics.comparison`` gives tau and a_k exactly as for a local run.
   With ``summary`` only a per-request histogram exists: the steps are then
   synthesised from it (right counts, unknown order);
 * per run: vLLM's Prometheus counters (``vllm:spec_decode_*``) read before and
