@@ -19,7 +19,7 @@ from typing import Any
 
 from specui.algorithms.options import flag_of
 from specui.algorithms.spec import algorithm_names, algorithm_specs, labels, train_knobs
-from specui.data import prompt_sets
+from specui.data import prompt_sets, training_prompt_sets
 from specui.errors import SpecUIError
 from specui.training.config import DEFAULT_PROMPTS, PRECISIONS, TrainConfig
 
@@ -174,7 +174,7 @@ def _position_weights(text: str) -> bool:
 def _prompts_help() -> str:
     """--prompts' help from the prompt-set registry (a set added there is listed here)."""
     sets = prompt_sets()
-    trainable = sorted(name for name, ps in sets.items() if not ps.evaluation_only)
+    trainable = training_prompt_sets()
     # Evaluation-only sets by family ("spec-bench" for it and its "spec-bench:qa" groups).
     refused = sorted({name.split(":", 1)[0] for name, ps in sets.items() if ps.evaluation_only})
     text = (f"a prompt set ({', '.join(trainable)}; default {DEFAULT_PROMPTS}), a JSONL file, "

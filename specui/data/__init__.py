@@ -9,8 +9,10 @@ from specui.data.prompts import (
     read_prompt_file,
     register_prompt_set,
     split_of,
+    training_prompt_sets,
 )
 
 __all__ = [
-    "Prompt", "PromptSet", "bench_split", "load_prompts", "prompt_sets", "read_prompt_file", "register_prompt_set", "split_of",
+    "Prompt", "PromptSet", "bench_split", "load_prompts", "prompt_sets", "training_prompt_sets", "read_prompt_file",
+    "register_prompt_set", "split_of",
 ]

@@ -141,25 +141,19 @@ def self_distill(
     # Similar lengths in one batch waste less compute on padding (and, continuously batched,
     # on attention over the longest row).
     todo.sort(key=lambda pi: len(pi[1]))
-    if engine == "fast":
-        batch = [ids for _, ids in todo]
+    batch = [ids for _, ids in todo]
 
-        def keep(index: int, response: tuple[int, ...]) -> None:
-            new = {_hash_ids(batch[index]): response}
-            cache.update(new)
-            if path is not None:
-                _append_cache(path, new)
+    def keep(index: int, response: tuple[int, ...]) -> None:
+        new = {_hash_ids(batch[index]): response}
+        cache.update(new)
+        if path is not None:
+            _append_cache(path, new)  # each response as it finishes: a kill loses none
 
-        if progress:
-            progress(0, len(todo))
-        if todo:
-            generate_responses(verifier, batch, max_new_tokens, batch_size, progress=progress,
-                               on_done=keep, dtype=generation_dtype)
-    else:
-        _generate_in_batches(
-            verifier, [ids for _, ids in todo], max_new_tokens, batch_size, cache, path, progress,
-            generation_dtype,
-        )
+    if progress:
+        progress(0, len(todo))
+    if todo:
+        generate_responses(verifier, batch, max_new_tokens, batch_size, progress=progress,
+                           on_done=keep, dtype=generation_dtype, engine=engine)
 
     out = []
     for p, ids in encoded:
@@ -172,37 +166,6 @@ def self_distill(
 def cache_name(verifier, max_new_tokens: int) -> str:
     """The response cache's file name for this verifier and response length."""
     return f"responses-{verifier_fingerprint(verifier)}-n{max_new_tokens}.jsonl"
-
-
-def _generate_in_batches(
-    verifier,
-    todo: list[tuple[int, ...]],
-    max_new_tokens: int,
-    batch_size: int,
-    cache: dict,
-    path: Path | None,
-    progress: Progress | None,
-    generation_dtype: torch.dtype | None,
-) -> None:
-    total, done = len(todo), 0
-    if progress:
-        progress(0, total)
-    generator = verifier
-    if todo and generation_dtype is not None and generation_dtype != verifier.dtype:
-        import copy
-
-        generator = copy.copy(verifier)
-        generator.model = copy.deepcopy(verifier.model).to(generation_dtype)
-    for start in range(0, total, batch_size):
-        batch = todo[start : start + batch_size]
-        responses = generate_greedy(generator, batch, max_new_tokens)
-        new = {_hash_ids(ids): resp for ids, resp in zip(batch, responses, strict=True)}
-        cache.update(new)
-        if path is not None:
-            _append_cache(path, new)
-        done += len(batch)
-        if progress:
-            progress(done, total)
 
 
 def _shard_worker(spec: str, shard: tuple[int, int], prompts: Sequence[Prompt], kwargs: dict,

@@ -192,6 +192,11 @@ def prompt_sets() -> dict[str, PromptSet]:
     return dict(PROMPT_SETS.items())
 
 
+def training_prompt_sets() -> list[str]:
+    """The registered sets a drafter may train on (evaluation-only ones are refused), sorted."""
+    return sorted(name for name, ps in PROMPT_SETS.items() if not ps.evaluation_only)
+
+
 def load_prompts(name_or_path: str | Path, split: str = "eval", limit: int | None = None) -> list[Prompt]:
     """Prompts of a registered set or a JSONL file, one split, at most ``limit``.
 

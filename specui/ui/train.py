@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from specui.algorithms.spec import algorithm_names, labels, train_defaults, train_knobs
 from specui.choices import ui_prompts, ui_verifier
-from specui.data import prompt_sets
+from specui.data import training_prompt_sets
 from specui.errors import SpecUIError
 from specui.jobs import queue as jobs
 from specui.store import Job, JobStatus, Store, admin_mode, check_owner
@@ -30,8 +30,7 @@ def algorithm_choices() -> list[str]:
 def prompt_choices() -> list[str]:
     """The Prompt set dropdown: the registered sets a drafter may train on (evaluation sets
     are refused by training, so they are not offered), the default first."""
-    names = sorted(name for name, ps in prompt_sets().items() if not ps.evaluation_only)
-    return sorted(names, key=lambda name: name != DEFAULT_PROMPTS)
+    return sorted(training_prompt_sets(), key=lambda name: name != DEFAULT_PROMPTS)
 
 
 # The two algorithm options the tab has shown from the start, among the /train API's first
