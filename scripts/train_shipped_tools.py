@@ -611,6 +611,25 @@ def _scaling_svg(points: dict[str, list[tuple]]) -> str:
     return f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">\n' + "\n".join(out) + "\n</svg>\n"
 
 
+def paired(a: argparse.Namespace) -> None:
+    """tau(new) - tau(old) on the prompts both runs finished, with its paired 95% interval:
+    a drafter is shipped only where the interval lies above 0."""
+    from specui.metrics.calibration import tau_difference_interval
+    from specui.metrics.comparison import prompt_drafts
+    from specui.store import Store
+
+    store = Store(a.db)
+    new, old = prompt_drafts(store, a.new), prompt_drafts(store, a.old)
+    both = sorted(set(new) & set(old))
+    got = tau_difference_interval([new[i] for i in both], [old[i] for i in both])
+    if got is None:
+        raise SystemExit("paired: fewer than two shared prompts with drafts")
+    d, lo, hi = got
+    verdict = "better" if lo > 0 else "worse" if hi < 0 else "not separable"
+    print(f"paired: run {a.new} - run {a.old} over {len(both)} prompts: tau {d:+.3f} "
+          f"[{lo:+.3f}, {hi:+.3f}] ({verdict})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -654,6 +673,11 @@ def main() -> None:
     p.add_argument("t1")
     p.add_argument("out")
     p.set_defaults(func=report)
+    p = sub.add_parser("paired")
+    p.add_argument("db")
+    p.add_argument("new", type=int)
+    p.add_argument("old", type=int)
+    p.set_defaults(func=paired)
     p = sub.add_parser("scaling")
     p.add_argument("runs")
     p.add_argument("--svg", default=None)

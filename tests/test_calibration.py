@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 from scipy.stats import bootstrap, mannwhitneyu
 
-from specui.metrics.calibration import auroc, expected_calibration_error, ratio_interval
+from specui.metrics.calibration import (
+    auroc,
+    expected_calibration_error,
+    ratio_interval,
+    tau_difference_interval,
+)
 
 RESAMPLES = 20_000  # Monte Carlo error of a 2.5% quantile: about 1% of the interval's width
 
@@ -104,3 +109,35 @@ def test_paired_speedup_interval_agrees_with_scipy_bootstrap() -> None:
         wall, tokens, base_num=base_wall, base_den=tokens, resamples=RESAMPLES, seed=3
     )
     _close(ours, (ref.low, ref.high))
+
+
+def test_tau_difference_interval_agrees_with_scipy_bootstrap() -> None:
+    rng = np.random.default_rng(11)
+    drafts_old = rng.integers(20, 60, size=30).astype(float)
+    acc_old = rng.binomial(drafts_old.astype(int) * 3, 0.2).astype(float)
+    drafts_new = rng.integers(15, 45, size=30).astype(float)
+    acc_new = acc_old * rng.uniform(1.2, 2.0, size=30)  # a better drafter on the same prompts
+
+    def diff(an: np.ndarray, dn: np.ndarray, ao: np.ndarray, do: np.ndarray, axis: int):
+        return an.sum(axis=axis) / dn.sum(axis=axis) - ao.sum(axis=axis) / do.sum(axis=axis)
+
+    ref = bootstrap(
+        (acc_new, drafts_new, acc_old, drafts_old),
+        diff,
+        n_resamples=RESAMPLES,
+        paired=True,  # both drafters by the same prompt draws
+        vectorized=True,
+        method="percentile",
+        rng=np.random.default_rng(12),
+    ).confidence_interval
+    got = tau_difference_interval(
+        list(zip(drafts_new, acc_new, strict=True)), list(zip(drafts_old, acc_old, strict=True)),
+        resamples=RESAMPLES, seed=4,
+    )
+    assert got is not None
+    point = acc_new.sum() / drafts_new.sum() - acc_old.sum() / drafts_old.sum()
+    assert got[0] == pytest.approx(point)
+    _close(got[1:], (ref.low, ref.high))
+    assert tau_difference_interval([(3, 1)], [(3, 2)]) is None  # one prompt: no interval
+    with pytest.raises(ValueError):
+        tau_difference_interval([(3, 1), (2, 2)], [(3, 2)])

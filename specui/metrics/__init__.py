@@ -45,6 +45,7 @@ _MODULES = {
         "expected_calibration_error",
         "fit_temperature",
         "ratio_interval",
+        "tau_difference_interval",
         "reliability_bins",
         "slot_rate_auroc",
     ),

@@ -248,3 +248,35 @@ def ratio_interval(
         return None
     lo, hi = np.quantile(stat, [(1 - level) / 2, (1 + level) / 2])
     return float(lo), float(hi)
+
+
+def tau_difference_interval(
+    new: Sequence[tuple[int, int]],
+    old: Sequence[tuple[int, int]],
+    *,
+    level: float = INTERVAL_LEVEL,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> tuple[float, float, float] | None:
+    """tau(new) - tau(old) and its paired percentile-bootstrap interval over prompts.
+
+    ``new`` and ``old`` hold one ``(drafts, accepted draft tokens)`` pair per prompt, the
+    same prompts in the same order; tau of a run is ``1 + sum(accepted) / sum(drafts)``.
+    Both runs are resampled by the same prompt draws, so a prompt that is easy for both
+    moves neither: this is the interval a "ship only where better" decision reads.
+    None under two prompts or where a resample has no draft.
+    """
+    a, b = np.asarray(new, dtype=np.float64), np.asarray(old, dtype=np.float64)
+    if a.ndim != 2 or a.shape != b.shape or a.shape[1] != 2:
+        raise ValueError("new and old need one (drafts, accepted) pair per prompt each")
+    n = a.shape[0]
+    if n < 2 or a[:, 0].sum() == 0 or b[:, 0].sum() == 0:
+        return None
+    point = a[:, 1].sum() / a[:, 0].sum() - b[:, 1].sum() / b[:, 0].sum()
+    idx = bootstrap_indices(n, resamples, seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        stat = a[idx, 1].sum(1) / a[idx, 0].sum(1) - b[idx, 1].sum(1) / b[idx, 0].sum(1)
+    if not np.all(np.isfinite(stat)):
+        return None
+    lo, hi = np.quantile(stat, [(1 - level) / 2, (1 + level) / 2])
+    return float(point), float(lo), float(hi)

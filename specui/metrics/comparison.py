@@ -195,6 +195,14 @@ def _read_steps(store: Store, ids: Sequence[int], where: str) -> dict[int, _RunS
     return out
 
 
+def prompt_drafts(store: Store, run_id: int) -> dict[int, tuple[int, int]]:
+    """Prompt index -> (drafts, accepted draft tokens) of one run: what a paired comparison of
+    two drafters on the same prompts resamples (``calibration.tau_difference_interval``)."""
+    run = store.get_run(run_id)  # unknown id -> SpecUIError
+    assert run.id is not None
+    return _read_steps(store, [run.id], "")[run.id].per_prompt
+
+
 def _acceptance_cells(run: Run, steps: _RunSteps, k_max: int) -> dict[str, Any]:
     """tau (with its interval), the acceptance rate and a_1..a_k_max of one run."""
     counts = steps.counts
