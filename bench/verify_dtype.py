@@ -4,7 +4,7 @@
 
 For each way of running the embedded verifier (float32; the whole model in
 bfloat16; ``precision="bf16"``, SpecUI's batch-invariant bf16 of
-``specui.batch_invariant``):
+``specui.verifier.batch_invariant``):
 
 1. cost: the median of a one-token decode step ``t1`` and of verifying a block of
    ``--block`` tokens ``tv`` after a cached context, taken in turns;
@@ -45,12 +45,13 @@ import time
 import torch
 
 from specui.data import load_prompts
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 VARIANTS = {  # label -> Verifier.load arguments
     "float32": {"dtype": torch.float32},
     "bfloat16": {"dtype": torch.bfloat16},  # the whole model in bf16
-    "bf16-invariant": {"precision": "bf16"},  # specui.batch_invariant: what `auto` picks here
+    # specui.verifier.batch_invariant: what `auto` picks here
+    "bf16-invariant": {"precision": "bf16"},
 }
 
 

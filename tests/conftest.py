@@ -20,7 +20,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def embedded_verifier():
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     return Verifier.load("embedded")
 
@@ -34,7 +34,7 @@ def fixture_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def fixture_verifier(fixture_dir):
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     return Verifier.load(str(fixture_dir / "verifier"))
 
@@ -59,7 +59,7 @@ def make_tiny_verifier(vocab_size: int = 8, hidden: int = 32, layers: int = 4, s
     """A small random Llama, fast enough for thousands of generations."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(

@@ -94,7 +94,7 @@ def checkpoint_trials(root: Path, verifier_path: str) -> None:
     from specui.training.config import TrainConfig
     from specui.training.loop import make_optimizer
     from specui.training.state import save_checkpoint
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     torch.set_num_threads(1)  # no OpenMP pool: forking stays safe
     verifier = Verifier.load(verifier_path)

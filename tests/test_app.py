@@ -345,7 +345,7 @@ def test_bench_endpoint_rejects_bad_input_with_the_library_message(app_url):
 
 
 def _embedded_texts():
-    from specui.verifier import cache_dir
+    from specui.verifier.embedded import cache_dir
     from specui.vllm.bench import TokenTexts
 
     return TokenTexts(str(cache_dir() / "models" / "smollm2-135m-instruct"))

@@ -1,5 +1,5 @@
-"""Batch-invariant verification (``specui.batch_invariant``), bf16, int8 and gguf: a token gets
-bit-identical logits whether the verifier sees it alone or inside a block, so
+"""Batch-invariant verification (``specui.verifier.batch_invariant``), bf16, int8 and gguf: a
+token gets bit-identical logits whether the verifier sees it alone or inside a block, so
 greedy speculation is lossless by construction, and ``auto`` uses bf16 only where
 it holds."""
 
@@ -11,14 +11,14 @@ import shutil
 import pytest
 import torch
 
-from specui import batch_invariant
 from specui.algorithms import algorithm_names
 from specui.algorithms.resolve import resolve_drafter
 from specui.algorithms.simple import PlainDrafter
 from specui.data import load_prompts
 from specui.engine import generate
 from specui.errors import SpecUIError
-from specui.verifier import Verifier
+from specui.verifier import batch_invariant
+from specui.verifier.model import Verifier
 from tests.conftest import make_tiny_verifier
 
 
@@ -121,7 +121,7 @@ def test_int8_rows_are_quantized_each_on_its_own_scale():
 
 def test_int8_is_never_autos_choice_and_stays_close_to_bf16():
     # auto never requantizes: the embedded GGUF in its own blocks where SpecUI's kernel runs, else bf16
-    from specui import cpu_kernels
+    from specui.verifier import cpu_kernels
 
     assert Verifier.load("embedded", precision="auto").precision == ("gguf" if cpu_kernels.gguf_available() else "bf16")
     bf16, int8 = Verifier.load("embedded", precision="bf16"), Verifier.load("embedded", precision="int8")

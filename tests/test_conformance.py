@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from specui.algorithms import algorithm_names, load_drafter, load_model
 from specui.algorithms.base import DraftContext
 from specui.trace import SamplingParams
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 from tests.conftest import FIXTURES
 
 TOL = 1e-4

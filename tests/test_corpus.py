@@ -111,7 +111,7 @@ def test_response_cache_key_follows_the_weights_not_the_folder(tmp_path, fixture
     import torch
 
     from specui.data.distill import verifier_fingerprint
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     shutil.copytree(fixture_dir / "verifier", tmp_path / "elsewhere")
     here, there = Verifier.load(str(fixture_dir / "verifier")), Verifier.load(str(tmp_path / "elsewhere"))

@@ -1,12 +1,13 @@
-"""``specui.cpu_kernels``: the int8 verifier's own matmul returns oneDNN's bits, and falls back clearly."""
+"""``specui.verifier.cpu_kernels``: the int8 verifier's own matmul returns oneDNN's bits, and
+falls back clearly."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specui import cpu_kernels
-from specui.cpu_kernels import Int8Weight
+from specui.verifier import cpu_kernels
+from specui.verifier.cpu_kernels import Int8Weight
 
 
 def _runnable() -> bool:
@@ -68,8 +69,8 @@ def test_extreme_activations_and_weights_sum_exactly():
 @pytest.mark.slow
 def test_the_verifiers_own_int8_weights_give_onednns_bits():
     # The embedded verifier's real weights and real activations, not random ones.
-    from specui.batch_invariant import int8_weight, quantize_rows
-    from specui.verifier import Verifier
+    from specui.verifier.batch_invariant import int8_weight, quantize_rows
+    from specui.verifier.model import Verifier
 
     v = Verifier.load("embedded", precision="fp32")
     layer = v.model.model.layers[3]

@@ -1,5 +1,5 @@
-"""``specui.decoder``: the bf16 (int8) verifier's fast forward computes what transformers' modules
-compute, bit for bit, and its preallocated cache crops and grows like a ``DynamicCache``."""
+"""``specui.verifier.decoder``: the bf16 (int8) verifier's fast forward computes what
+transformers' modules compute, bit for bit, and its preallocated cache crops and grows like a ``DynamicCache``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specui.decoder import KVBuffer
-from specui.verifier import Verifier
+from specui.verifier.decoder import KVBuffer
+from specui.verifier.model import Verifier
 
 
 def _steps(v: Verifier, cache, ids: torch.Tensor, layers: list[int]):

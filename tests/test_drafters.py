@@ -24,7 +24,7 @@ from specui.algorithms.base import DraftContext
 from specui.algorithms.dspark import ConfidencePolicy
 from specui.errors import SpecUIError
 from specui.trace import SamplingParams
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 from tests.conftest import FIXTURES, dflash_family
 
 ALGOS = algorithm_names()

@@ -93,7 +93,7 @@ def test_bf16_batched_matches_fp32_greedy_on_the_tiny_model(tiny):
 def test_a_model_the_loop_does_not_cover_falls_back_to_transformers():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
@@ -188,7 +188,7 @@ def test_worker_processes_fill_one_cache(tmp_path, tiny):
     model = copy.deepcopy(tiny.model)
     model.generation_config.eos_token_id = EOS
     model.save_pretrained(folder)
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     loaded = Verifier.load(str(folder))
     prompts = _id_prompts(9, seed=4)
@@ -246,7 +246,7 @@ def test_embedded_bf16_batched_agrees_with_fp32_as_well_as_transformers_bf16(emb
 
 
 def test_slot_attention_is_each_rows_own_attention():
-    from specui import cpu_kernels
+    from specui.verifier import cpu_kernels
 
     if not cpu_kernels.attention_supported(6, 2, 16):
         pytest.skip("SpecUI's CPU kernels do not run here")

@@ -13,9 +13,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from specui import batch_invariant, cpu_kernels
 from specui.errors import SpecUIError
-from specui.gguf_weights import _llama_rows, read_blocks
+from specui.verifier import batch_invariant, cpu_kernels
+from specui.verifier.gguf_weights import _llama_rows, read_blocks
 
 needs_kernel = pytest.mark.skipif(
     cpu_kernels.cpu_reason() is not None or cpu_kernels.compiler() is None,
@@ -125,7 +125,7 @@ def _write_gguf(model, path: Path, kinds: dict[str, str]) -> None:
     """``model``'s linear weights into a GGUF file as llama.cpp's converter lays them out (q and k
     rows permuted), quantized by the gguf package; ``model`` gets the dequantized values, as
     transformers' load of that file would give it."""
-    from specui.gguf_weights import LAYER_TENSORS
+    from specui.verifier.gguf_weights import LAYER_TENSORS
 
     writer = gguf.GGUFWriter(str(path), "llama")
     cfg = model.config
@@ -196,7 +196,7 @@ def test_a_file_that_is_not_the_models_is_refused(tmp_path):
 
 
 def test_the_gguf_precision_needs_a_gguf_verifier(fixture_dir):
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     with pytest.raises(SpecUIError, match="gguf precision keeps a GGUF file's own blocks"):
         Verifier.load(str(fixture_dir / "verifier"), precision="gguf")
@@ -207,7 +207,7 @@ def test_the_gguf_precision_needs_a_gguf_verifier(fixture_dir):
 
 @pytest.fixture(scope="module")
 def gguf_verifier():
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     return Verifier.load("embedded", precision="gguf")
 
@@ -245,7 +245,7 @@ def test_gguf_is_within_float32_rounding_of_the_fp32_verifier(gguf_verifier, emb
 
 @pytest.mark.slow
 def test_auto_falls_back_to_bf16_and_gguf_says_why_where_the_kernels_are_off(monkeypatch):
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     monkeypatch.setattr(cpu_kernels, "_state", {})
     monkeypatch.setenv("SPECUI_CPU_KERNELS", "0")

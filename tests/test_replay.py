@@ -19,7 +19,7 @@ from specui.replay import load_replay, play, replay_runs, step_source
 from specui.service import RunSpec, record_run
 from specui.store import Store
 from specui.ui.render import output_html, stats_markdown, step_html
-from specui.verifier import cache_dir
+from specui.verifier.embedded import cache_dir
 from specui.vllm.bench import UNKNOWN_TOKEN, TokenTexts
 from specui.workbench import WORKBENCH
 from tests.replay_helpers import histogram_request, per_step_request, store_vllm_style_run

@@ -145,7 +145,7 @@ def test_a_pickle_only_speculator_is_refused_on_every_load_path(data_dir, tmp_pa
 def test_a_pickle_only_verifier_folder_is_refused(data_dir, tmp_path) -> None:
     from transformers import LlamaConfig
 
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
     from specui.vllm.server import resolve_model
 
     folder = data_dir / "verifier"

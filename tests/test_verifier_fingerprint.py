@@ -14,7 +14,8 @@ from specui.errors import SpecUIError
 from specui.metrics import compare
 from specui.service import RunSpec, record_run, record_runs
 from specui.store import SCHEMA_VERSION, RunStatus, Store
-from specui.verifier import Verifier, folder_fingerprint, model_fingerprint, weights_fingerprint
+from specui.verifier.fingerprint import folder_fingerprint, model_fingerprint, weights_fingerprint
+from specui.verifier.model import Verifier
 from tests.conftest import make_tiny_verifier
 from tests.store_helpers import make_trace, record
 from tests.store_history import write_old_store

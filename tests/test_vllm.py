@@ -325,7 +325,7 @@ def test_accepted_drafts_are_reconstructed_exactly(request, work, store, runs, p
     """The verifier as its own draft model: (nearly) every draft is accepted,
     so the stored steps carry multi-token emissions the counters must agree with."""
     from specui.metrics import compare
-    from specui.verifier import embedded_folder
+    from specui.verifier.embedded import embedded_folder
     from specui.vllm.bench import run_benchmark
 
     server = _launch(request, work, "draft-model", speculative_config={

@@ -4,7 +4,8 @@
 dequantized to float32 through transformers: the architecture, the norms, the float32 embedding
 drafters borrow), then :func:`read_blocks` reads the file again with ``gguf.GGUFReader`` and gives
 each decoder linear layer and the LM head the tensor's raw blocks, packed for
-``specui.cpu_kernels.gguf_matmul``: the file's quantized values and scales, not a re-quantization.
+``specui.verifier.cpu_kernels.gguf_matmul``: the file's quantized values and scales, not a
+re-quantization.
 
 Two things make a file tensor and a model weight differ in layout, not in values:
 
@@ -25,8 +26,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specui.cpu_kernels import GGUF_BLOCK_BYTES, GGUF_TYPES, PackedGGUF, dequantize_gguf, pack_gguf
 from specui.errors import SpecUIError
+from specui.verifier.cpu_kernels import (
+    GGUF_BLOCK_BYTES,
+    GGUF_TYPES,
+    PackedGGUF,
+    dequantize_gguf,
+    pack_gguf,
+)
 
 # llama.cpp's tensor names -> the transformers module names (Llama / Qwen2 / Qwen3 families).
 LAYER_TENSORS = {

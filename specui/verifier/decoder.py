@@ -1,6 +1,6 @@
 """The verifier's decoder stack as plain torch ops over a preallocated KV cache.
 
-A bf16 batch-invariant verifier (``specui.batch_invariant``) spends most of a one-token
+A bf16 batch-invariant verifier (``specui.verifier.batch_invariant``) spends most of a one-token
 step outside its matmuls when it runs through transformers' modules: per layer a
 ``DynamicCache`` concatenation, mask and kwargs plumbing, forward hooks for the taps, and
 in every ``BF16Linear`` a cast, a pad and a slice (``bench/engine_peer.py --profile``).
@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specui import cpu_kernels
-from specui.batch_invariant import (
+from specui.verifier import cpu_kernels
+from specui.verifier.batch_invariant import (
     ATTENTION_NAME,
     ROWWISE_MAX_ROWS,
     BF16Linear,
@@ -142,7 +142,7 @@ def _float_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _bf16_rows_kernel(x: torch.Tensor) -> torch.Tensor:
-    # specui.cpu_kernels' bf16 matmul sums a row alike at any row count: no padding.
+    # specui.verifier.cpu_kernels' bf16 matmul sums a row alike at any row count: no padding.
     return x.to(torch.bfloat16)
 
 
@@ -195,7 +195,7 @@ class FastDecoder:
             self.rows, self.mm = quantize_rows, int8_matmul
         elif isinstance(head, GGUFLinear):
             self.rows, self.mm = _float_rows, gguf_matmul
-        else:  # on AMX (specui.cpu_kernels) unpadded rows, else padded for oneDNN
+        else:  # on AMX (specui.verifier.cpu_kernels) unpadded rows, else padded for oneDNN
             kernel = model.get_output_embeddings().weight_kernel is not None
             self.rows, self.mm = (_bf16_rows_kernel if kernel else _bf16_rows), _mm
         self.config = cfg
@@ -276,8 +276,8 @@ class FastDecoder:
         """Causal attention, ``q`` [n, heads, d] after ``start`` cached positions -> [n, heads * d].
 
         Each query row on its own over exactly the keys it may see (``rowwise_attention``: one
-        ``specui.cpu_kernels`` call for the block where it runs, else one SDPA call per row);
-        a prefill chunk longer than a verify block in one causal SDPA call."""
+        ``specui.verifier.cpu_kernels`` call for the block where it runs, else one SDPA call per
+        row); a prefill chunk longer than a verify block in one causal SDPA call."""
         n = q.shape[0]
         if n <= ROWWISE_MAX_ROWS and self.attention_kernel:
             return cpu_kernels.attention(q, keys, values, start, scale)

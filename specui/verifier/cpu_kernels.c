@@ -1,8 +1,9 @@
-/* SpecUI's CPU kernels (specui/cpu_kernels.py builds and loads this file).  First: the int8 verifier's matmul for a few rows.
+/* SpecUI's CPU kernels (specui/verifier/cpu_kernels.py builds and loads this file).
+ * First: the int8 verifier's matmul for a few rows.
  *
  *   out[r][o] = (float)(sum_k (x[r][k] - 128) * w[o][k]) * wscale[o]
  *
- * x: rows of uint8 activations with zero point 128 (specui.batch_invariant.quantize_rows);
+ * x: rows of uint8 activations with zero point 128 (specui.verifier.batch_invariant.quantize_rows);
  * w: int8 weights with one float32 scale per output channel.  This is what oneDNN's u8s8
  * qlinear_pointwise returns for the same operands, bit for bit: the sum is an exact int32
  * in any order, and it becomes float once, times the channel's scale.
@@ -105,8 +106,8 @@ int specui_int8_matmul(const uint8_t *x, int64_t rows, int64_t k, int64_t kp,
  * whatever the other rows of the call: the scores in key order, their maximum, exp(s - max)
  * summed 16 lanes at a time from key 0, then the values summed in key order.  So a token's
  * attention in a verify block is bit for bit the one it gets decoded alone (the property
- * specui.batch_invariant needs), without one SDPA call per row (~60 us each, most of a verify
- * block's extra cost).  Grouped-query attention: head h reads kv head h / (heads / kv_heads).
+ * specui.verifier.batch_invariant needs), without one SDPA call per row (~60 us each, most of
+ * a verify block's extra cost).  Grouped-query attention: head h reads kv head h / (heads / kv_heads).
  */
 
 /* e^x for x <= 0 (Cephes' single-precision polynomial after x = n ln2 + r), 16 lanes. */

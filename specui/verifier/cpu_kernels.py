@@ -1,5 +1,5 @@
-"""SpecUI's own CPU kernels (``specui/cpu_kernels.c``): the int8 and bf16 matmuls, and row-wise
-causal attention.  Both exist for speed, and neither changes what batch invariance
+"""SpecUI's own CPU kernels (``specui/verifier/cpu_kernels.c``): the int8 and bf16 matmuls, and
+row-wise causal attention.  Both exist for speed, and neither changes what batch invariance
 needs: a token's numbers inside a verify block are bit for bit the ones it gets alone.
 
 **The int8 matmul: oneDNN's bits, at the memory's speed.**

@@ -37,10 +37,10 @@ so a row's output cannot depend on the rows beside it: invariant by construction
 padding needed.  It reads half of bf16's bytes a step (``bench/engine_peer.py``).
 
 The ``gguf`` precision (a GGUF verifier: the embedded one, or a ``.gguf`` file) keeps the file's
-own Q8_0 / Q4_0 / Q4_1 blocks (``GGUFLinear``, ``specui.gguf_weights``) and multiplies float32 rows
-by them with SpecUI's kernel, which dequantizes in registers and sums each output in one fixed
-order at any row count: invariant by construction, within float32 rounding of the float32 model
-(the file dequantized), at a third of int8's bytes for the Q4 layers.
+own Q8_0 / Q4_0 / Q4_1 blocks (``GGUFLinear``, ``specui.verifier.gguf_weights``) and multiplies
+float32 rows by them with SpecUI's kernel, which dequantizes in registers and sums each output in
+one fixed order at any row count: invariant by construction, within float32 rounding of the
+float32 model (the file dequantized), at a third of int8's bytes for the Q4 layers.
 
 Kernel choice is the machine's, so :func:`check` proves the property on this
 machine (a block against the same tokens one at a time, bit for bit) before
@@ -57,9 +57,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from specui import cpu_kernels
-from specui.cpu_kernels import Int8Weight, PackedBF16, PackedGGUF
 from specui.errors import SpecUIError
+from specui.verifier import cpu_kernels
+from specui.verifier.cpu_kernels import Int8Weight, PackedBF16, PackedGGUF
 
 ATTENTION_NAME = "specui_rowwise"
 ROWWISE_MAX_ROWS = 64  # verify blocks are K+1 <= 33 rows; longer passes are prefills
@@ -76,7 +76,8 @@ class BF16Linear(nn.Linear):
 
     weight_packed: torch.Tensor | None = None
     weight_bf16: torch.Tensor | None = None  # only where oneDNN's packed linear is missing
-    weight_kernel: PackedBF16 | None = None  # specui.cpu_kernels' layout, where that kernel runs
+    # specui.verifier.cpu_kernels' layout, where that kernel runs
+    weight_kernel: PackedBF16 | None = None
     bias_f32: torch.Tensor | None = None
 
     @property
@@ -87,7 +88,8 @@ class BF16Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         n = rows.shape[0]
-        if self.weight_kernel is not None:  # AMX (specui.cpu_kernels): a row's sums alike at any row count
+        # AMX (specui.verifier.cpu_kernels): a row's sums alike at any row count
+        if self.weight_kernel is not None:
             out = cpu_kernels.bf16_matmul(rows, self.weight_kernel, self.bias_f32)
             return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
         if n == 1:  # oneDNN's 1-row kernel sums in another order than its many-row one
@@ -112,9 +114,9 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def int8_matmul(xq: tuple[torch.Tensor, torch.Tensor], w: Int8Weight, n: int) -> torch.Tensor:
     """float32 ``[n, out]`` of quantized rows ``xq`` times an ``Int8Linear``'s ``weight_q8``.
 
-    The matmul returns int32 sums times the weight's channel scales (``specui.cpu_kernels``:
-    its own kernel for a short block, oneDNN's otherwise, the same bits); the row scales and
-    the bias come after, one float32 multiply and add per element."""
+    The matmul returns int32 sums times the weight's channel scales
+    (``specui.verifier.cpu_kernels``: its own kernel for a short block, oneDNN's otherwise, the
+    same bits); the row scales and the bias come after, one float32 multiply and add per element."""
     q, scale = xq
     out = cpu_kernels.matmul(q, w) * scale  # no padded rows: ``n`` keeps the bf16 matmul's signature
     return out if w.bias is None else out + w.bias
@@ -122,7 +124,8 @@ def int8_matmul(xq: tuple[torch.Tensor, torch.Tensor], w: Int8Weight, n: int) ->
 
 class Int8Linear(nn.Linear):
     """``nn.Linear`` as int8 weights times int8 rows (``int8_matmul``); output rows do not
-    depend on the row count.  ``weight_q8``: the packed weight (``specui.cpu_kernels.Int8Weight``)."""
+    depend on the row count.  ``weight_q8``: the packed weight
+    (``specui.verifier.cpu_kernels.Int8Weight``)."""
 
     weight_q8: Int8Weight | None = None
 
@@ -187,8 +190,8 @@ def _gguf_weight(parts: list[nn.Linear], packed: PackedGGUF) -> GGUFWeight:
 
 def _to_gguf(model: nn.Module, blocks: dict[str, PackedGGUF]) -> list[nn.Linear]:
     """Switch the modules ``blocks`` names to :class:`GGUFLinear`; per decoder layer also q/k/v
-    and gate/up as one matmul each (``qkv_gguf`` / ``gate_up_gguf``, read by ``specui.decoder``):
-    every call costs a few microseconds before any arithmetic."""
+    and gate/up as one matmul each (``qkv_gguf`` / ``gate_up_gguf``, read by
+    ``specui.verifier.decoder``): every call costs a few microseconds before any arithmetic."""
     names_of = {id(m): n for n, m in model.named_modules()}
     for layer in getattr(getattr(model, "model", None), "layers", ()):
         for owner, names, attr in ((layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv_gguf"),
@@ -213,8 +216,8 @@ def to_int8_linear(m: nn.Linear) -> None:
 
 
 def _fuse_int8_layers(model: nn.Module) -> None:
-    """Per decoder layer, q/k/v and gate/up as one int8 matmul each (``specui.decoder`` reads
-    ``qkv_q8`` / ``gate_up_q8``): a oneDNN call costs ~30 us before any arithmetic, and a
+    """Per decoder layer, q/k/v and gate/up as one int8 matmul each (``specui.verifier.decoder``
+    reads ``qkv_q8`` / ``gate_up_q8``): a oneDNN call costs ~30 us before any arithmetic, and a
     step makes 211 of them (``bench/step_profile.py``)."""
     for layer in getattr(getattr(model, "model", None), "layers", ()):
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -339,7 +342,7 @@ def enable(model: nn.Module, weights: str = "bf16", gguf: Path | None = None) ->
         raise SpecUIError(f"{weights} verification does not support {reason}; use precision fp32")
     borrowed = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
     if weights == "gguf":
-        from specui.gguf_weights import read_blocks
+        from specui.verifier.gguf_weights import read_blocks
 
         if gguf is None:
             raise SpecUIError("gguf verification needs the GGUF file the model was loaded from")
