@@ -31,7 +31,7 @@ Measured 2026-11-30 (``--prompts 8``, one thread, nothing else running):
 
 float32 has no flips here but is not bit-exact either (a block's logits differ from
 the one-token ones by up to 5e-5); bf16-invariant's rows are bit-identical (its
-load-time check and ``tests/test_batch_invariant.py``), and its one-token step is
+load-time check and ``tests/verifier/test_batch_invariant.py``), and its one-token step is
 the fastest of the three because its weights are packed once for oneDNN.  That is
 why ``auto`` verifies in bf16-invariant where the check passes.
 """
