@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     runner = Runner(store.path, max_jobs=args.max_jobs)
     runner.start()
     if args.preload:
-        from specui.verifier import EMBEDDED
+        from specui.verifier.embedded import EMBEDDED
         from specui.workbench import WORKBENCH
 
         # In the background, beside building the UI: the page serves meanwhile, and a Generate

@@ -73,7 +73,7 @@ from specui.data.distill import self_distill
 from specui.data.hidden import HiddenStateStore, LocalExtractor
 from specui.metrics import auroc
 from specui.training.config import TrainConfig
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 
 @torch.no_grad()

@@ -20,7 +20,7 @@ import torch
 
 from specui.algorithms.resolve import resolve_drafter
 from specui.engine import generate
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts" / "demo.jsonl"
 

@@ -29,7 +29,7 @@ import torch
 from specui.algorithms import create_drafter
 from specui.algorithms.base import DraftContext
 from specui.trace import SamplingParams
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 KS = (2, 4, 8, 16)
 

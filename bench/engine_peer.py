@@ -40,11 +40,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specui import cpu_kernels
 from specui.algorithms.resolve import resolve_drafter
 from specui.data import load_prompts
 from specui.engine import Decoding
-from specui.verifier import Verifier, embedded_gguf_path
+from specui.verifier import cpu_kernels
+from specui.verifier.embedded import embedded_gguf_path
+from specui.verifier.model import Verifier
 
 ROOT = Path(__file__).resolve().parent.parent
 DRAFTERS = ("none", "ngram", "dflash", "dspark", "eagle3", "peagle")

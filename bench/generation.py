@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specui.data import load_prompts  # noqa: E402
 from specui.data.generate import measure_generation  # noqa: E402
-from specui.verifier import Verifier  # noqa: E402
+from specui.verifier.model import Verifier  # noqa: E402
 
 
 def measure_procs(prompts, procs: int, max_new_tokens: int, batch_size: int) -> dict[str, float]:

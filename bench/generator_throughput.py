@@ -29,7 +29,7 @@ import torch
 
 from specui.data import load_prompts
 from specui.data.distill import generate_greedy
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 
 def local(verifier: Verifier, prompts: list[list[int]], batch: int, max_new: int) -> tuple[float, int]:

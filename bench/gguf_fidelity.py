@@ -22,7 +22,7 @@ import torch
 from specui.algorithms.simple import PlainDrafter
 from specui.data import load_prompts
 from specui.engine import generate
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 
 def main() -> None:

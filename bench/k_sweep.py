@@ -46,7 +46,7 @@ from specui.algorithms.resolve import resolve_drafter
 from specui.commands import add_precision_argument
 from specui.data import load_prompts
 from specui.engine import generate
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.load_driver import App, check_store, percentile, run_load  # noqa: E402
+from tests.support.load_driver import App, check_store, percentile, run_load  # noqa: E402
 
 
 def main() -> int:

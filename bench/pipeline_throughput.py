@@ -200,7 +200,7 @@ def new_train(verifier, algo: str, files: list[Path], kept: torch.Tensor, steps:
 OLD_TRAIN = r"""
 import json, statistics, sys, time, torch
 torch.set_num_threads(1)
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 from specui.training.config import TrainConfig
 from specui.training.objectives import TargetHead, objective_for
 from specui.training.loop import make_optimizer
@@ -265,7 +265,7 @@ def main() -> int:
     torch.set_num_threads(1)
     from specui.algorithms.objective import most_frequent_tokens
     from specui.algorithms.spec import algorithm_names
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     n_gen, n_samples, steps, max_new = (32, 32, 3, 64) if a.quick else (128, 96, 10, 128)
     batch_size = 4

@@ -4,7 +4,7 @@
                                    [--churn 20] [--tracemalloc] [--python PY]
 
 Starts ``app.py`` with the interpreter of the requirements-only virtualenv that
-``tests/test_space.py`` builds (``.venv-space/<key>``, as a Space installs it;
+``tests/ui/test_space.py`` builds (``.venv-space/<key>``, as a Space installs it;
 ``--python`` names another), ``SPACE_ID`` set, on loopback, with a fresh data dir.
 Then ``--sessions`` ``gradio_client`` sessions call ``/decode`` (the embedded default,
 the n-gram drafter) one call after another for ``--minutes``; every ``--churn`` calls
@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.load_driver import App, Call, decode_call, tree_rss_bytes  # noqa: E402
+from tests.support.load_driver import App, Call, decode_call, tree_rss_bytes  # noqa: E402
 
 MIB = 1024 * 1024
 
@@ -68,14 +68,14 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def space_python() -> str:
-    """The interpreter of tests/test_space.py's virtualenv (same key as there)."""
+    """The interpreter of tests/ui/test_space.py's virtualenv (same key as there)."""
     h = hashlib.sha256()
     for name in ("requirements.txt", "pyproject.toml"):
         h.update(name.encode() + b"\0" + (REPO / name).read_bytes())
     py = REPO / ".venv-space" / h.hexdigest()[:16] / "bin" / "python"
     if not py.is_file():
         raise SystemExit(
-            f"{py} is missing: build it with `pytest tests/test_space.py` or pass --python"
+            f"{py} is missing: build it with `pytest tests/ui/test_space.py` or pass --python"
         )
     return str(py)
 
@@ -197,7 +197,7 @@ def main() -> int:
         help="the app's SPECUI_SESSION_IDLE_S (default: its own, an hour; a short run wants ~60)",
     )
     ap.add_argument(
-        "--python", help="the app's interpreter (default: tests/test_space.py's virtualenv)"
+        "--python", help="the app's interpreter (default: tests/ui/test_space.py's virtualenv)"
     )
     args = ap.parse_args()
     warmup_s = (

@@ -48,7 +48,7 @@ import torch
 from specui.algorithms import create_drafter
 from specui.algorithms.base import DraftContext
 from specui.trace import SamplingParams
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 ALGOS = ("eagle3", "peagle", "dflash", "dspark")
 
@@ -121,7 +121,8 @@ def main() -> None:
     ap.add_argument("--layers", default="eagle3:1,peagle:2,dflash:2,dspark:2", help="algo:layers,...")
     ap.add_argument("--markov-rank", type=int, default=256)
     ap.add_argument("--target", type=float, default=1.5, help="speedup the tau-needed table is for")
-    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="verifier precision (specui.batch_invariant)")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="verifier precision (specui.verifier.batch_invariant)")
     args = ap.parse_args()
     ks = [int(x) for x in args.ks.split(",")]
     vocabs = [None if x == "full" else int(x) for x in args.vocabs.split(",")]

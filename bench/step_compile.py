@@ -2,9 +2,9 @@
 
     PYTHONPATH=. .venv/bin/python bench/step_compile.py [--repeats 20] [--context 256] [--cpp-wrapper]
 
-``specui/decoder.py`` runs a step as eager elementwise ops between oneDNN matmuls.  This bench
-compiles those stretches with inductor (dynamic shapes) and times the result against the eager
-``FastDecoder`` on the same weights and the same cached context, in one run:
+``specui/verifier/decoder.py`` runs a step as eager elementwise ops between oneDNN matmuls.
+This bench compiles those stretches with inductor (dynamic shapes) and times the result against
+the eager ``FastDecoder`` on the same weights and the same cached context, in one run:
 
 - the first layer's norm, row quantization, fused q/k/v matmul and rotary: one graph;
 - from one layer's attention output to the next layer's q/k/v (o-proj, residual, norm, MLP,
@@ -35,10 +35,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specui.batch_invariant import quantize_rows
-from specui.cpu_kernels import Int8Weight
-from specui.decoder import FastDecoder, KVBuffer, _norm, _rotate
-from specui.verifier import Verifier
+from specui.verifier.batch_invariant import quantize_rows
+from specui.verifier.cpu_kernels import Int8Weight
+from specui.verifier.decoder import FastDecoder, KVBuffer, _norm, _rotate
+from specui.verifier.model import Verifier
 
 
 @torch.library.custom_op("specui_bench::int8_mm", mutates_args=())
@@ -54,7 +54,8 @@ def _(q: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, w_zero: torc
 
 
 def _mm(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
-    # specui.batch_invariant.int8_matmul on float32 rows, with oneDNN's matmul opaque to inductor.
+    # specui.verifier.batch_invariant.int8_matmul on float32 rows, with oneDNN's matmul opaque
+    # to inductor.
     q, scale = quantize_rows(x)
     out = _int8_mm(q, w.onednn, w.scale, w.zero_points) * scale
     return out if w.bias is None else out + w.bias
@@ -135,14 +136,16 @@ def main() -> None:
     ap.add_argument("--cpp-wrapper", action="store_true", help="inductor's C++ wrapper (less Python per call, longer compile)")
     a = ap.parse_args()
     # The question was asked of the eager step around oneDNN's matmuls (what the decoder ran
-    # before specui.cpu_kernels), so that is the step compiled, unless told otherwise.
+    # before specui.verifier.cpu_kernels), so that is the step compiled, unless told otherwise.
     os.environ.setdefault("SPECUI_CPU_KERNELS", "0")
     torch.set_num_threads(a.threads)
     torch._inductor.config.cpp_wrapper = a.cpp_wrapper
     v = Verifier.load("embedded", precision="int8")
     fd = v._fast
     if fd is None:
-        raise SystemExit("the int8 verifier does not run through specui.decoder.FastDecoder here")
+        raise SystemExit(
+            "the int8 verifier does not run through specui.verifier.decoder.FastDecoder here"
+        )
     compiled = CompiledInt8Step(fd)
     ids = torch.randint(100, v.vocab_size, (a.context + 9,), generator=torch.Generator().manual_seed(0))
     eager_cache, compiled_cache = fd.new_cache(), fd.new_cache()

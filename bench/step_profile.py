@@ -5,7 +5,7 @@
                                                        [--ab bf16,int8,gguf]
 
 Loads the embedded verifier in bf16 (or int8) and profiles ``--steps`` verifier steps of ``--block``
-tokens after a cached context, once through ``specui.decoder.FastDecoder`` (what
+tokens after a cached context, once through ``specui.verifier.decoder.FastDecoder`` (what
 ``Verifier.forward`` runs) and once through transformers' modules with a ``DynamicCache``
 (what it ran before).  Per path: wall ms per step (median, profiler off, interleaved),
 the share of the step in oneDNN's matmuls, and the top ops by self time.
@@ -32,9 +32,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
-from specui.batch_invariant import GGUFWeight
-from specui.cpu_kernels import Int8Weight
-from specui.verifier import Verifier
+from specui.verifier.batch_invariant import GGUFWeight
+from specui.verifier.cpu_kernels import Int8Weight
+from specui.verifier.model import Verifier
 
 
 def main() -> None:
@@ -124,7 +124,7 @@ def ablate(v: Verifier, context: int, steps: int) -> None:
     """Median wall ms of a fast-path step whole, then without matmuls, row preparation and attention in turn."""
     fd = v._fast
     if fd is None:
-        raise SystemExit("this verifier does not run through specui.decoder.FastDecoder")
+        raise SystemExit("this verifier does not run through specui.verifier.decoder.FastDecoder")
     mm, rows = fd.mm, fd.rows
 
     def no_mm(x, w: tuple, n: int) -> torch.Tensor:

@@ -30,7 +30,7 @@ import torch
 from specui.algorithms.resolve import resolve_drafter
 from specui.data import load_prompts
 from specui.engine import generate
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 
 def main() -> None:

@@ -35,7 +35,8 @@ from specui.data.distill import self_distill  # noqa: E402
 from specui.data.hidden import HiddenStateStore, LocalExtractor  # noqa: E402
 from specui.data.prompts import load_prompts  # noqa: E402
 from specui.training.config import TrainConfig  # noqa: E402
-from specui.verifier import Verifier, cache_dir  # noqa: E402
+from specui.verifier.embedded import cache_dir  # noqa: E402
+from specui.verifier.model import Verifier  # noqa: E402
 
 
 def _status(field: str) -> int:

@@ -24,8 +24,8 @@ import torch  # noqa: E402
 
 from specui.algorithms.simple import NgramDrafter  # noqa: E402
 from specui.engine import generate  # noqa: E402
-from specui.verifier import Verifier  # noqa: E402
-from tests.app_server import running_app  # noqa: E402
+from specui.verifier.model import Verifier  # noqa: E402
+from tests.support.app_server import running_app  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper and her cat."
 

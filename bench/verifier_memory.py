@@ -44,7 +44,7 @@ import ctypes, gc, json, sys
 import torch
 torch.set_num_threads(1)
 from specui.algorithms.resolve import resolve_drafter
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 def anon_mib():
     gc.collect()

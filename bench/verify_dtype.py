@@ -4,7 +4,7 @@
 
 For each way of running the embedded verifier (float32; the whole model in
 bfloat16; ``precision="bf16"``, SpecUI's batch-invariant bf16 of
-``specui.batch_invariant``):
+``specui.verifier.batch_invariant``):
 
 1. cost: the median of a one-token decode step ``t1`` and of verifying a block of
    ``--block`` tokens ``tv`` after a cached context, taken in turns;
@@ -31,7 +31,7 @@ Measured 2026-11-30 (``--prompts 8``, one thread, nothing else running):
 
 float32 has no flips here but is not bit-exact either (a block's logits differ from
 the one-token ones by up to 5e-5); bf16-invariant's rows are bit-identical (its
-load-time check and ``tests/test_batch_invariant.py``), and its one-token step is
+load-time check and ``tests/verifier/test_batch_invariant.py``), and its one-token step is
 the fastest of the three because its weights are packed once for oneDNN.  That is
 why ``auto`` verifies in bf16-invariant where the check passes.
 """
@@ -45,12 +45,13 @@ import time
 import torch
 
 from specui.data import load_prompts
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 VARIANTS = {  # label -> Verifier.load arguments
     "float32": {"dtype": torch.float32},
     "bfloat16": {"dtype": torch.bfloat16},  # the whole model in bf16
-    "bf16-invariant": {"precision": "bf16"},  # specui.batch_invariant: what `auto` picks here
+    # specui.verifier.batch_invariant: what `auto` picks here
+    "bf16-invariant": {"precision": "bf16"},
 }
 
 

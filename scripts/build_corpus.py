@@ -47,7 +47,7 @@ def magpie(a: argparse.Namespace) -> None:
     import torch
 
     from specui.data.magpie import filter_user_turns, sample_user_turns
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     # bf16 generation: the turns are prompts, not training targets, so the fastest
     # precision this CPU has (AMX bf16 matmuls) is the right one.
@@ -102,7 +102,7 @@ def responses(a: argparse.Namespace) -> None:
 
     from specui.data import load_prompts
     from specui.data.distill import self_distill
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     prompt_list = load_prompts(a.prompts, split="train", limit=a.limit)
     bar = _bar(len(prompt_list), "responses")
@@ -135,7 +135,7 @@ def responses(a: argparse.Namespace) -> None:
 def export(a: argparse.Namespace) -> None:
     from specui.data import load_prompts
     from specui.data.distill import export_cache, prompt_key
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     verifier = Verifier.load("embedded")
     keep = {prompt_key(p.encode(verifier)) for p in load_prompts(a.prompts, split="train")}

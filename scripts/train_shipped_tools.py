@@ -47,7 +47,7 @@ def distill(a: argparse.Namespace) -> None:
     _threads()
     from specui.data import load_prompts
     from specui.data.distill import self_distill
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     v = Verifier.load("embedded")
     prompts = load_prompts(a.prompts, split="train", limit=a.n or None)  # never the held-out split
@@ -161,7 +161,8 @@ def convert(a: argparse.Namespace) -> None:
         sys.exit(f"ship {a.algo}: {run} holds no finished drafter")
     _threads()
     from specui.algorithms.checkpoint import load_model, save_drafter
-    from specui.verifier import EMBEDDED_HUB_ID, Verifier
+    from specui.verifier.embedded import EMBEDDED_HUB_ID
+    from specui.verifier.model import Verifier
 
     model = load_model(run, Verifier.load("embedded"))
     model.config.verifier_name_or_path = EMBEDDED_HUB_ID  # not this machine's cache path
@@ -387,8 +388,8 @@ def card(a: argparse.Namespace) -> None:
         )
         + "), plain decoding in the same run, one torch thread; docs/results.md has the command. Verifier precision: "
         + {
-            "bf16": "bf16, batch-invariant (`specui.batch_invariant`: bf16 matmuls, float32 residual stream, "
-            "greedy output bit-identical to plain decoding)"
+            "bf16": "bf16, batch-invariant (`specui.verifier.batch_invariant`: bf16 matmuls, "
+            "float32 residual stream, greedy output bit-identical to plain decoding)"
         }.get(r0.get("verifier_precision"), "float32")
         + ".",
         "",
@@ -541,7 +542,7 @@ def _training_tokens(n: int, cache: dict[int, int]) -> int:
     if n not in cache:
         from specui.data import load_prompts
         from specui.data.distill import self_distill
-        from specui.verifier import Verifier
+        from specui.verifier.model import Verifier
 
         verifier = cache.setdefault(-1, Verifier.load("embedded"))  # type: ignore[arg-type]
         samples = self_distill(verifier, load_prompts("general", split="train", limit=n), max_new_tokens=128)

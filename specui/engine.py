@@ -32,7 +32,7 @@ from specui.algorithms.base import DraftContext, Drafter
 from specui.errors import SpecUIError
 from specui.sampling import process_logits, sample
 from specui.trace import FinalTokenKind, GenerationResult, Proposal, SamplingParams, StepTrace
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 
 def accept_drafts(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specui.algorithms.spec import ALGORITHMS
 from specui.errors import SpecUIError
-from specui.verifier import EMBEDDED, EMBEDDED_HUB_ID
+from specui.verifier.embedded import EMBEDDED, EMBEDDED_HUB_ID
 
 
 def speculative_config(folder: str | Path, num_speculative_tokens: int | None = None) -> dict:

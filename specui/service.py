@@ -19,7 +19,7 @@ from specui.data import Prompt
 from specui.engine import Decoding
 from specui.store import DecodingSettings, Run, RunRecorder, Store
 from specui.trace import GenerationResult, SamplingParams, StepTrace, check_decode_settings
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 
 @dataclass

@@ -20,7 +20,7 @@ from specui.algorithms.base import Drafter
 from specui.algorithms.resolve import BUILTIN, resolve_drafter, shipped_drafters
 from specui.algorithms.spec import algorithm_specs
 from specui.paths import data_dir
-from specui.verifier import Verifier, default_precision
+from specui.verifier.model import Verifier, default_precision
 
 log = logging.getLogger(__name__)
 

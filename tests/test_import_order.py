@@ -26,9 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # What the models are: prompts and data, the verifier, the algorithm packages (with the
     # training abstractions they implement: specui.algorithms.objective and .options).
     ("models", (
-        "specui.data", "specui.verifier", "specui.decoder", "specui.batch_invariant", "specui.cpu_kernels",
-        "specui.gguf_weights", "specui.sampling",
-        "specui.algorithms",
+        "specui.data", "specui.verifier", "specui.sampling", "specui.algorithms",
     )),  # fmt: skip
     ("engine", ("specui.engine",)),
     ("store", ("specui.store",)),
@@ -75,7 +73,7 @@ def imported(path: Path, module: str) -> list[tuple[str, int]]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            # `from specui import batch_invariant` imports the submodule, not the package.
+            # `from specui.verifier import batch_invariant` imports the submodule, not the package.
             subs = [f"{target}.{a.name}" for a in node.names]
             out += [(s if layer_of(s) is not None and s.count(".") > target.count(".") and _is_module(s) else target,
                      node.lineno) for s in subs]  # fmt: skip

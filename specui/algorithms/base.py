@@ -45,7 +45,7 @@ from specui.sampling import process_logits
 from specui.trace import MAX_SPECULATIVE_TOKENS, Proposal, SamplingParams
 
 if TYPE_CHECKING:
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
 SPECULATORS_VERSION = "0.9.0"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # storage dtypes
@@ -397,7 +397,7 @@ class LearnedDrafter:
 
 def verifier_identity(verifier: Any) -> dict[str, Any]:
     """The verifier fields a new checkpoint records (speculators_config.verifier)."""
-    from specui.verifier import EMBEDDED_HUB_ID, EMBEDDED_NAME
+    from specui.verifier.embedded import EMBEDDED_HUB_ID, EMBEDDED_NAME
 
     cfg = verifier.config
     path = getattr(cfg, "_name_or_path", None) or getattr(cfg, "name_or_path", None) or verifier.name

@@ -33,7 +33,7 @@ from specui.errors import SpecUIError
 
 if TYPE_CHECKING:
     from specui.algorithms.base import Drafter
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from specui.algorithms.simple import BUILTIN, NgramDrafter, PlainDrafter
 from specui.algorithms.spec import ALGORITHMS
 from specui.errors import SpecUIError
 from specui.paths import shipped_drafters_dir
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 __all__ = ["BUILTIN", "resolve_drafter", "shipped_drafters"]
 
@@ -46,7 +46,7 @@ def resolve_drafter(spec: str, verifier: Verifier, num_speculative_tokens: int |
     options = {k: v for k, v in options.items() if not (k in others and v is not None)}
     drafter = load_drafter(path, verifier, num_speculative_tokens=num_speculative_tokens, **options)
     if getattr(verifier, "precision", "fp32") in ("bf16", "int8", "gguf"):  # int8, gguf: drafters stay bf16 (small, not worth the error)
-        from specui.batch_invariant import bf16_matmuls
+        from specui.verifier.batch_invariant import bf16_matmuls
 
         bf16_matmuls(drafter.model)  # drafts in bf16 too: ~1/3 less drafting time, and the verifier decides
     return drafter

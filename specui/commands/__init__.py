@@ -7,10 +7,11 @@ import argparse
 
 def add_precision_argument(p: argparse.ArgumentParser) -> None:
     """``--precision`` for commands that load a verifier, defaulting to the app's own."""
-    from specui.verifier import PRECISIONS, default_precision
+    from specui.verifier.model import PRECISIONS, default_precision
 
     p.add_argument("--precision", choices=PRECISIONS, default=default_precision(),
-                   help="verifier precision (default: SPECUI_VERIFIER_PRECISION or auto; see specui.batch_invariant)")
+                   help="verifier precision (default: SPECUI_VERIFIER_PRECISION or auto; "
+                        "see specui.verifier.batch_invariant)")
 
 
 def add_ngram_arguments(p: argparse.ArgumentParser) -> None:

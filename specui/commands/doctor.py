@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from specui.doctor import DoctorOptions, diagnose, save_report, speculator_folder, to_text
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     opts = DoctorOptions(
         prompts=args.prompts,

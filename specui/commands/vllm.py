@@ -179,7 +179,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
     from specui.data import load_prompts
     from specui.data.distill import self_distill
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
     from specui.vllm.extract import VLLMExtractor
 
     torch.set_num_threads(1)

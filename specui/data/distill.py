@@ -171,7 +171,7 @@ def cache_name(verifier, max_new_tokens: int) -> str:
 def _shard_worker(spec: str, shard: tuple[int, int], prompts: Sequence[Prompt], kwargs: dict,
                   threads: int, queue) -> None:
     torch.set_num_threads(threads)
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     verifier = Verifier.load(spec)
 

@@ -4,7 +4,7 @@
 self-distillation does not need: a KV cache concatenated anew every step, rows that finished
 decoding on (the batch is as slow as its longest answer), and bf16 weights repacked for
 oneDNN on every call.  :func:`generate_responses` instead runs the decoder stack as plain
-torch ops (``specui.decoder``'s helpers) over
+torch ops (``specui.verifier.decoder``'s helpers) over
 
 - weights read once: q/k/v and gate/up concatenated into one matmul each, packed once for
   oneDNN in bf16 (or kept float32 for a float32 run);
@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specui import cpu_kernels
-from specui.batch_invariant import BF16Linear
-from specui.decoder import _bf16_rows, _mm, _norm, _packed, _rotate, architecture_reason
 from specui.errors import SpecUIError
+from specui.verifier import cpu_kernels
+from specui.verifier.batch_invariant import BF16Linear
+from specui.verifier.decoder import _bf16_rows, _mm, _norm, _packed, _rotate, architecture_reason
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +151,9 @@ class BatchedGreedy:
 
     ``dtype``: what the matmuls run in (float32, or bf16 weights and activations with float32
     accumulation); the residual stream, norms, rotary and softmax stay float32 either way.
-    ``kv_dtype``: what the cache stores; float32 (the default) is what ``specui.cpu_kernels``'
-    row attention reads in place, bf16 halves the cache's memory but attends through SDPA.
+    ``kv_dtype``: what the cache stores; float32 (the default) is what
+    ``specui.verifier.cpu_kernels``' row attention reads in place, bf16 halves the cache's memory
+    but attends through SDPA.
     """
 
     def __init__(
@@ -184,7 +185,7 @@ class BatchedGreedy:
         cos, sin = model.model.rotary_emb(probe, pos)  # the model's own tables (its bits)
         self.cos, self.sin = cos[0].float().unsqueeze(1), sin[0].float().unsqueeze(1)  # [L, 1, d]
         self.kv: torch.Tensor | None = None
-        # specui.cpu_kernels' row attention reads a float32 cache in place.
+        # specui.verifier.cpu_kernels' row attention reads a float32 cache in place.
         self.attention_kernel = self.kv_dtype == torch.float32 and cpu_kernels.attention_supported(
             self.heads, self.kv_heads, self.head_dim
         )

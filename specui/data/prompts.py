@@ -37,7 +37,7 @@ from specui.errors import SpecUIError
 from specui.registry import Registry
 
 if TYPE_CHECKING:  # torch and transformers load with it; prompt files need neither
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
 log = logging.getLogger(__name__)
 

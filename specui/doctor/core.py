@@ -18,7 +18,8 @@ from specui.doctor.dynamic import DynamicOptions, run_dynamic
 from specui.doctor.facts import read_facts
 from specui.doctor.findings import Finding, Report, Severity
 from specui.errors import SpecUIError
-from specui.verifier import EMBEDDED, Verifier
+from specui.verifier.embedded import EMBEDDED
+from specui.verifier.model import Verifier
 
 DEFAULT_PROMPTS = "spec-bench:qa"
 TEXT_SAMPLE = 32  # prompts tokenized for the mask-token frequency (cheap: no decoding)
@@ -63,7 +64,7 @@ def speculator_folder(spec: str | Path) -> Path:
 def verifier_folder(spec: str) -> Path | None:
     """The folder a verifier spec was loaded from, for content hashes (None: a hub id)."""
     if spec == EMBEDDED:
-        from specui.verifier import embedded_folder
+        from specui.verifier.embedded import embedded_folder
 
         return embedded_folder()
     path = Path(spec).expanduser()

@@ -28,7 +28,7 @@ from typing import Any
 from specui.algorithms.base import Drafter
 from specui.doctor.findings import Finding, Severity
 from specui.doctor.measure import Acceptance, Sample, real_decode, sample, teacher_forced
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 COLLAPSE_FACTOR = 5.0  # a_k below a_(k-1) / this is a collapse after slot k-1
 COLLAPSE_FROM = 0.25  # ... when a_(k-1) was at least this

@@ -17,7 +17,7 @@ from specui.algorithms.spec import ALGORITHMS
 from specui.doctor.findings import Finding, Severity
 
 if TYPE_CHECKING:
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 from specui.doctor.facts import Facts
 
 
@@ -143,7 +143,7 @@ def check_verifier(facts: Facts, verifier: Verifier, verifier_folder: Path | Non
 
 
 def _content_checks(declared: Path, verifier: Verifier, verifier_folder: Path) -> list[Finding]:
-    from specui.verifier import folder_fingerprint
+    from specui.verifier.fingerprint import folder_fingerprint
 
     out = []
     theirs = folder_fingerprint(declared)

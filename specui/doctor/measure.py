@@ -18,7 +18,7 @@ import torch
 
 from specui.algorithms.base import DraftContext, Drafter
 from specui.trace import SamplingParams, StepTrace
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 
 @dataclass

@@ -16,7 +16,7 @@ from specui.doctor.measure import Acceptance, real_decode
 from specui.errors import SpecUIError
 from specui.metrics.agreement import StepAgreement, step_agreement
 from specui.trace import StepTrace
-from specui.verifier import Verifier
+from specui.verifier.model import Verifier
 
 GAP = 0.10  # served-vs-local: a_k apart by more than 10 points, or tau by more than 10%
 STEP_AGREEMENT = 0.95  # below it, vLLM drafts otherwise (measured 98.8-100% for the shipped drafters)

@@ -16,7 +16,7 @@ from specui.algorithms.spec import ALGORITHMS
 from specui.doctor.findings import Finding, Severity
 
 if TYPE_CHECKING:
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 from specui.doctor.facts import Facts
 
 MASK_MAX_FREQUENCY = 1e-3  # a MASK id seen in more than 0.1% of real text tokens is not a mask

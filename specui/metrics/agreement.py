@@ -12,7 +12,7 @@ comparisons of drafting and are left out:
   engine drafts only what the budget has room for while vLLM drafts all K and cuts the
   output afterwards (counting drafts past the budget as accepted).
 
-Used by ``tests/test_vllm_shipped.py`` and the doctor's ``--vllm`` mode (issue 23).
+Used by ``tests/vllm/test_vllm_shipped.py`` and the doctor's ``--vllm`` mode (issue 23).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
   benchmark interleaves runs for that).  A dozen prompts leave tau uncertain by about
   +-0.2: read a bar verdict with it.
 
-tests/test_calibration.py checks AUROC against scipy's Mann-Whitney U and the intervals
+tests/metrics/test_calibration.py checks AUROC against scipy's Mann-Whitney U and the intervals
 against ``scipy.stats.bootstrap``.
 """
 

@@ -39,8 +39,8 @@ BASE_COLUMNS: list[Column] = [
     Column("drafter", "Drafter", "Drafter (speculator) name", "", "text"),
     Column("verifier", "Verifier", "Target model that verifies the drafts", "", "text"),
     Column("verifier_fingerprint", "Verifier weights",
-           "Fingerprint of the verifier's weights (specui.verifier.model_fingerprint; the table shows its first "
-           "8 hex digits): two weight sets of one name are two verifiers. Empty = unknown (runs before it, or a "
+           "Fingerprint of the verifier's weights (specui.verifier.fingerprint.model_fingerprint; "
+           "the table shows its first 8 hex digits): two weight sets of one name are two verifiers. Empty = unknown (runs before it, or a "
            "vLLM server whose model is not a local folder)", "", "text"),
     Column("backend", "Backend", "local = SpecUI's decoding loop; vllm = a vLLM server", "", "text"),
     Column("prompt_set", "Prompt set", "Prompts the run generated from", "", "text"),
@@ -48,7 +48,8 @@ BASE_COLUMNS: list[Column] = [
     Column("num_speculative_tokens", "K", "Most draft tokens proposed per step (run settings)", "tokens", "int"),
     Column("temperature", "Temperature", "Sampling temperature (0 = greedy)", ""),
     Column("verifier_precision", "Verifier precision",
-           "fp32, or bf16: bf16 matmuls with batch-invariant kernels (specui.batch_invariant); empty for runs before it", "", "text"),
+           "fp32, or bf16: bf16 matmuls with batch-invariant kernels "
+           "(specui.verifier.batch_invariant); empty for runs before it", "", "text"),
     Column("num_prompts", "Prompts", "Prompts whose generation finished", "prompts", "int"),
     Column("num_output_tokens", "Output tokens", "Tokens generated, over finished prompts", "tokens", "int"),
     Column("wall_time_s", "Wall time", "Generation wall time summed over finished prompts", "s"),

@@ -2,7 +2,7 @@
 
 The SQLModel classes below are the latest schema version.  A new file is created
 from them (``create_statements``); an older file reaches the same schema through
-the upgrades in ``specui.store.db.MIGRATIONS``.  ``tests/test_store.py`` checks that
+the upgrades in ``specui.store.db.MIGRATIONS``.  ``tests/store/test_store.py`` checks that
 the two paths give the same tables, columns, defaults, keys and indexes.
 
 Columns are declared in on-disk order: a column added by a migration goes last,

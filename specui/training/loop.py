@@ -259,7 +259,7 @@ def _trim_metrics(path: Path, step: int) -> None:
 def _train(
     cfg: TrainConfig, hooks: TrainHooks, d: distributed.Dist, cleanup: contextlib.ExitStack
 ) -> TrainResult:
-    from specui.verifier import Verifier
+    from specui.verifier.model import Verifier
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

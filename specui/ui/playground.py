@@ -18,7 +18,7 @@ from specui.service import RunSpec, decode_and_record
 from specui.store import Store
 from specui.trace import SamplingParams
 from specui.ui import render
-from specui.verifier import EMBEDDED, EMBEDDED_NAME, EMBEDDED_WHEEL_MB, embedded_first_use
+from specui.verifier.embedded import EMBEDDED, EMBEDDED_NAME, EMBEDDED_WHEEL_MB, embedded_first_use
 from specui.workbench import WORKBENCH, default_drafter, drafter_choices
 
 _STOP: dict[str, threading.Event] = {}  # session -> stop request of its running generation

@@ -441,7 +441,7 @@ def verifier_label(verifier: str | None, model: str | None) -> str:
     embedded model and for folders, so the two line up in the store.  Without
     ``verifier`` (an attached server) it comes from the served model."""
     # torch is imported only when a run is stored
-    from specui.verifier import EMBEDDED, EMBEDDED_NAME, cache_dir
+    from specui.verifier.embedded import EMBEDDED, EMBEDDED_NAME, cache_dir
 
     spec = verifier or model or "unknown"
     if spec == EMBEDDED:
@@ -458,7 +458,7 @@ def served_weights_fingerprint(model: str | None) -> str | None:
     """The weights fingerprint a vLLM run stores: the served folder's, read from its
     safetensors (the same value a local Verifier of that folder has, so local and vLLM runs
     of one weight set line up), or None (unknown) when the model is not a local folder."""
-    from specui.verifier import weights_fingerprint
+    from specui.verifier.fingerprint import weights_fingerprint
 
     return weights_fingerprint(model)
 

@@ -95,7 +95,7 @@ class ServerState(StrEnum):
 def resolve_model(verifier: str) -> str:
     """``embedded`` -> the converted SmolLM2 folder; a path -> its absolute form; else a hub id."""
     if verifier == "embedded":
-        from specui.verifier import embedded_folder
+        from specui.verifier.embedded import embedded_folder
 
         return str(embedded_folder())
     path = Path(verifier).expanduser()

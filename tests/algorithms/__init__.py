@@ -1,0 +1,1 @@
+"""The algorithm packages (specui/algorithms/): drafters, the speculators format, n-gram."""

@@ -1,0 +1,1 @@
+"""Prompt sets, the corpus, self-distillation and hidden states (specui/data/)."""

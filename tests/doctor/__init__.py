@@ -1,0 +1,1 @@
+"""The speculator doctor (specui/doctor/)."""

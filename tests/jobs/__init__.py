@@ -1,0 +1,1 @@
+"""Background jobs and real faults under them (specui/jobs/)."""

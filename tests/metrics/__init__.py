@@ -1,0 +1,1 @@
+"""Comparison metrics, their definitions and CSV exports (specui/metrics/)."""

@@ -1,0 +1,1 @@
+"""Security properties and bad input on every surface; path confinement (specui/paths.py)."""

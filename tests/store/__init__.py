@@ -1,0 +1,1 @@
+"""The SQLite store (specui/store/)."""

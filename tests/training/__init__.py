@@ -1,0 +1,1 @@
+"""The training loop, its config and the train command (specui/training/)."""

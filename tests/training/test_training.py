@@ -1,0 +1,447 @@
+"""``specui train`` end to end on the tiny fixture verifier (and once on SmolLM2).
+
+The fixture verifier has no tokenizer, so prompts are token-id JSONL rows; the
+verifier writes the responses (self-distillation) exactly as for a real model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specui.algorithms.checkpoint import load_drafter, load_model, validate_checkpoint
+from specui.cli import main
+from specui.errors import SpecUIError
+from specui.training.config import TrainConfig
+from specui.training.loop import TrainHooks, train
+from specui.training.state import latest_checkpoint, list_checkpoints
+from tests.support.paths import REPO
+
+AUX = "1,3,4"  # the fixture verifier has 6 layers; these are the fixtures' own aux layers
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, fixture_dir):
+    """A token-id prompt file and a response/hidden-state cache shared by this module's runs."""
+    root = tmp_path_factory.mktemp("train-data")
+    rng = random.Random(0)
+    with open(root / "prompts.jsonl", "w") as f:
+        for i in range(16):
+            ids = [
+                rng.randrange(0, 500) for _ in range(rng.randint(6, 16))
+            ]  # never the mask id 511
+            f.write(json.dumps({"id": f"p{i}", "prompt_ids": ids}) + "\n")
+    return {
+        "prompts": root / "prompts.jsonl",
+        "cache": root / "cache",
+        "verifier": fixture_dir / "verifier",
+    }
+
+
+def args(data, out: Path, *extra: str, steps: int = 20) -> list[str]:
+    return [
+        "train", "--verifier", str(data["verifier"]), "--prompts", str(data["prompts"]), "--out", str(out),
+        "--cache-dir", str(data["cache"]), "--steps", str(steps), "--max-new-tokens", "40",
+        "--aux-layers", AUX, "--lr", "3e-3", "--warmup-steps", "2", "--log-every", "5",
+        "--checkpoint-every", "10", "--threads", "1", "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+def logged(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+ALGORITHM_ARGS = {
+    "dflash": [],
+    # Warm start from the speculators DFlash fixture (same verifier and widths).
+    "dspark": ["--markov-rank", "16", "--init-from", "FIXTURES/dflash"],
+    "peagle": ["--depths", "4"],
+    "eagle3": ["--ttt-steps", "3"],
+}
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHM_ARGS))
+def test_train_lowers_the_loss_and_saves_a_loadable_drafter(
+    algorithm, data, fixture_dir, fixture_verifier, tmp_path, capsys
+):
+    out = tmp_path / algorithm
+    extra = [a.replace("FIXTURES", str(fixture_dir)) for a in ALGORITHM_ARGS[algorithm]]
+    assert main(args(data, out, "--algorithm", algorithm, *extra)) == 0
+    assert "finished at step 20" in capsys.readouterr().out
+
+    rows = logged(out)
+    assert [r["step"] for r in rows] == [5, 10, 15, 20]
+    assert rows[-1]["loss"] < rows[0]["loss"], [r["loss"] for r in rows]
+    assert all(f"acc_{k}" in rows[-1] for k in (1, 2, 3))
+    assert rows[-1]["accept_len"] >= 1.0
+
+    assert validate_checkpoint(out, fixture_verifier) == []
+    drafter = load_drafter(out, fixture_verifier)
+    assert drafter.algorithm == algorithm
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["speculators_model_type"] == algorithm
+    # The final drafter is the last checkpoint's weights.
+    final, last = (
+        load_file(str(out / "model.safetensors")),
+        load_file(str(latest_checkpoint(out).path / "model.safetensors")),
+    )
+    assert latest_checkpoint(out).step == 20
+    assert all(torch.equal(final[k], last[k]) for k in final)
+
+
+def test_dspark_warm_start_copies_the_dflash_backbone(data, fixture_dir, fixture_verifier):
+    from specui.algorithms.objective import objective_for
+    from specui.training.loop import warm_start
+
+    cfg = TrainConfig(
+        algorithm="dspark", verifier=str(data["verifier"]), aux_layer_ids=[1, 3, 4], markov_rank=16
+    )
+    model = objective_for(cfg, fixture_verifier).build()
+    said = []
+    warm_start(model, fixture_dir / "dflash", fixture_verifier, TrainHooks(log=said.append))
+    ref = load_model(fixture_dir / "dflash", fixture_verifier).state_dict()
+    assert torch.equal(model.fc.weight, ref["fc.weight"])
+    assert torch.equal(model.layers[1].mlp.down_proj.weight, ref["layers.1.mlp.down_proj.weight"])
+    assert "markov_head.markov_w1.weight" in said[0]  # reported as new
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0, 2.0])
+def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(
+    temperature, data, fixture_verifier
+):
+    """The head's BCE target: 1 - TV of draft and verifier distributions at the configured
+    temperature; at 0 both are one-hot, so it is whether the argmaxes agree."""
+    from specui.algorithms.dspark import DSparkObjective
+    from specui.algorithms.objective import Targets
+
+    cfg = TrainConfig(algorithm="dspark", verifier=str(data["verifier"]), aux_layer_ids=[1, 3, 4], markov_rank=16,
+                      confidence_temperature=temperature)  # fmt: skip
+    objective = DSparkObjective(cfg, fixture_verifier)
+    gen = torch.Generator().manual_seed(0)
+    logits, targets = (
+        torch.randn(3, 4, 50, generator=gen) * 3,
+        torch.randn(3, 4, 50, generator=gen) * 3,
+    )
+    targets[0, :2] = logits[0, :2]  # some slots agree, so a greedy target has both outcomes
+    tv1 = 1 - torch.minimum(logits.softmax(-1), targets.softmax(-1)).sum(-1)
+    hit = logits.argmax(-1) == targets.argmax(-1)
+    got = objective.acceptance_target(logits, Targets.from_logits(targets, 50), tv1, hit)  # k = V: exact
+    if temperature == 0:
+        expected = hit.float()
+        assert 0 < expected.mean() < 1
+    else:
+        expected = torch.minimum(
+            (logits / temperature).softmax(-1), (targets / temperature).softmax(-1)
+        ).sum(-1)
+    torch.testing.assert_close(got, expected)
+    if temperature not in (0.0, 1.0):
+        assert not torch.allclose(got, 1 - tv1)  # the temperature changes the target
+
+
+def test_negative_confidence_temperature_is_refused():
+    with pytest.raises(SpecUIError, match="confidence-temperature"):
+        TrainConfig(algorithm="dspark", confidence_temperature=-1)
+
+
+def test_warm_start_keeps_the_source_draft_vocabulary(data, fixture_verifier, tmp_path):
+    """A warm start on other data must keep the source's draft vocabulary: its draft-head
+    rows and d2t are copied, so a recounted vocabulary would map them to other tokens."""
+    other = tmp_path / "other.jsonl"
+    rng = random.Random(1)
+    with open(other, "w") as f:
+        for i in range(16):
+            f.write(
+                json.dumps(
+                    {"id": f"q{i}", "prompt_ids": [rng.randrange(250, 500) for _ in range(12)]}
+                )
+                + "\n"
+            )
+
+    def run(out: Path, prompts: Path, init_from: Path | None = None):
+        return train(TrainConfig(
+            algorithm="eagle3", verifier=str(data["verifier"]), prompts=str(prompts), out=str(out),
+            cache_dir=str(data["cache"]), max_new_tokens=40, aux_layer_ids=[1, 3, 4], steps=2, log_every=1,
+            lr=3e-3, warmup_steps=0, draft_vocab_size=64, init_from=str(init_from) if init_from else None,
+        ))  # fmt: skip
+
+    source = run(tmp_path / "src", data["prompts"])
+    fresh = run(tmp_path / "fresh", other)
+    warm = run(tmp_path / "warm", other, init_from=tmp_path / "src")
+    src_d2t = load_file(str(tmp_path / "src" / "model.safetensors"))["d2t"]
+    # The other prompts' most frequent tokens differ, so only the inherited vocabulary matches.
+    assert not torch.equal(load_file(str(tmp_path / "fresh" / "model.safetensors"))["d2t"], src_d2t)
+    assert torch.equal(load_file(str(tmp_path / "warm" / "model.safetensors"))["d2t"], src_d2t)
+    assert torch.equal(
+        warm.model.lm_head.weight, source.model.lm_head.weight
+    )  # frozen head rows, same tokens
+    assert fresh.model is not None
+
+
+def test_warm_start_onto_another_draft_vocabulary_moves_the_shared_tokens_rows():
+    """General data after math: a larger draft vocabulary keeps the head rows of the tokens
+    both vocabularies hold (at their new slots); the new tokens keep their fresh init."""
+    from specui.training.loop import _remapped_vocab_rows
+
+    def d2t(ids):
+        return torch.tensor(ids) - torch.arange(len(ids))
+
+    old = {
+        "d2t": d2t([5, 7, 9]),
+        "lm_head.weight": torch.tensor([[5.0, 5], [7, 7], [9, 9]]),
+        "fc.weight": torch.ones(2, 2),
+    }
+    own = {
+        "d2t": d2t([5, 7, 11, 13]),
+        "lm_head.weight": torch.zeros(4, 2),
+        "fc.weight": torch.zeros(3, 2),
+    }
+    moved = _remapped_vocab_rows(old, own)
+    assert set(moved) == {
+        "lm_head.weight"
+    }  # d2t stays the run's own; fc is not a vocabulary tensor
+    assert moved["lm_head.weight"].tolist() == [[5, 5], [7, 7], [0, 0], [0, 0]]
+    same = _remapped_vocab_rows(old, {**own, "d2t": old["d2t"]})
+    assert torch.equal(same["d2t"], old["d2t"])
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+def test_unknown_algorithm_is_refused(data, tmp_path, capsys):
+    assert main(args(data, tmp_path / "o", "--algorithm", "medusa")) == 2
+    assert "unknown algorithm 'medusa'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # a failed start leaves nothing behind
+
+
+def test_prompt_file_without_usable_rows_is_refused(data, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "x"}\nnot json\n')
+    a = args(data, tmp_path / "o", "--algorithm", "dflash")
+    a[a.index("--prompts") + 1] = str(bad)
+    assert main(a) == 2
+    err = capsys.readouterr().err
+    assert "no usable rows" in err and "line 1" in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("verifier", ["missing-folder/", "EMPTY", "BROKEN"])
+def test_verifier_that_cannot_be_loaded_is_refused(verifier, data, tmp_path, capsys):
+    if verifier == "EMPTY":  # a folder without config.json
+        (tmp_path / "v").mkdir()
+        verifier = str(tmp_path / "v")
+    elif verifier == "BROKEN":  # config.json but no usable weights
+        (tmp_path / "v").mkdir()
+        (tmp_path / "v" / "config.json").write_text(
+            json.dumps({"model_type": "qwen3", "hidden_size": 8})
+        )
+        verifier = str(tmp_path / "v")
+    a = args(data, tmp_path / "o", "--algorithm", "dflash")
+    a[a.index("--verifier") + 1] = verifier
+    assert main(a) == 2
+    assert "verifier" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_existing_checkpoints_need_resume(data, tmp_path, capsys):
+    out = tmp_path / "o"
+    assert main(args(data, out, "--algorithm", "eagle3", steps=2)) == 0
+    assert main(args(data, out, "--algorithm", "eagle3", steps=4)) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_short_responses_for_the_block_size_are_a_clear_error(data, tmp_path, capsys):
+    assert main(args(data, tmp_path / "o", "--algorithm", "dflash", "--block-size", "64")) == 2
+    assert "response long enough" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # failed after the self-distillation (cached elsewhere)
+
+
+def test_a_failed_start_keeps_a_folder_it_did_not_create_and_what_it_wrote(data, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    assert main(args(data, mine, "--algorithm", "medusa")) == 2
+    assert mine.is_dir()  # the user's own folder stays
+    # The default cache lies in --out: the self-distilled responses are kept for the next try.
+    a = args(data, tmp_path / "o", "--algorithm", "dflash", "--block-size", "64")
+    del a[a.index("--cache-dir") : a.index("--cache-dir") + 2]
+    assert main(a) == 2
+    assert [p.name for p in (tmp_path / "o").iterdir()] == ["cache"]
+    assert any((tmp_path / "o" / "cache").iterdir())
+    capsys.readouterr()
+
+
+def test_an_output_folder_that_cannot_be_made_is_refused_before_any_work(data, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(args(data, tmp_path / "file" / "o", "--algorithm", "dflash")) == 2
+    err = capsys.readouterr().err
+    assert "cannot create the output folder" in err and "is not a folder" in err
+    assert "self-distillation" not in err
+
+
+# --- checkpoints, failures, resume ---------------------------------------------------------------
+
+
+def test_failed_checkpoint_write_keeps_the_previous_one_loadable(data, fixture_verifier, tmp_path):
+    out = tmp_path / "o"
+    assert main(args(data, out, "--algorithm", "dflash", "--checkpoint-every", "5", steps=10)) == 0
+    before = latest_checkpoint(out)
+    assert before.step == 10
+
+    # A real write failure: files may not grow past 64 KB (the drafter's weights are ~350 KB),
+    # so the next checkpoint fails halfway through writing model.safetensors.
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+    try:
+        with pytest.raises(SpecUIError, match="could not save the checkpoint of step 15"):
+            train(TrainConfig(
+                algorithm="dflash", verifier=str(data["verifier"]), prompts=str(data["prompts"]), out=str(out),
+                cache_dir=str(data["cache"]), max_new_tokens=40, aux_layer_ids=[1, 3, 4], steps=15,
+                checkpoint_every=5, log_every=5, lr=3e-3, warmup_steps=2, resume=True,
+            ))  # fmt: skip
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+    assert latest_checkpoint(out).step == 10
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".tmp")]
+    assert validate_checkpoint(before.path, fixture_verifier) == []
+    load_drafter(before.path, fixture_verifier)
+    # And training goes on from it once the disk has room again.
+    assert (
+        main(
+            args(
+                data, out, "--algorithm", "dflash", "--checkpoint-every", "5", "--resume", steps=15
+            )
+        )
+        == 0
+    )
+    assert latest_checkpoint(out).step == 15
+
+
+def test_resume_after_sigkill_continues_from_the_last_checkpoint(data, tmp_path):
+    out = tmp_path / "o"
+    a = args(data, out, "--algorithm", "dflash", "--checkpoint-every", "5", steps=100000)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specui", *a],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while latest_checkpoint(out) is None or latest_checkpoint(out).step < 10:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.1)
+    finally:
+        proc.kill()  # SIGKILL: no chance to save anything more
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = latest_checkpoint(out).step
+    logged_before = [r["step"] for r in logged(out)]
+
+    r = train(TrainConfig(
+        algorithm="dflash", verifier=str(data["verifier"]), prompts=str(data["prompts"]), out=str(out),
+        cache_dir=str(data["cache"]), max_new_tokens=40, aux_layer_ids=[1, 3, 4], steps=killed_at + 5,
+        checkpoint_every=5, log_every=5, lr=3e-3, warmup_steps=2, resume=True, threads=1,
+    ))  # fmt: skip
+    assert r.resumed_from == killed_at and r.step == killed_at + 5
+    steps = [row["step"] for row in logged(out)]
+    # The step count went on, not from 0, and the steps the killed run logged past its last
+    # checkpoint (logged again by the resumed run) were dropped: each step once.
+    assert steps == [s for s in logged_before if s <= killed_at] + [killed_at + 5]
+    assert [c.step for c in list_checkpoints(out)][-1] == killed_at + 5
+
+
+def test_resumed_run_matches_an_uninterrupted_one(data, tmp_path):
+    def run(out: Path, steps: int, resume: bool = False):
+        return train(TrainConfig(
+            algorithm="peagle", verifier=str(data["verifier"]), prompts=str(data["prompts"]), out=str(out),
+            cache_dir=str(data["cache"]), max_new_tokens=40, aux_layer_ids=[1, 3, 4], steps=steps,
+            checkpoint_every=3, log_every=3, lr=3e-3, warmup_steps=2, resume=resume, schedule="constant",
+        ))  # fmt: skip
+
+    straight = run(tmp_path / "a", 6)
+    run(tmp_path / "b", 3)
+    resumed = run(tmp_path / "b", 6, resume=True)
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_cancel_saves_a_checkpoint_and_stops(data, tmp_path):
+    calls = []
+
+    def cancelled() -> bool:
+        calls.append(1)
+        return len(calls) > 3  # after three steps
+
+    r = train(
+        TrainConfig(algorithm="eagle3", verifier=str(data["verifier"]), prompts=str(data["prompts"]), out=str(tmp_path / "o"),
+                    cache_dir=str(data["cache"]), max_new_tokens=40, aux_layer_ids=[1, 3, 4], steps=50),
+        TrainHooks(cancelled=cancelled),
+    )  # fmt: skip
+    assert r.status == "cancelled" and r.step == 3
+    assert latest_checkpoint(tmp_path / "o").step == 3
+    assert not (
+        tmp_path / "o" / "model.safetensors"
+    ).exists()  # no "final" drafter for a cancelled run
+
+
+# --- several processes ---------------------------------------------------------------------------
+
+
+def test_two_process_ddp_keeps_the_ranks_identical(data, tmp_path):
+    out = tmp_path / "ddp"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        str(REPO / "tests" / "support" / "ddp_train.py"), str(out), str(data["verifier"]), str(data["prompts"]), str(data["cache"]),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r0, r1 = load_file(str(out / "rank0.safetensors")), load_file(str(out / "rank1.safetensors"))
+    saved = load_file(str(out / "model.safetensors"))
+    assert set(r0) == set(r1)
+    assert all(torch.equal(r0[k], r1[k]) for k in r0)
+    assert all(torch.equal(r0[k], saved[k]) for k in saved)
+    start = load_file(str(out / "rank0-init.safetensors"))
+    assert any(not torch.equal(start[k], r0[k]) for k in start)  # it did train
+    run = json.loads((out / "train_run.json").read_text())
+    assert run["world_size"] == 2 and run["status"] == "finished"
+
+
+# --- the real verifier ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_train_on_the_embedded_smollm2(embedded_verifier, tmp_path, capsys):
+    out = tmp_path / "smol"
+    t0 = time.monotonic()
+    rc = main([
+        "train", "--algorithm", "dflash", "--verifier", "embedded", "--prompts", "demo", "--num-prompts", "4",
+        "--out", str(out), "--steps", "8", "--batch-size", "2", "--max-new-tokens", "24", "--block-size", "4",
+        "--max-anchors", "8", "--draft-vocab-size", "512", "--mask-token-id", "16", "--layers", "1",
+        "--lr", "3e-3", "--warmup-steps", "1", "--log-every", "4", "--checkpoint-every", "4", "--threads", "1",
+        "--no-progress",
+    ])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    assert time.monotonic() - t0 < 60
+    rows = logged(out)
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    assert validate_checkpoint(out, embedded_verifier) == []
+    drafter = load_drafter(out, embedded_verifier)
+    assert drafter.model.config.draft_vocab_size == 512 and drafter.model.d2t is not None
+    assert drafter.model.config.mask_token_id == 16

@@ -1,0 +1,1 @@
+"""The dashboard (specui/ui/, app.py): the running app, rendering, memory, load, the Space."""

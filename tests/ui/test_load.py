@@ -1,0 +1,71 @@
+"""The short form of the load test (bench/load_test.py is the long one): a real
+``python app.py`` with a queue of one, six ``gradio_client`` sessions calling
+``/decode`` at once, a fixed number of calls each.
+
+Bounded by calls, not time, and no assertion on speed: only that the extra
+requests are refused with a clear "queue is full", nothing else fails, every
+answered call's run is stored and finished, and the app's memory stays bounded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.load_driver import App, check_store, run_load
+from tests.support.paths import REPO
+
+SESSIONS = 6
+CALLS_PER_SESSION = 2
+# Generous: the app with the embedded verifier sits near 1.1 GiB here; a leak
+# per call or per session (20+ calls) would have to be large to pass this, but
+# the point is a bound, not a tight budget.
+RSS_CAP = 4 * 2**30
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    # A queue of one with two decodes at a time: of six calls arriving together at
+    # most three are admitted, so refusals are certain, not a matter of timing.
+    data = tmp_path_factory.mktemp("loaddata")
+    with App(data, queue_size=1) as app:
+        res = run_load(app.url, app.proc.pid, SESSIONS, calls_per_session=CALLS_PER_SESSION, max_new_tokens=12)
+        yield app, res
+
+
+def test_no_errors_other_than_queue_full(loaded):
+    app, res = loaded
+    assert len(res.calls) == SESSIONS * CALLS_PER_SESSION
+    assert not res.errors, [c.message for c in res.errors] + [app.log_tail()]
+    assert res.ok, "no call was answered"
+    full = [c for c in res.calls if c.outcome == "queue_full"]
+    assert full, "a queue of one never refused a call from six sessions at once"
+    assert all("queue is full" in c.message.lower() for c in full), {c.message for c in full}
+
+
+def test_every_answered_call_is_stored_and_finished(loaded):
+    app, res = loaded
+    check = check_store(app.db, res)
+    assert check.clean, check
+    assert check.stored_done == len(res.ok)
+
+
+def test_app_still_answers_and_memory_is_bounded(loaded):
+    from gradio_client import Client
+
+    app, res = loaded
+    client = Client(app.url, verbose=False)
+    out = client.predict("Say hello.", "ngram", "embedded", 4, 8, 0.0, 0, True, api_name="/decode")
+    client.close()
+    assert out["num_output_tokens"] >= 1
+    assert app.proc.poll() is None
+    assert 0 < res.rss_peak_bytes < RSS_CAP, f"peak RSS {res.rss_peak_bytes / 2**20:.0f} MiB"
+
+
+def test_queue_size_must_be_positive():
+    p = subprocess.run([sys.executable, "app.py", "--queue-size", "0"], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2
+    assert "--queue-size must be at least 1" in p.stderr

@@ -1,0 +1,1 @@
+"""The target model (specui/verifier/): precisions, kernels, fast decoder, fingerprint."""

@@ -1,0 +1,258 @@
+"""The ``gguf`` verifier precision: SpecUI's matmul on a GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks
+is within float32 rounding of the float32 product on the dequantized weights, gives a row the
+same bits at any row count, reads the blocks it is given without requantizing them, and refuses
+what it cannot read with a message that says what to do instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from specui.errors import SpecUIError
+from specui.verifier import batch_invariant, cpu_kernels
+from specui.verifier.gguf_weights import _llama_rows, read_blocks
+
+needs_kernel = pytest.mark.skipif(
+    cpu_kernels.cpu_reason() is not None or cpu_kernels.compiler() is None,
+    reason="no AVX512 CPU or no C compiler here",
+)
+TYPES = list(cpu_kernels.GGUF_TYPES)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_dequantize_reads_blocks_as_the_gguf_package_does(type_name):
+    # The gguf package's own decoder is the independent reference for the block layout.
+    raw = cpu_kernels.random_gguf(7, 96, type_name, torch.Generator().manual_seed(1))
+    theirs = gguf.quants.dequantize(raw.numpy(), GGMLQuantizationType[type_name])
+    assert torch.equal(cpu_kernels.dequantize_gguf(raw, type_name, 96), torch.from_numpy(theirs))
+
+
+@needs_kernel
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("k, n", [(32, 16), (576, 37), (1536, 48), (96, 5)])
+def test_the_kernel_is_float32_rounding_of_the_dequantized_product_at_every_row_count(
+    type_name, k, n
+):
+    gen = torch.Generator().manual_seed(k + n)
+    raw = cpu_kernels.random_gguf(n, k, type_name, gen)
+    w, exact_w = (
+        cpu_kernels.pack_gguf(raw, type_name, k),
+        cpu_kernels.dequantize_gguf(raw, type_name, k),
+    )
+    kernel = cpu_kernels.load()
+    x = torch.randn(40, k, generator=gen) * torch.rand(1, k, generator=gen) * 4  # uneven channels
+    whole = kernel.gguf_matmul(x, w)
+    assert cpu_kernels.gguf_error(whole, x, exact_w) <= cpu_kernels.GGUF_RTOL
+    ref = x @ exact_w.T
+    assert torch.allclose(whole, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    for rows in (1, 2, 5, 9, 12, 13, 17, 25, 40):  # past a pass's 12 rows the kernel passes again
+        assert torch.equal(kernel.gguf_matmul(x[:rows], w), whole[:rows]), rows
+    assert torch.equal(kernel.gguf_matmul(x[20:21], w), whole[20:21])  # a row alone, from mid-block
+
+
+@needs_kernel
+def test_a_wrong_scale_or_value_shows_in_the_product():
+    # The packed copy holds the file's own values: changing one byte of the file changes the output.
+    gen = torch.Generator().manual_seed(3)
+    raw = cpu_kernels.random_gguf(16, 64, "Q4_1", gen)
+    x = torch.randn(1, 64, generator=gen)
+    base = cpu_kernels.gguf_matmul(x, cpu_kernels.pack_gguf(raw, "Q4_1", 64))
+    for byte in (0, 2, 4, 19, 20 + 7):  # d, m, first and last nibble byte of block 0, block 1
+        changed = raw.clone()
+        changed[5, byte] ^= 0x11
+        out = cpu_kernels.gguf_matmul(x, cpu_kernels.pack_gguf(changed, "Q4_1", 64))
+        assert not torch.equal(out[0, 5], base[0, 5]) and torch.equal(out[0, :5], base[0, :5]), byte
+
+
+def test_packing_keeps_the_files_bytes_and_fuses_whole_tiles():
+    gen = torch.Generator().manual_seed(4)
+    for type_name in TYPES:
+        raw = cpu_kernels.random_gguf(48, 64, type_name, gen)
+        packed = cpu_kernels.pack_gguf(raw, type_name, 64)
+        assert packed.data.numel() == raw.numel()  # same bytes a weight: moved, not requantized
+        assert sorted(packed.data.tolist()) == sorted(raw.view(-1).tolist())
+    a, b = (
+        cpu_kernels.pack_gguf(cpu_kernels.random_gguf(n, 64, "Q8_0", gen), "Q8_0", 64)
+        for n in (32, 16)
+    )
+    assert cpu_kernels.cat_gguf([a, b]).out_features == 48
+    odd = cpu_kernels.pack_gguf(cpu_kernels.random_gguf(20, 64, "Q8_0", gen), "Q8_0", 64)
+    assert cpu_kernels.cat_gguf([a, odd]) is None  # 20 channels end in a padded tile
+    with pytest.raises(ValueError, match="Q4_K"):
+        cpu_kernels.pack_gguf(raw, "Q4_K", 64)
+
+
+@needs_kernel
+def test_the_kernel_refuses_rows_it_cannot_read():
+    w = cpu_kernels.pack_gguf(
+        cpu_kernels.random_gguf(16, 64, "Q4_0", torch.Generator()), "Q4_0", 64
+    )
+    with pytest.raises(ValueError, match="float32 rows of 64"):
+        cpu_kernels.gguf_matmul(torch.zeros(2, 64, dtype=torch.bfloat16), w)
+    with pytest.raises(ValueError, match="float32 rows of 64"):
+        cpu_kernels.gguf_matmul(torch.zeros(2, 32), w)
+
+
+def test_switched_off_the_gguf_precision_says_why(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("SPECUI_CPU_KERNELS", "0")
+    assert not cpu_kernels.gguf_available()
+    from transformers import LlamaConfig
+
+    reason = batch_invariant.unsupported_reason(LlamaConfig(), "gguf")
+    assert reason is not None and "SPECUI_CPU_KERNELS=0" in reason
+
+
+# --- a GGUF file of a small Llama, written here -----------------------------------------------
+
+
+def _tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=True)  # fmt: skip
+    return LlamaForCausalLM(cfg).float().eval()
+
+
+def _write_gguf(model, path: Path, kinds: dict[str, str]) -> None:
+    """``model``'s linear weights into a GGUF file as llama.cpp's converter lays them out (q and k
+    rows permuted), quantized by the gguf package; ``model`` gets the dequantized values, as
+    transformers' load of that file would give it."""
+    from specui.verifier.gguf_weights import LAYER_TENSORS
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    cfg = model.config
+    named = {f"blk.{i}.{short}.weight": model.get_submodule(f"model.layers.{i}.{name}")
+             for i in range(cfg.num_hidden_layers) for short, name in LAYER_TENSORS.items()}  # fmt: skip
+    named["token_embd.weight"] = model.get_input_embeddings()
+    for tensor_name, module in named.items():
+        kind = kinds.get(tensor_name.split(".")[-2], "Q8_0")
+        w = module.weight.detach().float().numpy()
+        heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}.get(
+            tensor_name.split(".")[-2]
+        )
+        file_rows = w if heads is None else w[np.argsort(_llama_rows(w.shape[0], heads).numpy())]
+        qtype = GGMLQuantizationType[kind]
+        data = gguf.quants.quantize(file_rows, qtype)
+        back = gguf.quants.dequantize(data, qtype).reshape(w.shape)
+        if heads is not None:
+            back = back[_llama_rows(w.shape[0], heads).numpy()]
+        with torch.no_grad():
+            module.weight.copy_(torch.from_numpy(np.ascontiguousarray(back)))
+        writer.add_tensor(tensor_name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@needs_kernel
+def test_a_gguf_files_blocks_replace_the_models_linears_and_compute_its_float32_logits(tmp_path):
+    model = _tiny_llama()
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(
+        model, path, {"attn_q": "Q4_1", "attn_k": "Q4_0", "ffn_down": "Q4_1", "ffn_up": "Q4_0"}
+    )
+    ids = torch.arange(3, 40).unsqueeze(0)
+    with torch.no_grad():
+        want = model(ids).logits[0]
+    blocks = read_blocks(path, model)
+    assert {b.type for b in blocks.values()} == {"Q4_0", "Q4_1", "Q8_0"} and "lm_head" in blocks
+    batch_invariant.enable(model, "gguf", gguf=path)
+    assert all(isinstance(model.get_submodule(n), batch_invariant.GGUFLinear) for n in blocks)
+    assert model.get_input_embeddings().weight.dtype == torch.float32  # drafters borrow it
+    with torch.no_grad():
+        got = model(ids).logits[0]
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    assert not torch.equal(got, want)  # its own sums, not a float32 matmul's
+
+
+def test_a_type_the_kernel_cannot_read_is_named_with_the_precisions_that_load_it(tmp_path):
+    model = _tiny_llama()
+    path = tmp_path / "f16.gguf"
+    _write_gguf(model, path, {"ffn_gate": "F16", "attn_v": "BF16"})
+    with pytest.raises(
+        SpecUIError, match=r"BF16, F16 tensors .*Q4_0, Q4_1, Q8_0.*--precision fp32, bf16 or int8"
+    ):
+        read_blocks(path, model)
+    assert type(model.model.layers[0].mlp.gate_proj) is torch.nn.Linear  # nothing changed
+
+
+def test_a_file_that_is_not_the_models_is_refused(tmp_path):
+    model = _tiny_llama()
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(model, path, {})
+    with torch.no_grad():
+        model.model.layers[1].self_attn.o_proj.weight.mul_(2)
+    with pytest.raises(SpecUIError, match=r"blk\.1\.attn_output\.weight does not hold the weights"):
+        read_blocks(path, model)
+
+
+def test_the_gguf_precision_needs_a_gguf_verifier(fixture_dir):
+    from specui.verifier.model import Verifier
+
+    with pytest.raises(SpecUIError, match="gguf precision keeps a GGUF file's own blocks"):
+        Verifier.load(str(fixture_dir / "verifier"), precision="gguf")
+
+
+# --- the embedded verifier ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gguf_verifier():
+    from specui.verifier.model import Verifier
+
+    return Verifier.load("embedded", precision="gguf")
+
+
+@needs_kernel
+@pytest.mark.slow
+def test_the_embedded_verifier_runs_its_own_blocks_through_the_fast_decoder(gguf_verifier):
+    v = gguf_verifier
+    assert v.precision == "gguf" and v._fast is not None
+    layer = v.model.model.layers[0]
+    assert (
+        layer.self_attn.q_proj.weight_gguf.packed.type == "Q4_1"
+        and v.lm_head.weight_gguf.packed.type == "Q8_0"
+    )
+    assert layer.self_attn.qkv_gguf.out_features == 576 + 2 * 192  # fused, one call
+    assert (
+        layer.mlp.down_proj.weight.is_meta and not v.lm_head.weight.is_meta
+    )  # drafters borrow the head
+    assert batch_invariant.check(v, block=9) and batch_invariant.check(v, block=17)
+
+
+@needs_kernel
+@pytest.mark.slow
+def test_gguf_is_within_float32_rounding_of_the_fp32_verifier(gguf_verifier, embedded_verifier):
+    from specui.data import load_prompts
+
+    ids = torch.tensor(
+        load_prompts("gsm-symbolic", split="eval", limit=1)[0].encode(embedded_verifier)
+    )
+    a = gguf_verifier.forward(ids, gguf_verifier.new_cache(), aux_layer_ids=[30]).logits
+    b = embedded_verifier.forward(ids, embedded_verifier.new_cache(), aux_layer_ids=[30]).logits
+    assert (a - b).abs().max() <= 1e-4 * b.abs().max()
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+@pytest.mark.slow
+def test_auto_falls_back_to_bf16_and_gguf_says_why_where_the_kernels_are_off(monkeypatch):
+    from specui.verifier.model import Verifier
+
+    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setenv("SPECUI_CPU_KERNELS", "0")
+    with pytest.raises(SpecUIError, match=r"cannot verify .* in gguf: .*SPECUI_CPU_KERNELS=0"):
+        Verifier.load("embedded", precision="gguf")
+    assert Verifier.load("embedded", precision="auto").precision == "bf16"
+
+
+# Greedy speculation in gguf against plain gguf decoding, every drafter, and a block against its
+# tokens alone: tests/verifier/test_batch_invariant.py (its verifier fixture runs each precision).

@@ -1,0 +1,1 @@
+"""SpecUI against a real vLLM server (specui/vllm/)."""
