@@ -443,15 +443,15 @@ def verifier_label(verifier: str | None, model: str | None) -> str:
     # torch is imported only when a run is stored
     from specui.verifier import EMBEDDED, EMBEDDED_NAME, cache_dir
 
-    spec = verifier or model or "unknown"
-    if spec == EMBEDDED:
+    choice = verifier or model or "unknown"
+    if choice == EMBEDDED:
         return EMBEDDED_NAME
-    path = Path(spec).expanduser()
+    path = Path(choice).expanduser()
     if path.is_dir():
         if path.resolve() == (cache_dir() / "models" / "smollm2-135m-instruct").resolve():
             return EMBEDDED_NAME
         return path.resolve().name
-    return spec
+    return choice
 
 
 def served_weights_fingerprint(model: str | None) -> str | None:
@@ -747,10 +747,10 @@ def bench(
     if base_url:
         if len(speculators) > 1:
             raise SpecUIError("an attached server serves one configuration: give at most one --speculator")
-        spec = speculators[0] if speculators else "none"
+        speculator = speculators[0] if speculators else "none"
         server = VLLMServer.attach(base_url, api_key=api_key)
         say(f"attached to {redact_url(server.base_url)} ({server.model})")
-        runs.append(run_benchmark(store, server, prompt_list, prompt_set=prompts, verifier=verifier, speculator=spec,
+        runs.append(run_benchmark(store, server, prompt_list, prompt_set=prompts, verifier=verifier, speculator=speculator,
                                   settings=settings, owner=owner, should_stop=should_stop,
                                   progress=lambda d, n: say(f"{d}/{n} prompts")))
         return runs, compare(store, [r.run_id for r in runs])
