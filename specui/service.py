@@ -2,9 +2,10 @@
 
 ``decode_and_record`` is the one place a local decoding run meets the store.  The
 Playground (side by side, streamed), the API, ``specui decode``, ``specui bench`` and the
-background benchmark job all call it, directly or through ``record_runs``.  The vLLM bench
-still builds its stored settings itself (``specui.vllm.bench``); moving it onto
-``DecodeRequest`` / ``run_settings`` is left open.
+background benchmark job all call it, directly or through ``record_runs``.  A run's stored
+settings come from ``run_settings`` (a ``DecodeRequest`` and the K the drafter resolved),
+for the vLLM bench's runs too (``specui.vllm.bench.run_benchmark``, which ``specui vllm
+bench``, the vLLM tab and ``bench/vllm_vs_local.py`` call).
 """
 
 from __future__ import annotations
