@@ -64,10 +64,10 @@ def main() -> None:
     print(f"verifier precision: {v.precision}", flush=True)
     prompts = [p.encode(v) for p in load_prompts("gsm-symbolic", "eval", limit=a.prompts)]
     variants = {"plain": resolve_drafter("none", v)}
-    for spec in a.drafter or ["dflash", "dspark"]:
-        own = resolve_drafter(spec, v)  # at its own K; smaller Ks load it again, resized
+    for choice in a.drafter or ["dflash", "dspark"]:
+        own = resolve_drafter(choice, v)  # at its own K; smaller Ks load it again, resized
         for k in sorted({min(int(x), own.num_speculative_tokens) for x in a.ks.split(",")}):
-            variants[f"{spec} K={k}"] = own if k == own.num_speculative_tokens else resolve_drafter(spec, v, k)
+            variants[f"{choice} K={k}"] = own if k == own.num_speculative_tokens else resolve_drafter(choice, v, k)
     generate(v, variants["plain"], prompts[0], max_new_tokens=8)  # warm-up
     seconds = dict.fromkeys(variants, 0.0)
     tokens = dict.fromkeys(variants, 0)

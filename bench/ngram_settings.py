@@ -26,7 +26,7 @@ from specui.benchmark import bench_prompts
 from specui.commands import add_precision_argument
 from specui.errors import SpecUIError
 from specui.metrics import compare
-from specui.service import RunSpec, record_runs
+from specui.service import DecodeRequest, record_runs
 from specui.store import Store
 from specui.workbench import WORKBENCH
 
@@ -59,13 +59,13 @@ def main() -> int:
     store = Store(db)
     prompts = bench_prompts(a.prompts, a.limit)
     v = WORKBENCH.verifier("embedded", a.precision)
-    spec = RunSpec(
+    request = DecodeRequest(
         drafter="ngram",
         num_speculative_tokens=a.num_speculative_tokens,
         max_new_tokens=a.max_new_tokens,
     )
-    runs = [(PlainDrafter(), RunSpec(drafter="none", max_new_tokens=a.max_new_tokens))]
-    runs += [(NgramDrafter(a.num_speculative_tokens, c), spec) for c in configs]
+    runs = [(PlainDrafter(), DecodeRequest(drafter="none", max_new_tokens=a.max_new_tokens))]
+    runs += [(NgramDrafter(a.num_speculative_tokens, c), request) for c in configs]
 
     def say(done: int, total: int) -> None:
         print(f"  prompt {done}/{total}", file=sys.stderr, flush=True)

@@ -2,12 +2,15 @@
 
     .venv/bin/python bench/soak.py [--minutes 30] [--sessions 10] [--warmup-minutes 5]
                                    [--churn 20] [--tracemalloc] [--python PY]
+                                   [--drafter ngram] [-k 4]
 
 Starts ``app.py`` with the interpreter of the requirements-only virtualenv that
 ``tests/ui/test_space.py`` builds (``.venv-space/<key>``, as a Space installs it;
 ``--python`` names another), ``SPACE_ID`` set, on loopback, with a fresh data dir.
 Then ``--sessions`` ``gradio_client`` sessions call ``/decode`` (the embedded default,
-the n-gram drafter) one call after another for ``--minutes``; every ``--churn`` calls
+the n-gram drafter; ``--drafter`` names a learned one, a shipped name such as ``dflash`` or
+a speculator folder, decoded by the app's run service like any visitor's, at K ``-k``, 0 for
+its own) one call after another for ``--minutes``; every ``--churn`` calls
 a session leaves and a new visitor (a new Client, a new Gradio session) takes its
 place, as strangers come and go on a public demo (0: the same sessions throughout).
 
@@ -80,7 +83,9 @@ def space_python() -> str:
     return str(py)
 
 
-def space_env(data: Path, session_idle_s: float | None) -> dict[str, str]:
+def space_env(
+    data: Path, session_idle_s: float | None, folder: Path | None = None
+) -> dict[str, str]:
     keep = {
         k: v
         for k, v in os.environ.items()
@@ -96,19 +101,23 @@ def space_env(data: Path, session_idle_s: float | None) -> dict[str, str]:
         "SPECUI_SOAK_DUMPS": str(data),
         **({"SPECUI_CACHE": os.environ["SPECUI_CACHE"]} if "SPECUI_CACHE" in os.environ else {}),
         **({"SPECUI_SESSION_IDLE_S": str(session_idle_s)} if session_idle_s is not None else {}),
+        # A speculator folder outside the app's folders: the operator lets visitors name it.
+        **({"SPECUI_EXTRA_ROOTS": str(folder)} if folder is not None else {}),
     }
 
 
 class Load:
     """``sessions`` visitors calling /decode until stopped; a new Client every ``churn`` calls."""
 
-    def __init__(self, url: str, sessions: int, churn: int, max_new_tokens: int) -> None:
+    def __init__(self, url: str, sessions: int, churn: int, max_new_tokens: int,
+                 drafter: str = "ngram", k: int = 4) -> None:  # fmt: skip
         self.url, self.sessions, self.churn, self.max_new_tokens = (
             url,
             sessions,
             churn,
             max_new_tokens,
         )
+        self.drafter, self.k = drafter, k
         self.calls: list[Call] = []
         self.visitors = 0
         self.stop = threading.Event()
@@ -128,7 +137,7 @@ class Load:
                 client = Client(self.url, verbose=False)
                 with self._lock:
                     self.visitors += 1
-            c = decode_call(client, s, i, self.max_new_tokens)
+            c = decode_call(client, s, i, self.max_new_tokens, self.drafter, self.k)
             with self._lock:
                 self.calls.append(c)
             i += 1
@@ -187,6 +196,14 @@ def main() -> int:
         "--churn", type=int, default=20, help="calls per visitor before a new one comes (0: never)"
     )
     ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument(
+        "--drafter",
+        default="ngram",
+        help="what /decode drafts with: ngram, a shipped name (dflash, dspark, ...) or a folder",
+    )
+    ap.add_argument(
+        "-k", "--num-speculative-tokens", type=int, default=4, help="K (0: the drafter's own)"
+    )
     ap.add_argument("--sample-s", type=float, default=15.0, help="seconds between RSS prints")
     ap.add_argument(
         "--tracemalloc", action="store_true", help="snapshots after warm-up and at the end (slow)"
@@ -200,6 +217,11 @@ def main() -> int:
         "--python", help="the app's interpreter (default: tests/ui/test_space.py's virtualenv)"
     )
     args = ap.parse_args()
+    # A shipped name (dflash) is a name even where a folder of that name lies in the cwd.
+    shipped = args.drafter in {p.name for p in (REPO / "data" / "drafters").iterdir()}
+    folder = Path(args.drafter).expanduser()
+    folder = folder.resolve() if folder.is_dir() and not shipped else None
+    drafter = str(folder) if folder is not None else args.drafter
     warmup_s = (
         min(args.warmup_minutes, args.minutes / 2) * 60
     )  # a short run still has a second half
@@ -212,21 +234,24 @@ def main() -> int:
         queue_size=16,
         timeout_s=900,
         python=python,
-        env=space_env(data, args.session_idle_s),
+        env=space_env(data, args.session_idle_s, folder),
         wrap=TRACE_WRAP if args.tracemalloc else None,
     ) as app:
         from gradio_client import Client
 
-        first = Client(app.url, verbose=False)  # loads the verifier before anything is measured
-        first.predict("Hello.", "ngram", "embedded", 4, 8, 0.0, 0, True, api_name="/decode")
+        # Loads the verifier (and the drafter) before anything is measured.
+        first = Client(app.url, verbose=False)
+        k = args.num_speculative_tokens
+        first.predict("Hello.", drafter, "embedded", k, 8, 0.0, 0, True, api_name="/decode")
         first.close()
         start_rss = tree_rss_bytes(app.proc.pid)
         print(
             f"app {app.url} (pid {app.proc.pid}, {python}) up and warm in {time.monotonic() - t0:.0f} s; "
-            f"RSS {start_rss / MIB:.0f} MiB; {args.sessions} sessions for {args.minutes:g} min, churn {args.churn}",
+            f"RSS {start_rss / MIB:.0f} MiB; {args.sessions} sessions for {args.minutes:g} min, "
+            f"churn {args.churn}, drafter {args.drafter} (K {k or 'its own'})",
             flush=True,
         )
-        load = Load(app.url, args.sessions, args.churn, args.max_new_tokens)
+        load = Load(app.url, args.sessions, args.churn, args.max_new_tokens, drafter, k)
         t_load = time.monotonic()
         load.start()
         samples: list[tuple[float, int]] = []

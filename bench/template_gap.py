@@ -51,13 +51,13 @@ def main() -> None:
         "held-out templates": load_prompts("gsm-symbolic", "eval", limit=a.prompts),
     }
     print(f"{'drafter':<10}" + "".join(f"{name:>32}" for name in groups))
-    for spec in a.drafter or ["dflash", "eagle3"]:
-        drafter = resolve_drafter(spec, v)
+    for choice in a.drafter or ["dflash", "eagle3"]:
+        drafter = resolve_drafter(choice, v)
         cells = []
         for prompts in groups.values():
             taus = [generate(v, drafter, p.encode(v), max_new_tokens=a.tokens, seed=0).acceptance_length for p in prompts]
             cells.append(f"{statistics.mean(taus):.2f} (n={len(taus)})")
-        print(f"{spec:<10}" + "".join(f"{c:>32}" for c in cells), flush=True)
+        print(f"{choice:<10}" + "".join(f"{c:>32}" for c in cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -54,8 +54,8 @@ def anon_mib():
             return int(line.split()[1]) / 1024
     raise RuntimeError("no RssAnon in /proc/self/status")
 
-spec, precision, drafters = sys.argv[1], sys.argv[2], [d for d in sys.argv[3].split(",") if d]
-v = Verifier.load(spec, precision=precision)
+verifier_choice, precision, drafters = sys.argv[1], sys.argv[2], [d for d in sys.argv[3].split(",") if d]
+v = Verifier.load(verifier_choice, precision=precision)
 loaded = anon_mib()
 kept = [resolve_drafter(d, v) for d in drafters]
 print(json.dumps({"precision": v.precision, "anon": loaded, "with_drafters": anon_mib()}))

@@ -16,7 +16,7 @@ from typing import Any
 from specui.data import Prompt, bench_split, load_prompts
 from specui.errors import SpecUIError
 from specui.metrics import Comparison, compare
-from specui.service import RunSpec, record_runs
+from specui.service import DecodeRequest, record_runs
 from specui.store import Store
 from specui.trace import SamplingParams, check_decode_settings
 from specui.workbench import WORKBENCH
@@ -88,9 +88,9 @@ def bench(
         for name in names:
             k = None if name == "none" else num_speculative_tokens
             d = loaded.enter_context(WORKBENCH.drafter(name, v, k, **(drafter_options or {})))
-            runs.append((d, RunSpec(drafter=name, num_speculative_tokens=k, sampling=sampling,
-                                    max_new_tokens=max_new_tokens, seed=seed,
-                                    drafter_options=drafter_options)))
+            runs.append((d, DecodeRequest(drafter=name, num_speculative_tokens=k, sampling=sampling,
+                                          max_new_tokens=max_new_tokens, seed=seed,
+                                          drafter_options=drafter_options)))
         t0 = time.perf_counter()
 
         def report(done: int, total: int) -> None:

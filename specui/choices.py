@@ -14,14 +14,15 @@ from specui.data.prompts import mix_sources
 from specui.paths import confine_choice
 
 
-def ui_verifier(spec: str) -> str:
+def ui_verifier(choice: str) -> str:
     """A verifier a visitor chose: ``embedded``, a hub id, or a folder / .gguf in the app's folders."""
-    return confine_choice(spec, ("embedded",), hub_ids=True)
+    return confine_choice(choice, ("embedded",), hub_ids=True)
 
 
-def ui_drafter(spec: str) -> str:
-    """A speculator a visitor chose: ``none``, ``ngram``, a shipped name, or a folder in the app's folders."""
-    return confine_choice(spec, ("", "plain", *BUILTIN, *shipped_drafters()))
+def ui_drafter(choice: str) -> str:
+    """A drafter a visitor chose: ``none``, ``ngram``, a shipped name, or a speculator folder
+    in the app's folders."""
+    return confine_choice(choice, ("", "plain", *BUILTIN, *shipped_drafters()))
 
 
 def ui_prompts(name: str) -> str:

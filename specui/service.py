@@ -2,9 +2,10 @@
 
 ``decode_and_record`` is the one place a local decoding run meets the store.  The
 Playground (side by side, streamed), the API, ``specui decode``, ``specui bench`` and the
-background benchmark job all call it, directly or through ``record_runs``.  The vLLM bench
-still builds its stored settings itself (``specui.vllm.bench``); moving it onto ``RunSpec`` /
-``run_settings`` is left open.
+background benchmark job all call it, directly or through ``record_runs``.  A run's stored
+settings come from ``run_settings`` (a ``DecodeRequest`` and the K the drafter resolved),
+for the vLLM bench's runs too (``specui.vllm.bench.run_benchmark``, which ``specui vllm
+bench``, the vLLM tab and ``bench/vllm_vs_local.py`` call).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from specui.verifier.model import Verifier
 
 
 @dataclass
-class RunSpec:
-    """What one run decodes with."""
+class DecodeRequest:
+    """What one run is asked to decode with: the drafter choice, K, sampling, length, seed."""
 
     drafter: str  # none | ngram | shipped name | folder
     num_speculative_tokens: int | None = None
@@ -40,39 +41,43 @@ class RunSpec:
                               num_speculative_tokens=self.num_speculative_tokens)  # fmt: skip
 
 
-def run_settings(spec: RunSpec, num_speculative_tokens: int | None, extra: dict | None = None) -> DecodingSettings:
-    """The stored settings of a run of ``spec`` (K as the drafter resolved it)."""
-    options = spec.drafter_options or {}
+def run_settings(
+    request: DecodeRequest, num_speculative_tokens: int | None, extra: dict | None = None
+) -> DecodingSettings:
+    """The stored settings of a run of ``request`` (K as the drafter resolved it)."""
+    options = request.drafter_options or {}
+    policy = drafter_option_label("confidence_policy", options.get("confidence_policy"))
     return DecodingSettings(
         num_speculative_tokens=num_speculative_tokens,
-        temperature=spec.sampling.temperature,
-        top_p=spec.sampling.top_p,
-        top_k=spec.sampling.top_k,
-        max_new_tokens=spec.max_new_tokens,
-        confidence_policy=drafter_option_label("confidence_policy", options.get("confidence_policy")),
+        temperature=request.sampling.temperature,
+        top_p=request.sampling.top_p,
+        top_k=request.sampling.top_k,
+        max_new_tokens=request.max_new_tokens,
+        confidence_policy=policy,
         extra=extra or {},
     )
 
 
-def start_run(store: Store, verifier: Verifier, drafter: Drafter, *, prompt_set: str, spec: RunSpec,
-              owner: str | None = None) -> Run:  # fmt: skip
-    """Create the stored run for decoding with ``drafter`` under ``spec`` (status running)."""
+def start_run(store: Store, verifier: Verifier, drafter: Drafter, *, prompt_set: str,
+              request: DecodeRequest, owner: str | None = None) -> Run:  # fmt: skip
+    """Create the stored run for decoding with ``drafter`` as ``request`` asks (status running)."""
     # The drafter's own settings too (the n-gram sizes): a run must say what it measured.
     own = dict(getattr(drafter, "stored_settings", None) or {})
     extra = {"verifier_precision": verifier.precision, **own}
-    settings = run_settings(spec, drafter.num_speculative_tokens, extra)
+    settings = run_settings(request, drafter.num_speculative_tokens, extra)
     return store.create_run(
         verifier=verifier.name, verifier_fingerprint=verifier.fingerprint, prompt_set=prompt_set,
-        algorithm=drafter.algorithm, drafter=drafter.name, settings=settings, seed=spec.seed, owner=owner,
+        algorithm=drafter.algorithm, drafter=drafter.name, settings=settings, seed=request.seed,
+        owner=owner,
     )  # fmt: skip
 
 
 @dataclass
 class Lane:
-    """One (drafter, spec) of a call: its stored run and what it has decoded."""
+    """One (drafter, request) of a call: its stored run and what it has decoded."""
 
     drafter: Drafter
-    spec: RunSpec
+    request: DecodeRequest
     run_id: int | None  # None when nothing is recorded
     results: list[GenerationResult] = field(default_factory=list)  # one per prompt (fewer after a stop)
     steps: list[StepTrace] = field(default_factory=list)  # the current prompt's steps so far
@@ -102,7 +107,7 @@ def encode_prompts(verifier: Verifier, prompts: Sequence[Prompt]) -> list[tuple[
 def decode_and_record(
     store: Store | None,
     verifier: Verifier,
-    runs: Sequence[tuple[Drafter, RunSpec]],
+    runs: Sequence[tuple[Drafter, DecodeRequest]],
     prompts: Sequence[tuple[list[int], str]],
     *,
     prompt_set: str,
@@ -110,29 +115,30 @@ def decode_and_record(
     should_stop: Callable[[], bool] | None = None,
     side_by_side: bool = False,
 ) -> Recording:
-    """Decode ``prompts`` (token ids, text) with every (drafter, spec), storing one run each;
+    """Decode ``prompts`` (token ids, text) with every (drafter, request), storing one run each;
     iterate the returned ``Recording`` to run it (its ``lanes`` hold the runs and results).
 
     Prompt by prompt: every run decodes prompt 0, then prompt 1, ...  On a noisy machine a
     slow minute then hits every run alike, so a bench's speedups stay ratios of like with
     like.  ``side_by_side`` alternates the runs step by step within a prompt (the
     Playground's lanes); otherwise each run decodes the whole prompt in turn.  Prompt i is
-    decoded with seed ``spec.seed + i``.
+    decoded with seed ``request.seed + i``.
 
     Every Decoding is built, and so checked, here, before any run row exists: a prompt that
     cannot run (too long, bad token ids) stores nothing.  A stop (``should_stop``, or a
     decode that ends cancelled) ends every run as "stopped" with what was decoded so far.
     ``store`` None decodes without recording (``specui decode`` without ``--db``).
     """
-    for _, spec in runs:
-        check_decode_settings(max_new_tokens=spec.max_new_tokens, max_context=verifier.max_context)
+    for _, request in runs:
+        check_decode_settings(max_new_tokens=request.max_new_tokens,
+                              max_context=verifier.max_context)  # fmt: skip
     decodings = [
-        [Decoding(verifier, drafter, ids, max_new_tokens=spec.max_new_tokens, sampling=spec.sampling,
-                  seed=spec.seed + i, should_stop=should_stop, stop_strings=list(spec.stop_strings))
-         for drafter, spec in runs]
+        [Decoding(verifier, drafter, ids, max_new_tokens=r.max_new_tokens, sampling=r.sampling,
+                  seed=r.seed + i, should_stop=should_stop, stop_strings=list(r.stop_strings))
+         for drafter, r in runs]
         for i, (ids, _) in enumerate(prompts)
     ]  # fmt: skip
-    lanes = [Lane(d, spec, None) for d, spec in runs]
+    lanes = [Lane(d, request, None) for d, request in runs]
     return Recording(store, verifier, lanes, decodings, [text for _, text in prompts], prompt_set, owner,
                      should_stop, side_by_side)  # fmt: skip
 
@@ -158,8 +164,8 @@ class Recording:
                 if self.store is None:
                     recorders.append(None)
                     continue
-                run = start_run(self.store, self.verifier, lane.drafter, prompt_set=self.prompt_set, spec=lane.spec,
-                                owner=self.owner)  # fmt: skip
+                run = start_run(self.store, self.verifier, lane.drafter, prompt_set=self.prompt_set,
+                                request=lane.request, owner=self.owner)  # fmt: skip
                 lane.run_id = run.id
                 recorders.append(recording.enter_context(RunRecorder(self.store, run.id)))
 
@@ -213,7 +219,7 @@ class RecordedRun:
 def record_runs(
     store: Store,
     verifier: Verifier,
-    runs: Sequence[tuple[Drafter, RunSpec]],
+    runs: Sequence[tuple[Drafter, DecodeRequest]],
     prompts: Sequence[Prompt],
     *,
     prompt_set: str,
@@ -221,7 +227,7 @@ def record_runs(
     should_stop: Callable[[], bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[RecordedRun]:
-    """``decode_and_record`` to the end: one stored run per (drafter, spec).
+    """``decode_and_record`` to the end: one stored run per (drafter, request).
 
     ``progress(done, total)`` is called after each prompt has been decoded by every run."""
     recording = decode_and_record(store, verifier, runs, encode_prompts(verifier, prompts), prompt_set=prompt_set,
@@ -239,10 +245,10 @@ def record_run(
     prompts: Sequence[Prompt],
     *,
     prompt_set: str,
-    spec: RunSpec,
+    request: DecodeRequest,
     owner: str | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> RecordedRun:
     """One drafter's run over ``prompts`` (see ``record_runs``)."""
-    return record_runs(store, verifier, [(drafter, spec)], prompts, prompt_set=prompt_set, owner=owner,
-                       should_stop=should_stop)[0]  # fmt: skip
+    return record_runs(store, verifier, [(drafter, request)], prompts, prompt_set=prompt_set,
+                       owner=owner, should_stop=should_stop)[0]  # fmt: skip

@@ -1,7 +1,7 @@
 """Loaded models shared by the dashboard's visitors.
 
-Verifiers are loaded once per spec and shared (forward passes are thread-safe:
-the tap capture is per thread).  Drafters keep per-generation state, so each
+Verifiers are loaded once per choice and precision and shared (forward passes are
+thread-safe: the tap capture is per thread).  Drafters keep per-generation state, so each
 run borrows an instance from a small pool and returns it afterwards.  The pools
 are bounded: visitors choose K and a drafter's options freely, and each choice
 would otherwise keep a drafter loaded for good.
@@ -57,24 +57,24 @@ class Workbench:
         self._lock = threading.Lock()
         self._verifiers: OrderedDict[tuple[str, str], Verifier] = OrderedDict()  # least recently used first
         self._verifier_locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
-        # (spec, verifier, K, options) -> idle drafters, least recently returned first
+        # (drafter choice, verifier, K, options) -> idle drafters, least recently returned first
         self._idle: OrderedDict[tuple, list[Drafter]] = OrderedDict()
 
-    def verifier(self, spec: str, precision: str | None = None) -> Verifier:
-        """The shared verifier for ``spec`` (``precision``: see ``Verifier.load``; default
+    def verifier(self, choice: str, precision: str | None = None) -> Verifier:
+        """The shared verifier for ``choice`` (``precision``: see ``Verifier.load``; default
         ``SPECUI_VERIFIER_PRECISION`` or ``auto``)."""
-        key = (spec, precision or default_precision())
+        key = (choice, precision or default_precision())
         with self._lock:
             if key in self._verifiers:
                 self._verifiers.move_to_end(key)
                 return self._verifiers[key]
             load_lock = self._verifier_locks[key]
-        with load_lock:  # one load per spec, other specs load in parallel
+        with load_lock:  # one load per choice, other choices load in parallel
             with self._lock:
                 found = self._verifiers.get(key)
             if found is not None:
                 return found
-            loaded = Verifier.load(spec, precision=key[1])
+            loaded = Verifier.load(choice, precision=key[1])
             with self._lock:
                 self._verifiers[key] = loaded
                 while len(self._verifiers) > VERIFIERS_KEPT:  # a run using one keeps its own reference
@@ -82,37 +82,40 @@ class Workbench:
                     self._verifier_locks.pop(old, None)
             return loaded
 
-    def verifier_ready(self, spec: str, precision: str | None = None) -> bool:
-        """Whether ``verifier(spec, precision)`` would return at once (already loaded)."""
+    def verifier_ready(self, choice: str, precision: str | None = None) -> bool:
+        """Whether ``verifier(choice, precision)`` would return at once (already loaded)."""
         with self._lock:
-            return (spec, precision or default_precision()) in self._verifiers
+            return (choice, precision or default_precision()) in self._verifiers
 
-    def preload(self, spec: str, precision: str | None = None) -> threading.Thread:
+    def preload(self, choice: str, precision: str | None = None) -> threading.Thread:
         """Start loading a verifier in a background thread and return that thread.
 
         The app calls this at start-up, so the embedded verifier's one-time fetch and
         conversion run before the first visitor asks; a Generate that comes sooner waits
-        on the same load (``verifier``'s per-spec lock) instead of starting a second one.
+        on the same load (``verifier``'s per-choice lock) instead of starting a second one.
         A failed preload is only logged: the next ``verifier`` call tries again and shows
         the visitor the error."""
         def load() -> None:
             try:
-                self.verifier(spec, precision)
+                self.verifier(choice, precision)
             except Exception as e:  # noqa: BLE001 - any load error, reported on first use
-                log.warning("preloading verifier %r failed: %s", spec, e)
+                log.warning("preloading verifier %r failed: %s", choice, e)
 
-        thread = threading.Thread(target=load, daemon=True, name=f"specui-preload-{spec}")
+        thread = threading.Thread(target=load, daemon=True, name=f"specui-preload-{choice}")
         thread.start()
         return thread
 
     @contextmanager
-    def drafter(self, spec: str, verifier: Verifier, k: int | None = None, **options) -> Iterator[Drafter]:
-        key = (spec, verifier.name, k, tuple(sorted(options.items())))
+    def drafter(self, choice: str, verifier: Verifier, k: int | None = None,
+                **options) -> Iterator[Drafter]:  # fmt: skip
+        """A drafter for ``choice`` (see ``resolve_drafter``), from the idle pool when one is
+        there; it goes back to the pool (while the pool has room) when the block ends."""
+        key = (choice, verifier.name, k, tuple(sorted(options.items())))
         with self._lock:
             pool = self._idle.get(key)
             drafter = pool.pop() if pool else None
         if drafter is None:
-            drafter = resolve_drafter(spec, verifier, k, **options)
+            drafter = resolve_drafter(choice, verifier, k, **options)
         try:
             yield drafter
         finally:

@@ -25,21 +25,25 @@ def shipped_drafters() -> dict[str, Path]:
     return {p.name: p for p in sorted(root.iterdir()) if (p / "config.json").is_file()}
 
 
-def resolve_drafter(spec: str, verifier: Verifier, num_speculative_tokens: int | None = None, **options) -> Drafter:
-    """``none`` | ``ngram`` | a shipped drafter's name | a speculators-format folder."""
-    spec = spec.strip()
-    if spec in ("", "none", "plain"):
+def resolve_drafter(choice: str, verifier: Verifier, num_speculative_tokens: int | None = None,
+                    **options) -> Drafter:  # fmt: skip
+    """The drafter a choice names: ``none`` | ``ngram`` | a shipped drafter's name | a
+    speculators-format folder (a speculator)."""
+    choice = choice.strip()
+    if choice in ("", "none", "plain"):
         return PlainDrafter()
-    if spec == "ngram":
+    if choice == "ngram":
         # Its lookup options (max_ngram / min_ngram or vLLM's names); others' are dropped.
         k = num_speculative_tokens if num_speculative_tokens is not None else 4
         return NgramDrafter(k, NgramConfig.from_options({o: options.get(o) for o in OPTION_NAMES}))
     options = {k: v for k, v in options.items() if k not in OPTION_NAMES}
     shipped = shipped_drafters()
-    path = shipped.get(spec) or Path(spec).expanduser()
+    path = shipped.get(choice) or Path(choice).expanduser()
     if not path.exists():
         known = ", ".join([*BUILTIN, *shipped]) or "none"
-        raise SpecUIError(f"unknown drafter {spec!r}: not a known name ({known}) nor an existing folder")
+        raise SpecUIError(
+            f"unknown drafter {choice!r}: not a known name ({known}) nor an existing folder"
+        )
     # An option only other algorithms' drafters take (DSpark's confidence_policy) is dropped.
     algo = ALGORITHMS.get(_model_type(path) or "")
     others = {o for a in ALGORITHMS.values() for o in a.drafter_options} - set(algo.drafter_options if algo else ())

@@ -51,13 +51,13 @@ def run(args: argparse.Namespace) -> int:
         raise SpecUIError(f"--threads must be >= 1, got {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from specui.service import RunSpec, decode_and_record
+    from specui.service import DecodeRequest, decode_and_record
     from specui.store import Store
     from specui.workbench import WORKBENCH
 
-    spec = RunSpec(drafter=args.drafter, num_speculative_tokens=args.num_speculative_tokens, sampling=sampling,
-                   max_new_tokens=args.max_new_tokens, seed=args.seed,
-                   stop_strings=tuple(args.stop), drafter_options=ngram or None)  # fmt: skip
+    request = DecodeRequest(drafter=args.drafter, num_speculative_tokens=args.num_speculative_tokens,
+                            sampling=sampling, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                            stop_strings=tuple(args.stop), drafter_options=ngram or None)  # fmt: skip
     verifier = WORKBENCH.verifier(args.verifier, args.precision)
     check_decode_settings(max_new_tokens=args.max_new_tokens, max_context=verifier.max_context)
     store = Store(args.db) if args.db else None
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if prompt_ids is None:
             prompt_ids = encode_text(verifier, args.prompt, chat=args.chat)
         text = args.prompt if args.prompt is not None else args.prompt_ids
-        recording = decode_and_record(store, verifier, [(drafter, spec)], [(prompt_ids, text)], prompt_set="cli")
+        recording = decode_and_record(store, verifier, [(drafter, request)], [(prompt_ids, text)], prompt_set="cli")
         for event in recording:
             if args.json and event.step is not None:
                 print(json.dumps(event.step.to_dict(), ensure_ascii=False), flush=True)

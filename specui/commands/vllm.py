@@ -188,12 +188,12 @@ def cmd_extract(args: argparse.Namespace) -> int:
         raise SpecUIError(f"prompt set {args.prompts!r} has no {args.split} prompts")
     out = Path(args.out)
     cache = Path(args.cache_dir) if args.cache_dir else out.parent
-    spec = args.verifier or "embedded"
-    verifier = Verifier.load(spec)
+    verifier_choice = args.verifier or "embedded"
+    verifier = Verifier.load(verifier_choice)
     print(f"vllm extract: self-distilling {len(prompts)} responses (cached in {cache})", file=sys.stderr, flush=True)
     samples = self_distill(verifier, prompts, args.max_new_tokens, cache_dir=cache)
     t0 = time.monotonic()
-    with VLLMExtractor.from_verifier(spec, verifier, args.aux_layers, server_config=_config(args),
+    with VLLMExtractor.from_verifier(verifier_choice, verifier, args.aux_layers, server_config=_config(args),
                                      concurrency=args.concurrency) as ex:
         paths = ex.extract(samples, out)
     tokens = sum(len(s) for s in samples)

@@ -168,12 +168,12 @@ def cache_name(verifier, max_new_tokens: int) -> str:
     return f"responses-{verifier_fingerprint(verifier)}-n{max_new_tokens}.jsonl"
 
 
-def _shard_worker(spec: str, shard: tuple[int, int], prompts: Sequence[Prompt], kwargs: dict,
-                  threads: int, queue) -> None:
+def _shard_worker(verifier_choice: str, shard: tuple[int, int], prompts: Sequence[Prompt],
+                  kwargs: dict, threads: int, queue) -> None:
     torch.set_num_threads(threads)
     from specui.verifier.model import Verifier
 
-    verifier = Verifier.load(spec)
+    verifier = Verifier.load(verifier_choice)
 
     def progress(done: int, total: int) -> None:
         queue.put((shard[0], done, total))
@@ -182,7 +182,7 @@ def _shard_worker(spec: str, shard: tuple[int, int], prompts: Sequence[Prompt], 
 
 
 def distill_in_processes(
-    spec: str,
+    verifier_choice: str,
     prompts: Sequence[Prompt],
     procs: int,
     max_new_tokens: int,
@@ -195,7 +195,7 @@ def distill_in_processes(
 ) -> None:
     """Fill ``cache_dir``'s response cache for ``prompts`` with ``procs`` worker processes.
 
-    Each worker loads the verifier ``spec`` (``Verifier.load``) with ``threads`` torch
+    Each worker loads the verifier ``verifier_choice`` (``Verifier.load``) with ``threads`` torch
     threads and generates the missing prompts whose key hash falls to it, appending each
     response to the one shared cache file as it finishes (appends are locked).  A killed run
     keeps what finished; run it again to continue.  ``progress(done, total)`` sums the workers'.
@@ -211,7 +211,7 @@ def distill_in_processes(
                   max_prompt_tokens=max_prompt_tokens, generation_dtype=generation_dtype)
     workers = [
         ctx.Process(
-            target=_shard_worker, args=(spec, (i, procs), list(prompts), kwargs, threads, queue)
+            target=_shard_worker, args=(verifier_choice, (i, procs), list(prompts), kwargs, threads, queue)
         )
         for i in range(procs)
     ]

@@ -47,27 +47,27 @@ class DoctorOptions:
             raise SpecUIError(f"K must be >= 1, got {self.k}")
 
 
-def speculator_folder(spec: str | Path) -> Path:
+def speculator_folder(speculator: str | Path) -> Path:
     """A shipped drafter's name or a folder, as a resolved folder path."""
     from specui.algorithms.resolve import shipped_drafters
 
     shipped = shipped_drafters()
-    path = shipped.get(str(spec)) or Path(spec).expanduser()
+    path = shipped.get(str(speculator)) or Path(speculator).expanduser()
     if not path.is_dir():
         known = ", ".join(shipped) or "none"
         raise SpecUIError(
-            f"speculator {str(spec)!r} is neither a shipped drafter ({known}) nor a folder"
+            f"speculator {str(speculator)!r} is neither a shipped drafter ({known}) nor a folder"
         )
     return path.resolve()
 
 
-def verifier_folder(spec: str) -> Path | None:
-    """The folder a verifier spec was loaded from, for content hashes (None: a hub id)."""
-    if spec == EMBEDDED:
+def verifier_folder(verifier_choice: str) -> Path | None:
+    """The folder a verifier choice was loaded from, for content hashes (None: a hub id)."""
+    if verifier_choice == EMBEDDED:
         from specui.verifier.embedded import embedded_folder
 
         return embedded_folder()
-    path = Path(spec).expanduser()
+    path = Path(verifier_choice).expanduser()
     return path if path.is_dir() else None
 
 

@@ -11,7 +11,7 @@ from specui.data import Prompt, prompt_sets
 from specui.data.prompts import check_prompt_text, encode_text
 from specui.errors import SpecUIError
 from specui.metrics import compare, comparison_csv_text
-from specui.service import RunSpec, record_run
+from specui.service import DecodeRequest, record_run
 from specui.store import Store
 from specui.trace import SamplingParams, as_int
 from specui.workbench import WORKBENCH
@@ -42,12 +42,14 @@ def register(store: Store) -> None:
             verifier, drafter = ui_verifier(verifier), ui_drafter(drafter)  # paths: the app's folders only
             v = WORKBENCH.verifier(verifier)
             k = as_int(num_speculative_tokens, "number of speculative tokens (K)") or None
-            spec = RunSpec(drafter=drafter, num_speculative_tokens=k, sampling=SamplingParams(temperature=temperature),
-                           max_new_tokens=as_int(max_new_tokens, "max_new_tokens"), seed=as_int(seed, "seed"))
+            wanted = DecodeRequest(drafter=drafter, num_speculative_tokens=k,
+                                   sampling=SamplingParams(temperature=temperature),
+                                   max_new_tokens=as_int(max_new_tokens, "max_new_tokens"),
+                                   seed=as_int(seed, "seed"))
             p = Prompt(id="api", source="api", text=prompt) if chat else Prompt(
                 id="api", source="api", token_ids=tuple(encode_text(v, prompt, chat=False)))
             with WORKBENCH.drafter(drafter, v, k) as d:
-                recorded = record_run(store, v, d, [p], prompt_set="api", spec=spec,
+                recorded = record_run(store, v, d, [p], prompt_set="api", request=wanted,
                                       owner=request.session_hash if request else None)
             return {"run_id": recorded.run_id, **recorded.results[0].summary()}
         except SpecUIError as e:

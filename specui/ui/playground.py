@@ -14,7 +14,7 @@ from specui.data import Prompt, load_prompts
 from specui.data.prompts import MAX_PROMPT_CHARS, check_prompt_text, encode_text
 from specui.errors import SpecUIError
 from specui.replay import Replay, load_replay, play, replay_runs, request_label, run_label
-from specui.service import RunSpec, decode_and_record
+from specui.service import DecodeRequest, decode_and_record
 from specui.store import Store
 from specui.trace import SamplingParams
 from specui.ui import render
@@ -87,9 +87,10 @@ def run_playground(
         runs = []
         for name in drafters:
             d = stack.enter_context(WORKBENCH.drafter(name, v, k_opt, confidence_policy=policy))
-            runs.append((d, RunSpec(drafter=name, num_speculative_tokens=k_opt, sampling=sampling,
-                                    max_new_tokens=int(max_new_tokens), seed=int(seed),
-                                    drafter_options={"confidence_policy": policy})))  # fmt: skip
+            runs.append((d, DecodeRequest(drafter=name, num_speculative_tokens=k_opt,
+                                          sampling=sampling, max_new_tokens=int(max_new_tokens),
+                                          seed=int(seed),
+                                          drafter_options={"confidence_policy": policy})))  # fmt: skip
         recording = decode_and_record(store, v, runs, [(ids, text)], prompt_set="playground", owner=owner,
                                       should_stop=stop.is_set, side_by_side=True)  # fmt: skip
         for event in recording:

@@ -125,8 +125,8 @@ def build(store: Store, slot: VLLMSlot = SLOT) -> None:
     def show(request: gr.Request):
         return status_markdown(slot, request)
 
-    def do_launch(ver, spec, kk, request: gr.Request):
-        return launch(slot, ver, spec, kk, request)
+    def do_launch(ver, choice, kk, request: gr.Request):
+        return launch(slot, ver, choice, kk, request)
 
     def do_attach(url, key, _label, request: gr.Request):
         return attach(slot, url, key, request)
@@ -137,8 +137,8 @@ def build(store: Store, slot: VLLMSlot = SLOT) -> None:
     def do_bench(ver, spec_label, pset, lim, mx, conc, temp, request: gr.Request):
         return bench(slot, store, ver, spec_label, pset, lim, mx, conc, temp, request)
 
-    def do_compare(ver, spec, kk, pset, lim, mx, conc, temp, request: gr.Request):
-        return compare(slot, store, ver, spec, kk, pset, lim, mx, conc, temp, request)
+    def do_compare(ver, choice, kk, pset, lim, mx, conc, temp, request: gr.Request):
+        return compare(slot, store, ver, choice, kk, pset, lim, mx, conc, temp, request)
 
     def do_stop_bench(request: gr.Request):
         return stop_bench(slot, request)
@@ -163,8 +163,9 @@ def _settings(max_new_tokens, conc, temp) -> BenchSettings:
     return BenchSettings(max_new_tokens=int(max_new_tokens or 64), concurrency=int(conc or 1), temperature=float(temp or 0.0))
 
 
-def _config(ver, spec, kk) -> ServerConfig:
-    return ServerConfig(verifier=ver, speculator=resolve_speculator(spec), num_speculative_tokens=int(kk) if kk else None)
+def _config(ver, choice, kk) -> ServerConfig:
+    return ServerConfig(verifier=ver, speculator=resolve_speculator(choice),
+                        num_speculative_tokens=int(kk) if kk else None)
 
 
 def _shown(slot: VLLMSlot, request: gr.Request | None, action) -> tuple[str, str, str, str]:
@@ -175,8 +176,9 @@ def _shown(slot: VLLMSlot, request: gr.Request | None, action) -> tuple[str, str
     return status_markdown(slot, request)
 
 
-def launch(slot: VLLMSlot, ver, spec, kk, request: gr.Request | None):
-    return _shown(slot, request, lambda: slot.launch(_config(ver, spec, kk), session_of(request), admin_mode()))
+def launch(slot: VLLMSlot, ver, choice, kk, request: gr.Request | None):
+    return _shown(slot, request,
+                  lambda: slot.launch(_config(ver, choice, kk), session_of(request), admin_mode()))
 
 
 def attach(slot: VLLMSlot, url, key, request: gr.Request | None):
@@ -203,12 +205,14 @@ def bench(slot: VLLMSlot, store: Store, ver, spec_label, pset, lim, mx, conc, te
     return _shown(slot, request, go)
 
 
-def compare(slot: VLLMSlot, store: Store, ver, spec, kk, pset, lim, mx, conc, temp, request: gr.Request | None):
+def compare(slot: VLLMSlot, store: Store, ver, choice, kk, pset, lim, mx, conc, temp,
+            request: gr.Request | None):  # fmt: skip
     def go() -> None:
-        if resolve_speculator(spec) is None:
+        if resolve_speculator(choice) is None:
             raise SpecUIError("choose a speculator to compare with the plain verifier")
-        slot.bench_compare(store, speculator=resolve_speculator(spec) or "none", prompts=pset, limit=int(lim) if lim else None,
-                           settings=_settings(mx, conc, temp), cfg=_config(ver, spec, kk), owner=session_of(request),
+        slot.bench_compare(store, speculator=resolve_speculator(choice) or "none", prompts=pset,
+                           limit=int(lim) if lim else None, settings=_settings(mx, conc, temp),
+                           cfg=_config(ver, choice, kk), owner=session_of(request),
                            force=admin_mode())
 
     return _shown(slot, request, go)

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,14 +50,23 @@ from specui.metrics.definitions import (
     draft_acceptance_rate,
     per_position_acceptance,
 )
-from specui.store import Backend, DecodingSettings, Run, RunRecorder, Store, collect_versions
-from specui.trace import FinalTokenKind, GenerationResult, StepTrace
+from specui.store import Backend, Run, RunRecorder, Store, collect_versions
+from specui.trace import (
+    FinalTokenKind,
+    GenerationResult,
+    SamplingParams,
+    StepTrace,
+    check_decode_settings,
+)
 from specui.vllm.server import (
     ServerConfig,
     VLLMServer,
     redact_url,
     speculator_algorithm,
 )
+
+if TYPE_CHECKING:
+    from specui.service import DecodeRequest
 
 UNKNOWN_TOKEN = -1  # a drafted token vLLM does not report (rejected slots)
 UNKNOWN_TEXT = "?"
@@ -90,6 +99,15 @@ class BenchSettings:
             raise SpecUIError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if not self.temperature >= 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise SpecUIError("temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
+        check_decode_settings(seed=self.seed)  # the range a stored run's seed has (DecodeRequest)
+
+    def request(self, drafter: str) -> DecodeRequest:
+        """What a run of these settings asks the server to decode (``specui.service``)."""
+        from specui.service import DecodeRequest
+
+        sampling = SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        return DecodeRequest(drafter=drafter, sampling=sampling, max_new_tokens=self.max_new_tokens,
+                             seed=self.seed)
 
 
 @dataclass
@@ -443,15 +461,15 @@ def verifier_label(verifier: str | None, model: str | None) -> str:
     # torch is imported only when a run is stored
     from specui.verifier.embedded import EMBEDDED, EMBEDDED_NAME, cache_dir
 
-    spec = verifier or model or "unknown"
-    if spec == EMBEDDED:
+    choice = verifier or model or "unknown"
+    if choice == EMBEDDED:
         return EMBEDDED_NAME
-    path = Path(spec).expanduser()
+    path = Path(choice).expanduser()
     if path.is_dir():
         if path.resolve() == (cache_dir() / "models" / "smollm2-135m-instruct").resolve():
             return EMBEDDED_NAME
         return path.resolve().name
-    return spec
+    return choice
 
 
 def served_weights_fingerprint(model: str | None) -> str | None:
@@ -535,19 +553,20 @@ def run_benchmark(
             "concurrency": settings.concurrency,
             "ignore_eos": settings.ignore_eos,
         }
+        # The stored settings as the run service writes a local run's (torch: only when storing).
+        from specui.service import run_settings
+
+        request = settings.request(drafter)
+        # concurrency at the top level too: a baseline should match it (metrics.find_baseline)
+        extra = {"vllm": vllm_info, "concurrency": settings.concurrency, **_ngram_settings(spec_cfg)}
         run = store.create_run(
-            verifier=verifier_label(verifier, model), verifier_fingerprint=served_weights_fingerprint(source_model),
+            verifier=verifier_label(verifier, model),
+            verifier_fingerprint=served_weights_fingerprint(source_model),
             prompt_set=prompt_set, algorithm=algorithm, drafter=drafter,
-            backend=Backend.VLLM, label=label, owner=owner, seed=settings.seed,
+            backend=Backend.VLLM, label=label, owner=owner, seed=request.seed,
             versions={**collect_versions(), "vllm_server": version},
-            settings=DecodingSettings(
-                num_speculative_tokens=k, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                # concurrency at the top level too: a baseline should match it (metrics.find_baseline)
-                max_new_tokens=settings.max_new_tokens,
-                extra={"vllm": vllm_info, "concurrency": settings.concurrency,
-                       **_ngram_settings(spec_cfg)},
-            ),
-        )
+            settings=run_settings(request, k, extra),
+        )  # fmt: skip
         assert run.id is not None
         results: list[RequestResult] = []
         sources: set[str] = set()
@@ -747,10 +766,10 @@ def bench(
     if base_url:
         if len(speculators) > 1:
             raise SpecUIError("an attached server serves one configuration: give at most one --speculator")
-        spec = speculators[0] if speculators else "none"
+        speculator = speculators[0] if speculators else "none"
         server = VLLMServer.attach(base_url, api_key=api_key)
         say(f"attached to {redact_url(server.base_url)} ({server.model})")
-        runs.append(run_benchmark(store, server, prompt_list, prompt_set=prompts, verifier=verifier, speculator=spec,
+        runs.append(run_benchmark(store, server, prompt_list, prompt_set=prompts, verifier=verifier, speculator=speculator,
                                   settings=settings, owner=owner, should_stop=should_stop,
                                   progress=lambda d, n: say(f"{d}/{n} prompts")))
         return runs, compare(store, [r.run_id for r in runs])

@@ -113,12 +113,13 @@ class VLLMExtractor(HiddenStateExtractor):
         self._lock = threading.Lock()
 
     @classmethod
-    def from_verifier(cls, spec: str, verifier, aux_layer_ids: Sequence[int] | None = None, **kw) -> VLLMExtractor:
-        """For ``verifier`` (loaded from ``spec``: embedded or a folder)."""
+    def from_verifier(cls, verifier_choice: str, verifier, aux_layer_ids: Sequence[int] | None = None,
+                      **kw) -> VLLMExtractor:  # fmt: skip
+        """For ``verifier`` (loaded from ``verifier_choice``: embedded or a folder)."""
         aux = list(aux_layer_ids) if aux_layer_ids is not None else verifier.default_aux_layer_ids()
         verifier.check_aux_layer_ids(aux)
         kw.setdefault("targets", lambda h: topk_targets(verifier, h))
-        return cls(spec, aux, num_layers=verifier.num_layers, fingerprint=verifier_fingerprint(verifier), **kw)
+        return cls(verifier_choice, aux, num_layers=verifier.num_layers, fingerprint=verifier_fingerprint(verifier), **kw)
 
     # -- the server --
 

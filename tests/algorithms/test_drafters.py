@@ -362,14 +362,14 @@ def test_create_rejects_bad_options(verifier: Verifier) -> None:
 
 def test_a_runs_confidence_policy_is_labelled_by_the_dspark_package() -> None:
     from specui.algorithms.dspark.policy import policy_option
-    from specui.service import RunSpec, run_settings
+    from specui.service import DecodeRequest, run_settings
 
     def label(mode: str) -> str | None:
-        spec = RunSpec(drafter="dspark", drafter_options={"confidence_policy": policy_option(mode, 0.3)})
-        return run_settings(spec, 7).confidence_policy
+        request = DecodeRequest(drafter="dspark", drafter_options={"confidence_policy": policy_option(mode, 0.3)})
+        return run_settings(request, 7).confidence_policy
 
     assert (label("threshold"), label("cost"), label("off")) == ("threshold:0.3", "cost:0.3", None)
-    assert run_settings(RunSpec(drafter="dflash"), 7).confidence_policy is None
+    assert run_settings(DecodeRequest(drafter="dflash"), 7).confidence_policy is None
 
 
 def test_confidence_policy_threshold_keeps_the_surviving_prefix() -> None:

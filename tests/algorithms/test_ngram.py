@@ -18,7 +18,7 @@ from specui.cli import build_parser, main
 from specui.commands import ngram_options
 from specui.data import Prompt
 from specui.errors import SpecUIError
-from specui.service import RunSpec, record_run
+from specui.service import DecodeRequest, record_run
 from specui.store import Store
 from specui.trace import SamplingParams
 from specui.vllm.server import ServerConfig, build_speculative_config, vllm_python
@@ -168,7 +168,7 @@ def test_a_stored_ngram_run_records_its_sizes(tmp_path) -> None:
         drafter,
         [prompt],
         prompt_set="t",
-        spec=RunSpec(drafter="ngram", max_new_tokens=12),
+        request=DecodeRequest(drafter="ngram", max_new_tokens=12),
     )
     settings = store.get_run(recorded.run_id).settings
     assert (settings["max_ngram"], settings["min_ngram"]) == (5, 3)

@@ -16,7 +16,7 @@ from specui.cli import main
 from specui.data import Prompt
 from specui.errors import SpecUIError
 from specui.replay import load_replay, play, replay_runs, step_source
-from specui.service import RunSpec, record_run
+from specui.service import DecodeRequest, record_run
 from specui.store import Store
 from specui.ui.render import output_html, stats_markdown, step_html
 from specui.verifier.embedded import cache_dir
@@ -60,7 +60,7 @@ def store(tmp_path: Path) -> Store:
 def test_local_run_replays_the_recorded_steps_in_order(store, embedded_verifier):
     with WORKBENCH.drafter("ngram", embedded_verifier, 4) as d:
         recorded = record_run(store, embedded_verifier, d, [Prompt(id="p", source="test", text=PROMPT)],
-                              prompt_set="test", spec=RunSpec(drafter="ngram", num_speculative_tokens=4, max_new_tokens=24))
+                              prompt_set="test", request=DecodeRequest(drafter="ngram", num_speculative_tokens=4, max_new_tokens=24))
     live = recorded.results[0]
     rp = load_replay(store, recorded.run_id)
     assert rp.prompt_index == 0 and rp.source.key == "local" and rp.source.drafts_known and rp.source.real_order

@@ -382,12 +382,12 @@ def test_cli_runs_bad_input(capsys, tmp_path, case):
 
 def test_library_errors_are_specui_errors():
     # The messages above come from the library, not the surfaces: the same checks hold for scripts.
-    from specui.service import RunSpec
+    from specui.service import DecodeRequest
     from specui.trace import SamplingParams
 
     for bad in (dict(max_new_tokens=0), dict(seed="x"), dict(num_speculative_tokens=0), dict(seed=-1)):
         with pytest.raises(SpecUIError):
-            RunSpec(drafter="ngram", **bad)
+            DecodeRequest(drafter="ngram", **bad)
     with pytest.raises(SpecUIError, match="temperature"):
         SamplingParams(temperature=float("inf"))
     assert SamplingParams(temperature="0.5", top_k=3.0) == SamplingParams(temperature=0.5, top_k=3)

@@ -217,15 +217,17 @@ class RssSampler(threading.Thread):
 # ---------------------------------------------------------------- the load
 
 
-def decode_call(client, session: int, i: int, max_new_tokens: int) -> Call:
-    """One ``/decode`` call with the embedded default and the n-gram drafter, classified."""
+def decode_call(client, session: int, i: int, max_new_tokens: int, drafter: str = "ngram",
+                k: int = 4) -> Call:
+    """One ``/decode`` call with the embedded default and ``drafter`` (K ``k``, 0: its own),
+    classified."""
     from gradio_client.exceptions import AppError
     from gradio_client.utils import QueueError
 
     prompt = PROMPTS[(session + i) % len(PROMPTS)]
     t0 = time.perf_counter()
     try:
-        out = client.predict(prompt, "ngram", "embedded", 4, max_new_tokens, 0.0, session * 1000 + i, True,
+        out = client.predict(prompt, drafter, "embedded", k, max_new_tokens, 0.0, session * 1000 + i, True,
                              api_name="/decode")
     except QueueError as e:
         return Call(session, "queue_full", time.perf_counter() - t0, message=str(e))

@@ -244,14 +244,14 @@ def test_browser_compare_table_is_readable(page, app_url, embedded_verifier):
     from specui.algorithms.simple import PlainDrafter
     from specui.data import load_prompts
     from specui.metrics import compare
-    from specui.service import RunSpec, record_runs
+    from specui.service import DecodeRequest, record_runs
     from specui.store import Store
 
     _, data = app_url
     jsonl = REPO / "data" / "prompts" / "demo.jsonl"
-    spec = RunSpec(drafter="ngram", num_speculative_tokens=4, max_new_tokens=8)
+    request = DecodeRequest(drafter="ngram", num_speculative_tokens=4, max_new_tokens=8)
     store = Store(data / "specui.db")  # the app's own store, written beside it (WAL)
-    ids = [r.run_id for r in record_runs(store, embedded_verifier, [(PlainDrafter(), spec), (NgramDrafter(4), spec)],
+    ids = [r.run_id for r in record_runs(store, embedded_verifier, [(PlainDrafter(), request), (NgramDrafter(4), request)],
                                          load_prompts(str(jsonl), limit=2), prompt_set=str(jsonl))]
     assert store.get_run(ids[0]).prompt_set == str(jsonl)  # stored whole; shown by its name
     _tab(page, "Compare")

@@ -12,7 +12,7 @@ from specui.algorithms.simple import NgramDrafter, PlainDrafter
 from specui.data.prompts import Prompt
 from specui.errors import SpecUIError
 from specui.metrics import compare
-from specui.service import RunSpec, record_run, record_runs
+from specui.service import DecodeRequest, record_run, record_runs
 from specui.store import SCHEMA_VERSION, RunStatus, Store
 from specui.verifier.fingerprint import folder_fingerprint, model_fingerprint, weights_fingerprint
 from specui.verifier.model import Verifier
@@ -80,12 +80,12 @@ def test_speedup_baseline_and_comparison_keep_two_weight_sets_apart(tmp_path: Pa
     va, vb = _tiny(0), _tiny(1)
     assert va.name == vb.name and va.fingerprint != vb.fingerprint
     store = Store(tmp_path / "specui.db")
-    spec = RunSpec(drafter="none", max_new_tokens=16)
-    ngram = RunSpec(drafter="ngram", num_speculative_tokens=3, max_new_tokens=16)
+    plain = DecodeRequest(drafter="none", max_new_tokens=16)
+    ngram = DecodeRequest(drafter="ngram", num_speculative_tokens=3, max_new_tokens=16)
     # A plain baseline and a drafter run on weights A; only a drafter run on weights B.
-    a_plain, a_ngram = (r.run_id for r in record_runs(store, va, [(PlainDrafter(), spec), (NgramDrafter(3), ngram)],
+    a_plain, a_ngram = (r.run_id for r in record_runs(store, va, [(PlainDrafter(), plain), (NgramDrafter(3), ngram)],
                                                        PROMPTS, prompt_set="fp-test"))
-    b_ngram = record_run(store, vb, NgramDrafter(3), PROMPTS, prompt_set="fp-test", spec=ngram).run_id
+    b_ngram = record_run(store, vb, NgramDrafter(3), PROMPTS, prompt_set="fp-test", request=ngram).run_id
     stored = {rid: store.get_run(rid) for rid in (a_plain, a_ngram, b_ngram)}
     assert [stored[r].verifier_fingerprint for r in (a_plain, a_ngram, b_ngram)] == [va.fingerprint] * 2 + [vb.fingerprint]
 
@@ -104,7 +104,7 @@ def test_speedup_baseline_and_comparison_keep_two_weight_sets_apart(tmp_path: Pa
     record(store, unknown_ngram.id, [[make_trace(i, 3) for i in range(6)] for _ in PROMPTS], [0.4] * 3, 3)
     assert store.get_run(unknown_ngram.id).verifier_fingerprint is None  # "" is stored as unknown
     # And a later plain run on weights B becomes B's baseline, never A's.
-    b_plain = record_run(store, vb, PlainDrafter(), PROMPTS, prompt_set="fp-test", spec=spec).run_id
+    b_plain = record_run(store, vb, PlainDrafter(), PROMPTS, prompt_set="fp-test", request=plain).run_id
     cmp = compare(store, [a_ngram, b_ngram, unknown_ngram.id])
     assert cmp.values("baseline_run_id") == [a_plain, b_plain, unknown_plain.id]
     assert all(s is not None for s in cmp.values("speedup"))

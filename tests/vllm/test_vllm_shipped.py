@@ -91,11 +91,11 @@ def _local(store, verifier, folder: Path, prompts):
     """SpecUI's engine with the same drafter and prompts, through the same store and metrics."""
     from specui.algorithms.resolve import resolve_drafter
     from specui.metrics import compare
-    from specui.service import RunSpec, record_run
+    from specui.service import DecodeRequest, record_run
 
     drafter = resolve_drafter(str(folder), verifier)
     recorded = record_run(store, verifier, drafter, prompts, prompt_set="gsm-symbolic",
-                          spec=RunSpec(drafter=str(folder), max_new_tokens=MAX_NEW))
+                          request=DecodeRequest(drafter=str(folder), max_new_tokens=MAX_NEW))
     return drafter, compare(store, [recorded.run_id]).rows[0]
 
 
