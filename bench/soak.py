@@ -217,8 +217,10 @@ def main() -> int:
         "--python", help="the app's interpreter (default: tests/ui/test_space.py's virtualenv)"
     )
     args = ap.parse_args()
+    from specui.algorithms.resolve import shipped_drafters  # the app's own list of names
+
     # A shipped name (dflash) is a name even where a folder of that name lies in the cwd.
-    shipped = args.drafter in {p.name for p in (REPO / "data" / "drafters").iterdir()}
+    shipped = args.drafter in shipped_drafters()
     folder = Path(args.drafter).expanduser()
     folder = folder.resolve() if folder.is_dir() and not shipped else None
     drafter = str(folder) if folder is not None else args.drafter

@@ -404,3 +404,23 @@ def test_compare_returns_the_charts_data_so_drawing_reads_no_steps(three_runs) -
     drawn = {int(t.name): dict(zip(t.x, t.y, strict=True)) for t in hist.data}
     assert drawn == {rid: c.tokens_per_step[rid] for rid in (ids["conf"], ids["plain"])}
     assert [t.name for t in rel.data] == ["perfect", f"run {ids['conf']}"]
+
+
+def test_prompt_drafts_are_each_prompts_drafts_and_accepted_tokens(three_runs) -> None:
+    """What the paired ship check resamples: per prompt, the steps that drafted and the
+    tokens they accepted, counted here from the recorded traces; tau of their sums is the
+    comparison's tau."""
+    from specui.metrics.comparison import prompt_drafts
+
+    store, ids, prompts, _ = three_runs
+    got = prompt_drafts(store, ids["conf"])
+    want = {
+        i: (sum(1 for s in p if s.draft_token_ids), sum(s.num_accepted for s in p if s.draft_token_ids))
+        for i, p in enumerate(prompts["conf"])
+    }
+    assert got == want
+    tau = 1 + sum(a for _, a in got.values()) / sum(d for d, _ in got.values())
+    row = compare(store, [ids["conf"]]).rows[0]
+    assert row["acceptance_length"] == pytest.approx(tau)
+    with pytest.raises(SpecUIError):
+        prompt_drafts(store, 424242)
