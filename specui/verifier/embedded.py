@@ -21,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_model
 
 from specui.errors import SpecUIError
 
@@ -145,12 +146,8 @@ def embedded_first_use() -> str | None:
         gguf = fetched_gguf_path()
         if not gguf.is_file():
             return "fetch"
-    stamp = cache_dir() / "models" / EMBEDDED_FOLDER / "specui-source.json"
-    try:
-        current = json.loads(stamp.read_text()) == {"gguf": gguf.name, "size": gguf.stat().st_size}
-    except (OSError, ValueError):
-        current = False
-    return None if current else "convert"
+    source = {"gguf": gguf.name, "size": gguf.stat().st_size}
+    return None if _converted(cache_dir() / "models" / EMBEDDED_FOLDER, source) else "convert"
 
 
 def embedded_folder() -> Path:
@@ -161,20 +158,33 @@ def embedded_folder() -> Path:
 def convert_gguf(gguf: Path, name: str | None = None) -> Path:
     """Dequantize a GGUF file once into ``cache_dir()/models/NAME`` (safetensors)."""
     out = cache_dir() / "models" / (name or gguf.stem)
-    stamp = out / "specui-source.json"
     # Name and size, not the path: every virtualenv holding the same wheel shares one conversion.
     source = {"gguf": gguf.name, "size": gguf.stat().st_size}
-    if stamp.is_file() and json.loads(stamp.read_text()) == source:
+    if _converted(out, source):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     # Two processes starting at once (app + worker, two trainings) would both convert and
     # race on the rename: the second waits for the first and then finds the folder done.
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if stamp.is_file() and json.loads(stamp.read_text()) == source:
+        if _converted(out, source):
             return out
         _convert_gguf_unlocked(gguf, out, source)
     return out
+
+
+_CONVERTED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def _converted(out: Path, source: dict) -> bool:
+    """Whether ``out`` is a whole conversion of ``source``: its stamp matches and the files a
+    load reads are there (a folder an older SpecUI half-wrote is converted again)."""
+    stamp = out / "specui-source.json"
+    try:
+        current = json.loads(stamp.read_text()) == source
+    except (OSError, ValueError):
+        return False
+    return current and all((out / f).is_file() for f in _CONVERTED_FILES)
 
 
 def _convert_gguf_unlocked(gguf: Path, out: Path, source: dict) -> None:
@@ -191,8 +201,18 @@ def _convert_gguf_unlocked(gguf: Path, out: Path, source: dict) -> None:
     model.is_quantized = False
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        # Not ``model.save_pretrained``: under an initialized torch.distributed it writes only on
+        # rank 0 (transformers 5), and whichever rank wins the lock converts, so a rank-1
+        # conversion left a folder without config or weights.  safetensors' save_model keeps
+        # the tied embedding once, as save_pretrained does.
+        model.config.save_pretrained(tmp)
+        if model.generation_config is not None:
+            model.generation_config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"))
         tok.save_pretrained(tmp)
+        missing = [f for f in _CONVERTED_FILES if not (tmp / f).is_file()]
+        if missing:
+            raise SpecUIError(f"converting {gguf.name} wrote no {', '.join(missing)} in {tmp}")
         (tmp / "specui-source.json").write_text(json.dumps(source))
         if out.exists():
             shutil.rmtree(out)
