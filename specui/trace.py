@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from specui.acceptance import AcceptanceCounts
 from specui.errors import SpecUIError
-from specui.metrics.definitions import AcceptanceCounts
 
 if TYPE_CHECKING:  # torch costs seconds to import; the store and CLI need none of it
     import torch
@@ -176,26 +176,26 @@ class GenerationResult:
 
     @property
     def acceptance_length(self) -> float:
-        """tau (``specui.metrics.definitions``); 1.0 before the first step, as the live
+        """tau (``specui.acceptance``); 1.0 before the first step, as the live
         stats show a number from the start."""
         tau = self.acceptance_counts.acceptance_length
         return 1.0 if tau is None else tau
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        """a_k, k = 1..K (``specui.metrics.definitions``); [] without drafts."""
+        """a_k, k = 1..K (``specui.acceptance``); [] without drafts."""
         return self.acceptance_counts.per_position_acceptance(self.num_speculative_tokens)
 
     @property
     def tokens_per_step(self) -> float:
-        """Output tokens / steps (``specui.metrics.definitions``); 1.0 before the first step,
+        """Output tokens / steps (``specui.acceptance``); 1.0 before the first step,
         as tau is, so the live stats show a number from the start."""
         per_step = self.acceptance_counts.tokens_per_verifier_step
         return 1.0 if per_step is None else per_step
 
     @property
     def draft_acceptance_rate(self) -> float:
-        """Accepted / drafted tokens (``specui.metrics.definitions``); 0.0 when nothing
+        """Accepted / drafted tokens (``specui.acceptance``); 0.0 when nothing
         was drafted, as the live stats print a number (the comparison leaves it blank)."""
         rate = self.acceptance_counts.draft_acceptance_rate
         return 0.0 if rate is None else rate

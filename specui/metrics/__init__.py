@@ -1,8 +1,6 @@
 """The metrics package: what the numbers mean, how they are computed over stored runs, and
 their CSV (docs/algorithms.md, "Metrics").
 
-    definitions   tau, tokens per step, a_k, acceptance rate and their empty cases (pure
-                  Python; the trace and the vLLM counters use it too)
     calibration   ECE, AUROC, Brier, temperature scaling, bootstrap intervals (numpy)
     columns       each comparison and step column's label, definition and unit
     confidence    confidence-head scores read from the store, with their labels
@@ -10,9 +8,9 @@ their CSV (docs/algorithms.md, "Metrics").
     agreement     do two runs of one drafter draft the same thing (vLLM against local)
     csv           CSV export
 
-The names below are importable from ``specui.metrics`` and load their module on first use:
-``specui.trace`` sits below the store in the import order and imports ``definitions``,
-which runs this file first, so this file must not import the store-reading modules itself.
+What tau, a_k and the acceptance rate mean is ``specui.acceptance``, below the trace and the
+store, which use it too.  The names below are importable from ``specui.metrics`` and load
+their module on first use, so importing one formula does not load the store readers.
 """
 
 from __future__ import annotations
@@ -21,16 +19,6 @@ import importlib
 from typing import Any
 
 _MODULES = {
-    "definitions": (
-        "NO_DRAFT_ACCEPTANCE_LENGTH",
-        "AcceptanceCounts",
-        "DraftStep",
-        "acceptance_length",
-        "accepted_at_positions",
-        "draft_acceptance_rate",
-        "per_position_acceptance",
-        "tokens_per_verifier_step",
-    ),
     "calibration": (
         "BOOTSTRAP_RESAMPLES",
         "INTERVAL_LEVEL",

@@ -2,7 +2,7 @@
 and unit, so the dashboard, the CLI and the CSV say what a number means.
 
 * Acceptance metrics (tau, a_k, acceptance rate) use every stored step of the run
-  (``specui.metrics.definitions``).
+  (``specui.acceptance``).
 * Throughput and speedup use the prompts whose generation finished
   (``specui.metrics.comparison``).
 """

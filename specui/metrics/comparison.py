@@ -1,7 +1,7 @@
 """The Compare tab's data: one row per stored run, and what its charts draw.
 
 * Acceptance metrics (tau, tokens per step, a_k, acceptance rate) use every stored step
-  of the run, as ``specui.metrics.definitions`` defines them; a *draft* is a step that
+  of the run, as ``specui.acceptance`` defines them; a *draft* is a step that
   drafted at least one token.
 * Throughput and speedup use the prompts whose generation finished.  Speedup compares
   time per output token over the prompts that both the run and its baseline finished.
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from specui.acceptance import AcceptanceCounts
 from specui.errors import SpecUIError
 from specui.metrics.calibration import (
     ConfidenceMetrics,
@@ -35,7 +36,6 @@ from specui.metrics.calibration import (
 from specui.metrics.columns import BASE_COLUMNS, Column, position_column
 from specui.metrics.confidence import load_confidences
 from specui.metrics.csv import csv_text, write_csv
-from specui.metrics.definitions import AcceptanceCounts
 from specui.store import BASELINE_ALGORITHM, Run, RunStatus, Store
 
 

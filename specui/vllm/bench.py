@@ -40,16 +40,16 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from specui.acceptance import (
+    acceptance_length,
+    draft_acceptance_rate,
+    per_position_acceptance,
+)
 from specui.algorithms.ngram import NgramConfig
 from specui.algorithms.spec import algorithm_for_vllm
 from specui.data import Prompt, load_prompts
 from specui.errors import SpecUIError
 from specui.metrics import Comparison, compare
-from specui.metrics.definitions import (
-    acceptance_length,
-    draft_acceptance_rate,
-    per_position_acceptance,
-)
 from specui.store import Backend, Run, RunRecorder, Store, collect_versions
 from specui.trace import (
     FinalTokenKind,
@@ -193,13 +193,13 @@ class SpecCounters:
 
     @property
     def acceptance_length(self) -> float | None:
-        """tau (``specui.metrics.definitions``); None without drafts, as the counters do
+        """tau (``specui.acceptance``); None without drafts, as the counters do
         not count the steps that drafted nothing."""
         return acceptance_length(self.accepted, self.drafts, steps=None)
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        """a_k, k = 1..K (``specui.metrics.definitions``); [] without drafts."""
+        """a_k, k = 1..K (``specui.acceptance``); [] without drafts."""
         return per_position_acceptance([self.per_position[k] for k in sorted(self.per_position)], self.drafts)
 
     def summary(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from specui.data.prompts import (
 )
 from specui.data.sets import SPEC_BENCH_GROUPS
 from specui.errors import SpecUIError
-from tests.security.test_bad_input import assert_one_error, cli
+from tests.support.cli_errors import assert_one_error, cli
 from tests.support.paths import REPO
 
 QUESTIONS = REPO / "data" / "spec-bench" / "question.jsonl"

@@ -1,4 +1,4 @@
-"""tau, a_k and the acceptance rate are defined once (specui.metrics.definitions): the trace,
+"""tau, a_k and the acceptance rate are defined once (specui.acceptance): the trace,
 the comparison and vLLM's counters give the same numbers and the same empty cases."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from specui.metrics import compare
-from specui.metrics.definitions import (
+from specui.acceptance import (
     AcceptanceCounts,
     acceptance_length,
     accepted_at_positions,
     draft_acceptance_rate,
     per_position_acceptance,
 )
+from specui.metrics import compare
 from specui.store import DecodingSettings, Store
 from specui.trace import FinalTokenKind, GenerationResult, StepTrace
 from specui.vllm.bench import SpecCounters

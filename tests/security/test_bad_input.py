@@ -24,35 +24,16 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from specui.cli import main
 from specui.data.prompts import MAX_PROMPT_CHARS, FileProblem, read_prompt_file
 from specui.errors import SpecUIError
 from specui.store import Store
 from specui.trace import MAX_SEED
 from tests.support.app_server import running_app
+from tests.support.cli_errors import assert_one_error, cli
 from tests.support.paths import FIXTURES, REPO
 
 OVER_CONTEXT = "word " * 9000  # ~9000 tokens: past SmolLM2's 8192-token window, under the character cap
 OVER_CAP = "x" * (MAX_PROMPT_CHARS + 1)
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    """``specui ARGS`` in-process: (exit code, stdout, stderr); argparse's exits included."""
-    try:
-        rc = main(list(args))
-    except SystemExit as e:  # argparse refuses before main's own handler runs
-        rc = e.code if isinstance(e.code, int) else 1
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_one_error(rc: int, err: str, fragment: str) -> None:
-    assert rc == 2, (rc, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("specui: error: "), err
-    assert "Traceback" not in err
-    assert fragment in lines[0], (fragment, lines[0])
 
 
 def tree(folder: Path) -> set[str]:

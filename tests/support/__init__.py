@@ -1,9 +1,12 @@
-"""Helpers the tests share (no tests here; fixtures stay in tests/conftest.py).
+"""Helpers the tests share (no tests here; fixtures stay in tests/conftest.py).  A test module
+imports only from here, never from another test module.
 
 - ``paths``: ``REPO`` and ``FIXTURES`` (the speculators 0.9.0 reference set).
 - ``verifiers``: ``make_tiny_verifier``, a small random Llama verifier.
 - ``families``: the registered algorithms of the DFlash and EAGLE-3 families.
-- ``vllm_skip``: ``needs_vllm``, the skip mark of the real-vLLM tests.
+- ``vllm_skip``: ``needs_vllm``, the skip mark of the real-vLLM tests; ``vllm_servers``:
+  ``launch``, a real vLLM server a module's fixture stops.
+- ``cli_errors``: ``cli`` (``specui`` in-process) and ``assert_one_error``.
 - ``store_helpers``, ``store_history``, ``replay_helpers``: hand-built traces and runs, an old
   store's schema, vLLM-style stored runs.
 - ``scripted_drafters``: drafters that propose fixed or random blocks.

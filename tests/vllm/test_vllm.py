@@ -35,6 +35,7 @@ from specui.vllm.bench import (
 )
 from specui.vllm.server import ServerConfig, plan_launch, redact_url, vllm_python
 from specui.vllm.watchdog import group_alive
+from tests.support.vllm_servers import launch
 from tests.support.vllm_skip import needs_vllm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,17 +208,9 @@ def prompts():
     return load_prompts("demo", split="eval", limit=PROMPTS)
 
 
-def _launch(request, work: Path, name: str, **kw):
-    from specui.vllm.server import VLLMServer
-
-    server = VLLMServer.launch(ServerConfig(log_path=str(work / f"{name}.log"), startup_timeout_s=420, **kw))
-    request.addfinalizer(server.stop)
-    return server
-
-
 @pytest.fixture(scope="module")
 def plain_server(request, work):
-    return _launch(request, work, "plain")
+    return launch(request, work, "plain")
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +224,7 @@ def dflash_dir(work, embedded_verifier) -> Path:
 
 @pytest.fixture(scope="module")
 def dflash_server(request, work, dflash_dir):
-    return _launch(request, work, "dflash", speculator=str(dflash_dir))
+    return launch(request, work, "dflash", speculator=str(dflash_dir))
 
 
 @pytest.fixture(scope="module")
@@ -328,7 +321,7 @@ def test_accepted_drafts_are_reconstructed_exactly(request, work, store, runs, p
     from specui.verifier.embedded import embedded_folder
     from specui.vllm.bench import run_benchmark
 
-    server = _launch(request, work, "draft-model", speculative_config={
+    server = launch(request, work, "draft-model", speculative_config={
         "method": "draft_model", "model": str(embedded_folder()), "num_speculative_tokens": 3})
     run = run_benchmark(store, server, prompts, prompt_set="demo", verifier="embedded", settings=BenchSettings(max_new_tokens=MAX_NEW))
     server.stop()

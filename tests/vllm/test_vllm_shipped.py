@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 
 from specui.algorithms.resolve import shipped_drafters
+from tests.support.vllm_servers import launch
 from tests.support.vllm_skip import needs_vllm
-from tests.vllm.test_vllm import _launch
 
 PROMPTS = 4
 MAX_NEW = 48
@@ -73,7 +73,7 @@ def prompts():
 def _serve(request, work, store, prompts, name: str, **kw):
     from specui.vllm.bench import BenchSettings, run_benchmark
 
-    server = _launch(request, work, name, **kw)
+    server = launch(request, work, name, **kw)
     try:
         return run_benchmark(store, server, prompts, prompt_set="gsm-symbolic", verifier="embedded",
                              settings=BenchSettings(max_new_tokens=MAX_NEW))
