@@ -133,3 +133,16 @@ def test_the_checker_catches_an_upward_import(tmp_path: Path) -> None:
     found = [layer_of(t) for t, _ in imported(bad, "specui.engine")]
     assert found == [layer_of("specui.store"), layer_of("specui.ui")]
     assert all(f > layer_of("specui.engine") for f in found)
+
+
+def test_tests_import_shared_helpers_only_from_tests_support() -> None:
+    """A test module that imports another test module runs that module's fixtures and
+    collection side effects too; shared helpers live in tests/support."""
+    found = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.relative_to(REPO)}: {n}" for n in names
+                      if n.startswith("tests.") and not n.startswith("tests.support")]  # fmt: skip
+    assert not found, found
