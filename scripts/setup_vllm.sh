@@ -12,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/venv_lib.sh
 source scripts/venv_lib.sh
-venv_begin vllm "${SPECUI_VLLM_VENV:-.venv-vllm}"
+PLUGIN=workers/vllm_plugin
+venv_begin vllm "${SPECUI_VLLM_VENV:-.venv-vllm}" "$PLUGIN/pyproject.toml" "$PLUGIN/specui_vllm_plugin.py"
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   spec=${SPECUI_VLLM_SPEC:-vllm}
@@ -24,6 +25,11 @@ else
   pip install --quiet "$spec"
   pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# SpecUI's vLLM plugin (workers/vllm_plugin): fixes for vLLM-CPU bugs, loaded by every
+# vLLM process.  Built with the venv's own setuptools, so nothing is downloaded for it.
+pip install --quiet --no-deps --no-build-isolation --force-reinstall "./$PLUGIN"
+rm -rf "$PLUGIN/build" "$PLUGIN"/*.egg-info
 # Fail here, not at the first server start, when the install is unusable.
 "$PY" -c "import vllm.entrypoints.openai.api_server" >/dev/null
+"$PY" -c "from importlib.metadata import entry_points as e; assert any(p.name == 'specui_cpu_fixes' for p in e(group='vllm.general_plugins'))"
 venv_done
