@@ -12,7 +12,7 @@ from typing import Any
 import gradio as gr
 import plotly.graph_objects as go
 
-from specui.algorithms.spec import algorithm_names, labels, train_defaults, train_knobs
+from specui.algorithms.spec import algorithm, algorithm_names, labels, train_defaults, train_knobs
 from specui.choices import ui_prompts, ui_verifier
 from specui.data import training_prompt_sets
 from specui.errors import SpecUIError
@@ -54,6 +54,14 @@ def option_widgets() -> dict[str, Any]:
             precision = 0 if isinstance(f.default, int) else None
             widgets[name] = gr.Number(f.default, precision=precision, **kw)
     return widgets
+
+
+def shown_options(name: str, widgets: list[str]) -> list[dict[str, Any]]:
+    """What each option widget in ``widgets`` (option names) shows when algorithm ``name`` is
+    picked: visible where the algorithm reads the option, at the algorithm's own default (so a
+    value set for another algorithm is not sent with this one's job)."""
+    reads, defaults = set(algorithm(name).train_fields), train_defaults(name)
+    return [{"visible": w in reads, "value": defaults[w]} for w in widgets]
 
 
 # Where the verifier's hidden states come from (TrainConfig.extractor): (label, value).
@@ -154,7 +162,8 @@ def build(store: Store) -> None:
             knobs = train_knobs()
             block = gr.Number(knobs["block_size"].default, precision=0, label="Block size / K")
             anchors = gr.Number(knobs["max_anchors"].default, precision=0,
-                                label=f"Anchors per sequence ({labels('max_anchors')})")
+                                label=f"Anchors per sequence ({labels('max_anchors')})",
+                                elem_id="train-option-max_anchors")
             layers = gr.Number(0, precision=0, label="Draft layers (0 = default)")
             lr = gr.Number(shared["lr"], label="Learning rate")
             extractor = gr.Dropdown(EXTRACTORS, value="local", label="Hidden states from", elem_id="train-extractor",
@@ -187,6 +196,13 @@ def build(store: Store) -> None:
             return f"❌ {e}", gr.update()
         choices = job_choices(store)
         return f"job {jid} queued", gr.update(choices=choices, value=next(c for c in choices if c.startswith(f"{jid}:")))
+
+    # Only the picked algorithm's options show (the anchors too: DFlash and DSpark read them).
+    shown = ["max_anchors", *options]
+    for widget, update in zip([anchors, *options.values()], shown_options(choices[0], shown), strict=True):
+        widget.visible = update["visible"]
+    algorithm.change(lambda a: [gr.update(**u) for u in shown_options(a, shown)], algorithm,
+                     [anchors, *options.values()])
 
     # The extractor and the generated options last: /train callers that pass the first nine
     # inputs keep working.

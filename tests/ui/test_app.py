@@ -195,6 +195,28 @@ def test_browser_train_start_and_cancel(page):
     page.screenshot(path=str(SHOTS / "train.png"), full_page=True)
 
 
+def test_browser_train_tab_shows_only_the_picked_algorithms_options(page):
+    """Each trainable algorithm of the registry, picked in the Train tab, shows the options it
+    reads (its train_fields) and hides every other algorithm's."""
+    from specui.algorithms.spec import algorithm, algorithm_names, train_knobs
+
+    _tab(page, "Train")
+    page.get_by_text("More algorithm options").click()
+    options = [n for n in train_knobs() if n != "block_size"]  # block size / K: every algorithm's
+    names = algorithm_names(trainable=True)
+    seen = {}
+    for name in [*names[1:], names[0]]:  # the first again last: the tab as the other tests find it
+        page.locator("#train-algorithm input").click()
+        page.get_by_role("option", name=name, exact=True).click()
+        want = sorted(set(options) & set(algorithm(name).train_fields))
+        deadline = time.monotonic() + 30
+        while (shown := sorted(n for n in options if page.locator(f"#train-option-{n}").is_visible())) != want:
+            assert time.monotonic() < deadline, f"{name}: the tab shows {shown}, the algorithm reads {want}"
+            time.sleep(0.2)
+        seen[name] = shown
+    assert len({tuple(v) for v in seen.values()}) > 1, seen  # the options did change with the pick
+
+
 def test_browser_compare_two_runs_and_download_csv(page, app_url):
     from gradio_client import Client
 
