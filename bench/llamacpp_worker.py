@@ -1,6 +1,6 @@
 """llama.cpp for bench/engine_peer.py: runs in .venv-llamacpp (scripts/setup_llamacpp.sh).
 
-    .venv-llamacpp/bin/python bench/llamacpp_worker.py GGUF --threads 1 --modes plain,ngram-simple
+    .venv-llamacpp/bin/python bench/llamacpp_worker.py GGUF --threads 1 --modes plain,ngram-simple,draft
 
 Standard library and ``xllamacpp`` only, so SpecUI's venv carries no llama.cpp.  One
 ``xllamacpp.Server`` per mode, each holding the model; then one JSON request per line on
@@ -27,10 +27,14 @@ SPECULATION = {  # mode -> llama.cpp speculative type (None: plain decoding)
     "ngram-simple": "COMMON_SPECULATIVE_TYPE_NGRAM_SIMPLE",
     "ngram-map-k": "COMMON_SPECULATIVE_TYPE_NGRAM_MAP_K",
     "ngram-cache": "COMMON_SPECULATIVE_TYPE_NGRAM_CACHE",
+    # A draft model: --draft-gguf, by default the verifier's own file.  SmolLM2-135M is the
+    # smallest model of its vocabulary (the draft must share it), so it is the smallest draft
+    # llama.cpp accepts for this verifier; greedy, it drafts what the verifier would emit.
+    "draft": "COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE",
 }
 
 
-def server(gguf: str, threads: int, mode: str, ctx: int) -> xl.Server:
+def server(gguf: str, threads: int, mode: str, ctx: int, draft: str | None = None, draft_max: int = 8) -> xl.Server:
     p = xl.CommonParams()
     p.model.path = gguf
     p.n_ctx = ctx
@@ -41,6 +45,12 @@ def server(gguf: str, threads: int, mode: str, ctx: int) -> xl.Server:
     kind = SPECULATION[mode]
     if kind is not None:
         p.speculative.types = [getattr(xl.common_speculative_type, kind)]
+    if mode == "draft":
+        d = p.speculative.draft
+        d.mparams.path = draft or gguf
+        d.n_max, d.n_min = draft_max, 0
+        d.cpuparams.n_threads = threads
+        d.cpuparams_batch.n_threads = threads
     return xl.Server(p)
 
 
@@ -63,8 +73,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--modes", default="plain,ngram-simple")
     ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--draft-gguf", default=None, help="the draft mode's model (default: GGUF itself)")
+    ap.add_argument("--draft-max", type=int, default=8, help="the draft mode's most drafted tokens a step")
     a = ap.parse_args()
-    servers = {m: server(a.gguf, a.threads, m, a.ctx) for m in a.modes.split(",")}
+    servers = {m: server(a.gguf, a.threads, m, a.ctx, a.draft_gguf, a.draft_max) for m in a.modes.split(",")}
     info = {"ready": True, "modes": list(servers), "system": xl.get_system_info().strip()}
     print(json.dumps(info), flush=True)
     for line in sys.stdin:
