@@ -126,7 +126,11 @@ def test_a_requested_k_above_the_block_is_an_error_too(embedded_verifier):
     assert first_code(report) == "block_size", to_text(report)
 
 
-@pytest.mark.parametrize(("name", "claims"), [("dspark", "dflash"), ("eagle3", "peagle")])
+# Every ordered pair of shipped algorithms: each one's weights under every other one's config.
+CLAIMS = [(a, b) for a in shipped_drafters() for b in shipped_drafters() if a != b]
+
+
+@pytest.mark.parametrize(("name", "claims"), CLAIMS)
 def test_a_config_claiming_another_algorithm_is_caught_from_the_weights(
     tmp_path, embedded_verifier, name, claims
 ):
