@@ -70,15 +70,42 @@ def prompt_key(prompt_ids: Sequence[int]) -> str:
     return _hash_ids(prompt_ids)
 
 
-# Config fields that say where and how a model was loaded, not what it computes: a cache must
-# survive another folder (another machine's cache path) and a transformers upgrade.
-_PROVENANCE_KEYS = ("_name_or_path", "transformers_version", "torch_dtype", "dtype")
+# What a causal LM computes, read field by field.  Not the config's whole JSON: that changes with
+# the transformers version (5.x moved rope_theta into rope_parameters, fields come and go), and
+# the response cache the repository ships must keep answering after an upgrade, or a fresh
+# machine regenerates hours of responses.  The weights are in ``verifier.fingerprint``.
+_ARCHITECTURE_FIELDS = (
+    "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "vocab_size", "hidden_act", "tie_word_embeddings", "attention_bias",
+    "mlp_bias", "sliding_window",
+)  # fmt: skip
+
+
+def _rope(cfg) -> dict[str, object]:
+    """The rotary settings in one shape whichever transformers wrote the config."""
+    params = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+    if "type" in params:
+        params["rope_type"] = params.pop("type")
+    params.setdefault("rope_type", "default")
+    params.setdefault("rope_theta", getattr(cfg, "rope_theta", None))
+    return {k: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for k, v in params.items()}
+
+
+def architecture(config) -> dict[str, object]:
+    """The fields of a verifier's config that decide what it computes, transformers-independent."""
+    fields = {k: getattr(config, k, None) for k in _ARCHITECTURE_FIELDS}
+    heads = fields["num_attention_heads"]
+    fields["head_dim"] = getattr(config, "head_dim", None) or (fields["hidden_size"] // heads if heads else None)
+    eps = getattr(config, "rms_norm_eps", None)
+    fields["rms_norm_eps"] = None if eps is None else float(eps)
+    fields["rope"] = _rope(config)
+    return fields
 
 
 def verifier_fingerprint(verifier) -> str:
-    """A short id of the verifier's weights and architecture: caches of another model never match."""
-    cfg = {k: v for k, v in verifier.config.to_dict().items() if k not in _PROVENANCE_KEYS}
-    h = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
+    """A short id of the verifier's weights and architecture: caches of another model never match,
+    and the same model keeps its id in another folder or after a transformers upgrade."""
+    h = hashlib.sha256(json.dumps(architecture(verifier.config), sort_keys=True, default=str).encode())
     h.update(verifier.fingerprint.encode())
     return h.hexdigest()[:16]
 
