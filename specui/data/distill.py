@@ -88,14 +88,16 @@ def _rope(cfg) -> dict[str, object]:
         params["rope_type"] = params.pop("type")
     params.setdefault("rope_type", "default")
     params.setdefault("rope_theta", getattr(cfg, "rope_theta", None))
-    return {k: float(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for k, v in params.items()}
+    numbers = (int, float)
+    return {k: float(v) if type(v) in numbers else v for k, v in params.items()}
 
 
 def architecture(config) -> dict[str, object]:
     """The fields of a verifier's config that decide what it computes, transformers-independent."""
     fields = {k: getattr(config, k, None) for k in _ARCHITECTURE_FIELDS}
     heads = fields["num_attention_heads"]
-    fields["head_dim"] = getattr(config, "head_dim", None) or (fields["hidden_size"] // heads if heads else None)
+    derived = fields["hidden_size"] // heads if heads else None
+    fields["head_dim"] = getattr(config, "head_dim", None) or derived
     eps = getattr(config, "rms_norm_eps", None)
     fields["rms_norm_eps"] = None if eps is None else float(eps)
     fields["rope"] = _rope(config)
@@ -105,7 +107,8 @@ def architecture(config) -> dict[str, object]:
 def verifier_fingerprint(verifier) -> str:
     """A short id of the verifier's weights and architecture: caches of another model never match,
     and the same model keeps its id in another folder or after a transformers upgrade."""
-    h = hashlib.sha256(json.dumps(architecture(verifier.config), sort_keys=True, default=str).encode())
+    arch = json.dumps(architecture(verifier.config), sort_keys=True, default=str)
+    h = hashlib.sha256(arch.encode())
     h.update(verifier.fingerprint.encode())
     return h.hexdigest()[:16]
 

@@ -132,10 +132,12 @@ def test_the_shipped_responses_answer_the_embedded_verifier(embedded_verifier):
     from specui.paths import shipped_data_dir
 
     v = embedded_verifier
-    cache = cached_responses(verifier_fingerprint(v), 128, v.eos_token_ids, [shipped_data_dir() / "corpus"])
+    shipped = [shipped_data_dir() / "corpus"]
+    cache = cached_responses(verifier_fingerprint(v), 128, v.eos_token_ids, shipped)
     prompts = load_prompts("general", split="train", limit=200)
     answered = [p.id for p in prompts if prompt_key(p.encode(v)) in cache]
-    assert len(answered) == len(prompts), f"{len(prompts) - len(answered)} of {len(prompts)} have no shipped response"
+    missing = len(prompts) - len(answered)
+    assert not missing, f"{missing} of {len(prompts)} prompts have no shipped response"
 
 
 def test_the_cache_key_reads_the_architecture_not_the_config_json():
@@ -148,11 +150,12 @@ def test_the_cache_key_reads_the_architecture_not_the_config_json():
     common = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=100, hidden_act="silu",
                   tie_word_embeddings=True, rms_norm_eps=1e-5)  # fmt: skip
-    older = SimpleNamespace(**common, rope_theta=10000, rope_scaling=None, transformers_version="4.56.0")
-    newer = SimpleNamespace(**common, head_dim=16, rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
-                            transformers_version="5.24.0", id2label={0: "LABEL_0"})  # fmt: skip
+    rope = {"rope_theta": 10000.0, "rope_type": "default"}
+    older = SimpleNamespace(**common, rope_theta=10000, rope_scaling=None, transformers_version="4.56")
+    newer = SimpleNamespace(**common, head_dim=16, rope_parameters=rope, transformers_version="5.24",
+                            id2label={0: "LABEL_0"})  # fmt: skip
     assert architecture(older) == architecture(newer)
-    other_rope = SimpleNamespace(**common, rope_parameters={"rope_theta": 50000.0, "rope_type": "default"})
+    other_rope = SimpleNamespace(**common, rope_parameters={**rope, "rope_theta": 50000.0})
     assert architecture(other_rope) != architecture(newer)
     deeper = SimpleNamespace(**{**common, "num_hidden_layers": 3}, rope_theta=10000)
     assert architecture(deeper) != architecture(older)
