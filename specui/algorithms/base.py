@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from specui.algorithms.layers import LayerConfig, init_weights, set_draft_vocab
+from specui.algorithms.layers import LayerConfig, init_weights, set_draft_vocab, to_target_vocab
 from specui.errors import SpecUIError
 from specui.sampling import process_logits
 from specui.trace import MAX_SPECULATIVE_TOKENS, Proposal, SamplingParams
@@ -316,6 +316,23 @@ def pick_tokens(
     if sampling.greedy:
         return logits.argmax(-1), q
     return torch.multinomial(q, 1, generator=generator).squeeze(-1), q
+
+
+def pick_draft_tokens(
+    logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int, sampling: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Draft-vocabulary logits [k, Vd] -> (target-vocabulary tokens [k], q [k, V] or None).
+
+    Greedy drafts each row's argmax and returns no q: a deterministic proposal, which
+    acceptance reads as q one-hot on its token, so no [k, V] row is built (two on a 49k
+    vocabulary cost more than a small drafter's layers).  Sampling maps the logits to the
+    target vocabulary and draws from the processed q (``pick_tokens``).
+    """
+    if sampling.greedy:
+        best = logits.argmax(-1)
+        return (best if d2t is None else best + d2t[best]), None
+    return pick_tokens(to_target_vocab(logits, d2t, vocab_size), sampling, generator)
 
 
 class PrefixCache:

@@ -75,7 +75,9 @@ def test_round_trip_gives_identical_weights_and_proposals(algo: str, verifier: V
     f = features(taps, d.aux_layer_ids)
     p1, p2 = d.propose(ctx(x[:25], f[:24])), loaded.propose(ctx(x[:25], f[:24]))
     assert p1.token_ids == p2.token_ids and len(p1) == d.num_speculative_tokens
-    assert torch.equal(p1.probs, p2.probs)
+    hot = SamplingParams(temperature=1.0)
+    s1, s2 = (m.propose(ctx(x[:25], f[:24], hot, torch.Generator().manual_seed(3))) for m in (d, loaded))
+    assert s1.token_ids == s2.token_ids and torch.equal(s1.probs, s2.probs)
 
 
 def _schema(v: object) -> object:
@@ -283,9 +285,12 @@ def test_proposal_probs_are_the_processed_draft_distribution(algo: str, verifier
     d = create_drafter(algo, verifier, seed=9)
     f = features(taps, d.aux_layer_ids)
     greedy = d.propose(ctx(x[:20], f[:19]))
-    assert greedy.probs.shape == (d.num_speculative_tokens, verifier.vocab_size)
-    assert torch.equal(greedy.probs.argmax(-1), torch.tensor(greedy.token_ids))
-    assert torch.equal(greedy.probs.sum(-1), torch.ones(len(greedy)))  # one-hot
+    # Greedy drafts are deterministic: no q (acceptance reads it as one-hot on the token), and
+    # the tokens are the argmaxes, which a near-zero temperature draws as well.
+    assert greedy.probs is None and len(greedy) == d.num_speculative_tokens
+    cold = d.propose(ctx(x[:20], f[:19], SamplingParams(temperature=1e-4), torch.Generator().manual_seed(0)))
+    assert cold.token_ids == greedy.token_ids
+    assert torch.equal(cold.probs.argmax(-1), torch.tensor(greedy.token_ids))
     sampling = SamplingParams(temperature=1.3, top_k=50)
     draws = [d.propose(ctx(x[:20], f[:19], sampling, torch.Generator().manual_seed(s))) for s in (1, 1, 2)]
     assert draws[0].token_ids == draws[1].token_ids  # the generator decides
@@ -398,12 +403,15 @@ def test_dspark_policy_truncates_the_proposal_and_reports_dropped_scores(verifie
     x, taps = seq
     d = create_drafter("dspark", verifier, seed=12, markov_rank=8, block_size=6)
     f = features(taps, d.aux_layer_ids)
-    full = d.propose(ctx(x[:20], f[:19]))
+    def drafted():  # sampled, so the proposal carries q to cut as well
+        return d.propose(ctx(x[:20], f[:19], SamplingParams(temperature=1.0), torch.Generator().manual_seed(4)))
+
+    full = drafted()
     assert len(full.confidences) == 6 and full.truncated_confidences is None
     survive = torch.tensor(full.confidences).cumprod(0)
     threshold = float((survive[1] + survive[2]) / 2)  # between the 2nd and 3rd slot's survival
     d.confidence_policy = ConfidencePolicy(mode="threshold", threshold=threshold)
-    cut = d.propose(ctx(x[:20], f[:19]))
+    cut = drafted()
     assert cut.token_ids == full.token_ids[:2]
     assert torch.equal(cut.probs, full.probs[:2])
     assert cut.confidences == full.confidences[:2] and cut.truncated_confidences == full.confidences[2:]

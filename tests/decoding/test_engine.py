@@ -261,3 +261,22 @@ def test_a_one_hot_distribution_is_sampled_without_a_draw():
     q = torch.full((50,), 1 / 50)
     draws = {sample(q, g) for _ in range(200)}
     assert len(draws) > 20 and not torch.equal(g.get_state(), state)
+
+
+def test_greedy_acceptance_from_argmaxes_is_the_acceptance_rule_on_one_hot_rows():
+    """The engine's greedy shortcut (``accept_greedy``: argmaxes, no one-hot rows) returns what
+    speculative sampling returns on greedy's one-hot p, for drafts that match for 0..k slots."""
+    gen = torch.Generator().manual_seed(0)
+    greedy = SamplingParams(temperature=0.0)
+    for trial in range(60):
+        k = 1 + trial % 6
+        logits = torch.randn(k + 1, 37, generator=gen)
+        best = logits.argmax(-1).tolist()
+        matched = trial % (k + 1)  # drafts equal to the argmaxes up to here, then one that differs
+        drafts = best[:matched] + [(best[i] + 1) % 37 for i in range(matched, k)]
+        p = process_logits(logits, greedy)
+        rule = engine.accept_drafts(drafts, p, None, torch.Generator().manual_seed(trial))
+        n, final, kind, target_probs = engine.accept_greedy(drafts, logits)
+        assert (n, final, kind) == rule
+        assert n == matched and final == best[matched]
+        assert target_probs == [float(p[i, t]) for i, t in enumerate(drafts)]

@@ -7,9 +7,9 @@ from typing import ClassVar
 
 import torch
 
-from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, pick_tokens
+from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, pick_draft_tokens
 from specui.algorithms.dflash.model import DFlashModel
-from specui.algorithms.layers import KV, extend_kv, to_target_vocab
+from specui.algorithms.layers import KV, extend_kv
 from specui.trace import Proposal
 
 
@@ -79,6 +79,6 @@ class DFlashDrafter(LearnedDrafter):
         _, logits = self.draft_block(ctx)
         if not self.model.config.sample_from_anchor:
             logits = logits[1:]  # slot 0 would predict the anchor itself
-        logits = to_target_vocab(logits, self.model.d2t, self.model.config.layer.vocab_size)
-        tokens, q = pick_tokens(logits, ctx.sampling, ctx.generator)
+        m = self.model
+        tokens, q = pick_draft_tokens(logits, m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator)
         return Proposal(token_ids=tokens.tolist(), probs=q)

@@ -153,7 +153,10 @@ class DFlashModel(DraftModel):
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.borrowed is not None, "bind_verifier() first"
-        w = self.borrowed.lm_head.weight.detach()
+        head = self.borrowed.lm_head
+        if type(head) is not nn.Linear:  # switched to a kernel's layer (resolve: bf16_matmuls)
+            return head(hidden)
+        w = head.weight.detach()
         return F.linear(hidden, w if w.dtype == hidden.dtype else w.to(hidden.dtype))
 
     def context(self, features: torch.Tensor) -> torch.Tensor:

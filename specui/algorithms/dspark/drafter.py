@@ -8,11 +8,10 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from specui.algorithms.base import DraftContext, pick_tokens
+from specui.algorithms.base import DraftContext, pick_draft_tokens
 from specui.algorithms.dflash.drafter import DFlashDrafter
 from specui.algorithms.dspark.model import DSparkModel
 from specui.algorithms.dspark.policy import MODES
-from specui.algorithms.layers import to_target_vocab
 from specui.errors import SpecUIError
 from specui.trace import Proposal
 
@@ -82,8 +81,9 @@ class DSparkDrafter(DFlashDrafter):
     @torch.inference_mode()
     def draft_chain(
         self, ctx: DraftContext, forced_tokens: list[int] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Draft the block slot by slot: (tokens [K], q [K, V], logits [K, Vd], confidence logits [K]).
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """Draft the block slot by slot: (tokens [K], q [K, V] (None when greedy), logits [K, Vd],
+        confidence logits [K]).
 
         ``forced_tokens`` replaces the drafted tokens (teacher forcing, for tests).
         Confidence logits are NaN without a confidence head.
@@ -99,16 +99,16 @@ class DSparkDrafter(DFlashDrafter):
             if k < first:  # runs only to advance an rnn state the way training does
                 continue
             logits = base[k] + bias if bias is not None else base[k]
-            target = to_target_vocab(logits[None], m.d2t, m.config.layer.vocab_size)
-            token, q = pick_tokens(target, ctx.sampling, ctx.generator)
+            token, q = pick_draft_tokens(logits[None], m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator)
             if forced_tokens is not None:
                 token = torch.tensor([forced_tokens[len(tokens)]], device=hidden.device)
             tokens.append(token[0])
-            qs.append(q[0])
+            qs.append(None if q is None else q[0])
             logits_out.append(logits)
             confs.append(conf if conf is not None else torch.tensor(float("nan"), device=hidden.device))
             prev = token[0]
-        return torch.stack(tokens), torch.stack(qs), torch.stack(logits_out), torch.stack(confs)
+        q_all = None if qs[0] is None else torch.stack(qs)  # None: greedy, deterministic drafts
+        return torch.stack(tokens), q_all, torch.stack(logits_out), torch.stack(confs)
 
     def propose(self, ctx: DraftContext) -> Proposal:
         tokens, q, _, conf_logits = self.draft_chain(ctx)
@@ -117,6 +117,6 @@ class DSparkDrafter(DFlashDrafter):
         conf = torch.sigmoid(conf_logits).tolist()
         n = self.confidence_policy.keep(conf)
         return Proposal(
-            token_ids=tokens[:n].tolist(), probs=q[:n], confidences=conf[:n],
+            token_ids=tokens[:n].tolist(), probs=None if q is None else q[:n], confidences=conf[:n],
             truncated_confidences=conf[n:] or None,
         )  # fmt: skip

@@ -8,9 +8,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, pick_tokens
+from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, pick_draft_tokens
 from specui.algorithms.eagle3.model import Eagle3Model
-from specui.algorithms.layers import KV, extend_kv, to_target_vocab
+from specui.algorithms.layers import KV, extend_kv
 from specui.trace import Proposal
 
 
@@ -55,8 +55,8 @@ class Eagle3Drafter(LearnedDrafter):
     @torch.inference_mode()
     def draft_steps(
         self, ctx: DraftContext, forced_tokens: list[int] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(tokens [K], q [K, V], draft logits [K, Vd]).  ``forced_tokens`` (tests) replaces
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(tokens [K], q [K, V] (None when greedy), draft logits [K, Vd]).  ``forced_tokens`` (tests) replaces
         the token fed to the next step."""
         m = self.model
         ids, feats = self.inputs(ctx)
@@ -80,11 +80,11 @@ class Eagle3Drafter(LearnedDrafter):
         spec: list[KV] | None = None  # this block's speculative rows, per layer; dropped at the end
         for s in range(self.num_speculative_tokens):
             logits = step_logits.reshape(-1)
-            token, q = pick_tokens(to_target_vocab(logits[None], m.d2t, m.config.layer.vocab_size), ctx.sampling, ctx.generator)
+            token, q = pick_draft_tokens(logits[None], m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator)
             if forced_tokens is not None:
                 token = torch.tensor([forced_tokens[s]], device=dev)
             tokens.append(token[0])
-            qs.append(q[0])
+            qs.append(None if q is None else q[0])
             logits_out.append(logits)
             if s == self.num_speculative_tokens - 1:
                 break
@@ -97,7 +97,7 @@ class Eagle3Drafter(LearnedDrafter):
             h, kv = m.run_layers(m.embed_tokens(token)[None, None], g, pos, vis, past_s)
             spec = extend_kv(spec, kv)
             step_logits, g = m.output(h)
-        return torch.stack(tokens), torch.stack(qs), torch.stack(logits_out)
+        return torch.stack(tokens), (None if qs[0] is None else torch.stack(qs)), torch.stack(logits_out)
 
     def _visible(self, layer_idx: int, rows: torch.Tensor, keys: torch.Tensor, extra: int = 0) -> torch.Tensor:
         """[len(rows), len(keys) + extra]: step-0 keys j <= row (within the window) plus ``extra``

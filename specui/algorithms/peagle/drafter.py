@@ -6,9 +6,8 @@ from typing import ClassVar
 
 import torch
 
-from specui.algorithms.base import DraftContext, pick_tokens
+from specui.algorithms.base import DraftContext, pick_draft_tokens
 from specui.algorithms.eagle3.drafter import Eagle3Drafter
-from specui.algorithms.layers import to_target_vocab
 from specui.algorithms.peagle.model import PEagleModel
 from specui.trace import Proposal
 
@@ -57,6 +56,6 @@ class PEagleDrafter(Eagle3Drafter):
     def propose(self, ctx: DraftContext) -> Proposal:
         if ctx.token_ids.numel() < 2:
             return self.empty_proposal()
-        logits = to_target_vocab(self.draft_rows(ctx), self.model.d2t, self.model.config.layer.vocab_size)
-        tokens, q = pick_tokens(logits, ctx.sampling, ctx.generator)
+        m = self.model
+        tokens, q = pick_draft_tokens(self.draft_rows(ctx), m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator)
         return Proposal(token_ids=tokens.tolist(), probs=q)
