@@ -77,7 +77,9 @@ from specui.verifier.model import Verifier
 
 
 @torch.no_grad()
-def slot_features(model, verifier: Verifier, samples, cache_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def slot_features(
+    model, verifier: Verifier, samples, cache_dir: Path
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(features [N, H + r], greedy-match labels [N], the shipped head's logits [N], the
     drafter's own probability of its greedy token [N]) over the scored slots of every
     anchor of every sample.
@@ -87,8 +89,12 @@ def slot_features(model, verifier: Verifier, samples, cache_dir: Path) -> tuple[
     cfg = TrainConfig(algorithm="dspark", block_size=model.config.block_size, max_anchors=1 << 30)
     objective = DSparkObjective(cfg, verifier)
     objective.draft_vocab = draft_target_ids(model.d2t)
-    store = HiddenStateStore(LocalExtractor(verifier, model.config.aux_layer_ids), samples, "mixed", cache_dir / "hidden")
-    gen = torch.Generator().manual_seed(0)  # unused: no sample has more positions than anchors allowed
+    store = HiddenStateStore(
+        LocalExtractor(verifier, model.config.aux_layer_ids), samples, "mixed", cache_dir / "hidden"
+    )
+    gen = torch.Generator().manual_seed(
+        0
+    )  # unused: no sample has more positions than anchors allowed
     feats, labels, logits, top_probs = [], [], [], []
     t0 = time.perf_counter()
     for i in range(len(samples)):
@@ -96,7 +102,11 @@ def slot_features(model, verifier: Verifier, samples, cache_dir: Path) -> tuple[
         if anchors.numel() == 0:
             continue
         hit = out.markov_logits.argmax(-1) == targets.top
-        earlier_hit = torch.cat([torch.ones(len(anchors), 1, dtype=torch.bool), hit[:, :-1]], 1).cumprod(1).bool()
+        earlier_hit = (
+            torch.cat([torch.ones(len(anchors), 1, dtype=torch.bool), hit[:, :-1]], 1)
+            .cumprod(1)
+            .bool()
+        )
         scored = valid & earlier_hit  # up to the first miss, as decoding scores them
         x = torch.cat([out.hidden, model.markov_head.markov_w1(out.prev_token_ids)], -1)
         feats.append(x[scored].numpy())
@@ -105,10 +115,17 @@ def slot_features(model, verifier: Verifier, samples, cache_dir: Path) -> tuple[
         top_probs.append(out.markov_logits.float().softmax(-1).amax(-1)[scored].numpy())
         if (i + 1) % 50 == 0:
             print(f"  {i + 1}/{len(samples)} samples, {time.perf_counter() - t0:.0f} s", flush=True)
-    return np.concatenate(feats), np.concatenate(labels), np.concatenate(logits), np.concatenate(top_probs)
+    return (
+        np.concatenate(feats),
+        np.concatenate(labels),
+        np.concatenate(logits),
+        np.concatenate(top_probs),
+    )
 
 
-def fit_linear(x: np.ndarray, y: np.ndarray, l2: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def fit_linear(
+    x: np.ndarray, y: np.ndarray, l2: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Logistic regression on standardised features: (weights, bias, mean, std)."""
     xt, yt = torch.from_numpy(x), torch.from_numpy(y).float()
     mu, sd = xt.mean(0), xt.std(0) + 1e-6
@@ -134,8 +151,11 @@ def main() -> None:
     ap.add_argument("--train-samples", type=int, default=300)
     ap.add_argument("--heldout-prompts", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "specui" / "probe"),
-                    help="self-distilled responses and hidden states (reuse the training cache to skip generation)")
+    ap.add_argument(
+        "--cache-dir",
+        default=str(Path.home() / ".cache" / "specui" / "probe"),
+        help="self-distilled responses and hidden states (reuse the training cache to skip generation)",
+    )
     ap.add_argument("--l2", default="1e-4,1e-2,1e-1")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -152,20 +172,33 @@ def main() -> None:
         ("held-out", load_prompts("gsm-symbolic", split="eval", limit=a.heldout_prompts)),
     ):
         print(f"{name}: {len(prompts)} prompts", flush=True)
-        samples = [s for s in self_distill(verifier, prompts, a.max_new_tokens, 16, cache) if len(s.response_ids) > model.config.block_size]
+        samples = [
+            s
+            for s in self_distill(verifier, prompts, a.max_new_tokens, 16, cache)
+            if len(s.response_ids) > model.config.block_size
+        ]
         data[name] = slot_features(model, verifier, samples, cache)
-        print(f"{name}: {len(data[name][1])} scored slots, acceptance {data[name][1].mean():.3f}", flush=True)
+        print(
+            f"{name}: {len(data[name][1])} scored slots, acceptance {data[name][1].mean():.3f}",
+            flush=True,
+        )
 
     print(f"\n{'head':<22}{'fit data AUROC':>16}{'held-out AUROC':>16}")
     print(f"{'shipped':<22}" + "".join(f"{auroc(data[n][2], data[n][1]):>16.3f}" for n in data))
     # Not a head: the drafter's softmax probability of the token it drafts, the usual
     # uncertainty signal; it says how much a head that could read it would gain.
-    print(f"{'draft top-1 prob':<22}" + "".join(f"{auroc(data[n][3], data[n][1]):>16.3f}" for n in data))
+    print(
+        f"{'draft top-1 prob':<22}"
+        + "".join(f"{auroc(data[n][3], data[n][1]):>16.3f}" for n in data)
+    )
     x_fit, y_fit = data["fit data"][:2]
     for l2 in (float(v) for v in a.l2.split(",")):
         w, b, mu, sd = fit_linear(x_fit, y_fit, l2)
         scores = {n: ((torch.from_numpy(d[0]) - mu) / sd @ w + b).numpy() for n, d in data.items()}
-        print(f"{'refit, L2 ' + format(l2, 'g'):<22}" + "".join(f"{auroc(scores[n], data[n][1]):>16.3f}" for n in data))
+        print(
+            f"{'refit, L2 ' + format(l2, 'g'):<22}"
+            + "".join(f"{auroc(scores[n], data[n][1]):>16.3f}" for n in data)
+        )
 
 
 if __name__ == "__main__":

@@ -58,7 +58,9 @@ def drafter_for(algo: str, verifier: Verifier, k: int, markov_rank: int = 256): 
     return d
 
 
-def time_blocks(drafters: dict[int, object], verifier: Verifier, context: int, repeats: int) -> dict[int, float]:
+def time_blocks(
+    drafters: dict[int, object], verifier: Verifier, context: int, repeats: int
+) -> dict[int, float]:
     """Median seconds of ``propose`` per K over ``repeats`` consecutive decoding steps.
 
     The Ks take turns step by step, so a burst of load from another process
@@ -72,7 +74,9 @@ def time_blocks(drafters: dict[int, object], verifier: Verifier, context: int, r
     sampling = SamplingParams()
 
     def step(drafter, n: int) -> float:  # noqa: ANN001
-        ctx = DraftContext(token_ids=ids[:n], features=feats[: n - 1], sampling=sampling, generator=None)
+        ctx = DraftContext(
+            token_ids=ids[:n], features=feats[: n - 1], sampling=sampling, generator=None
+        )
         t0 = time.perf_counter()
         proposal = drafter.propose(ctx)
         dt = time.perf_counter() - t0
@@ -99,10 +103,16 @@ def draft_share(precision: str, algorithms: list[str], prompts: int, max_new_tok
     ids = [p.encode(verifier) for p in load_prompts("spec-bench", limit=prompts)]
     print(f"verifier {verifier.name} in {verifier.precision}; {len(ids)} Spec-Bench prompts, "
           f"{max_new_tokens} new tokens, greedy, one thread")  # fmt: skip
-    print(f"{'drafter':<8} {'draft / verify':>14} {'draft ms/step':>13} {'verify ms/step':>14} {'tau':>5}")
+    print(
+        f"{'drafter':<8} {'draft / verify':>14} {'draft ms/step':>13} {'verify ms/step':>14} {'tau':>5}"
+    )
     for algo in algorithms:
         drafter = resolve_drafter(algo, verifier)
-        steps = [s for prompt in ids for s in generate(verifier, drafter, prompt, max_new_tokens=max_new_tokens).steps]
+        steps = [
+            s
+            for prompt in ids
+            for s in generate(verifier, drafter, prompt, max_new_tokens=max_new_tokens).steps
+        ]
         draft, verify = sum(s.draft_time_s for s in steps), sum(s.verify_time_s for s in steps)
         tau = statistics.mean(s.num_accepted + 1 for s in steps)
         print(f"{algo:<8} {draft / verify:>14.1%} {draft / len(steps) * 1e3:>13.1f} "
@@ -111,12 +121,18 @@ def draft_share(precision: str, algorithms: list[str], prompts: int, max_new_tok
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--embedded", action="store_true", help="load the real embedded SmolLM2 verifier")
+    ap.add_argument(
+        "--embedded", action="store_true", help="load the real embedded SmolLM2 verifier"
+    )
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--context", type=int, default=128, help="prompt length before the timed steps")
     ap.add_argument("--algorithms", default="eagle3,peagle,dflash,dspark")
-    ap.add_argument("--markov-rank", type=int, default=256, help="DSpark Markov head rank (0 = none)")
-    ap.add_argument("--share", metavar="PRECISION", help="draft time / verify time of the shipped drafters")
+    ap.add_argument(
+        "--markov-rank", type=int, default=256, help="DSpark Markov head rank (0 = none)"
+    )
+    ap.add_argument(
+        "--share", metavar="PRECISION", help="draft time / verify time of the shipped drafters"
+    )
     ap.add_argument("--prompts", type=int, default=4, help="Spec-Bench questions for --share")
     ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens a prompt for --share")
     args = ap.parse_args()

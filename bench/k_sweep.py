@@ -51,8 +51,12 @@ from specui.verifier.model import Verifier
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--drafter", action="append", default=None, help="shipped name or folder (repeatable)")
-    ap.add_argument("--ks", default="2,3,4,5,8", help="comma-separated K values (capped at each drafter's own)")
+    ap.add_argument(
+        "--drafter", action="append", default=None, help="shipped name or folder (repeatable)"
+    )
+    ap.add_argument(
+        "--ks", default="2,3,4,5,8", help="comma-separated K values (capped at each drafter's own)"
+    )
     ap.add_argument("--prompts", type=int, default=12, help="first N held-out gsm-symbolic prompts")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1)
@@ -67,7 +71,9 @@ def main() -> None:
     for choice in a.drafter or ["dflash", "dspark"]:
         own = resolve_drafter(choice, v)  # at its own K; smaller Ks load it again, resized
         for k in sorted({min(int(x), own.num_speculative_tokens) for x in a.ks.split(",")}):
-            variants[f"{choice} K={k}"] = own if k == own.num_speculative_tokens else resolve_drafter(choice, v, k)
+            variants[f"{choice} K={k}"] = (
+                own if k == own.num_speculative_tokens else resolve_drafter(choice, v, k)
+            )
     generate(v, variants["plain"], prompts[0], max_new_tokens=8)  # warm-up
     seconds = dict.fromkeys(variants, 0.0)
     tokens = dict.fromkeys(variants, 0)
@@ -90,12 +96,16 @@ def main() -> None:
                 same[name] &= r.output_token_ids == plain_ids
             print(f"repeat {rep + 1}/{a.repeats} prompt {i + 1}/{len(prompts)}", flush=True)
     base = seconds["plain"] / tokens["plain"]
-    print(f"verifier={v.name} prompts={len(prompts)} tokens={a.tokens} repeats={a.repeats} threads={a.threads}")
+    print(
+        f"verifier={v.name} prompts={len(prompts)} tokens={a.tokens} repeats={a.repeats} threads={a.threads}"
+    )
     print(f"{'variant':<16}{'tau':>7}{'tok/s':>9}{'speedup':>10}{'same output':>13}")
     for name in variants:
         tau = 1 + accepted[name] / steps[name] if steps[name] else 1.0
         per_token = seconds[name] / tokens[name]
-        print(f"{name:<16}{tau:>7.2f}{1 / per_token:>9.2f}{base / per_token:>9.2f}x{str(same[name]):>13}")
+        print(
+            f"{name:<16}{tau:>7.2f}{1 / per_token:>9.2f}{base / per_token:>9.2f}x{str(same[name]):>13}"
+        )
 
 
 if __name__ == "__main__":

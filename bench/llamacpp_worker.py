@@ -34,7 +34,9 @@ SPECULATION = {  # mode -> llama.cpp speculative type (None: plain decoding)
 }
 
 
-def server(gguf: str, threads: int, mode: str, ctx: int, draft: str | None = None, draft_max: int = 8) -> xl.Server:
+def server(
+    gguf: str, threads: int, mode: str, ctx: int, draft: str | None = None, draft_max: int = 8
+) -> xl.Server:
     p = xl.CommonParams()
     p.model.path = gguf
     p.n_ctx = ctx
@@ -73,10 +75,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--modes", default="plain,ngram-simple")
     ap.add_argument("--ctx", type=int, default=2048)
-    ap.add_argument("--draft-gguf", default=None, help="the draft mode's model (default: GGUF itself)")
-    ap.add_argument("--draft-max", type=int, default=8, help="the draft mode's most drafted tokens a step")
+    ap.add_argument(
+        "--draft-gguf", default=None, help="the draft mode's model (default: GGUF itself)"
+    )
+    ap.add_argument(
+        "--draft-max", type=int, default=8, help="the draft mode's most drafted tokens a step"
+    )
     a = ap.parse_args()
-    servers = {m: server(a.gguf, a.threads, m, a.ctx, a.draft_gguf, a.draft_max) for m in a.modes.split(",")}
+    servers = {
+        m: server(a.gguf, a.threads, m, a.ctx, a.draft_gguf, a.draft_max)
+        for m in a.modes.split(",")
+    }
     info = {"ready": True, "modes": list(servers), "system": xl.get_system_info().strip()}
     print(json.dumps(info), flush=True)
     for line in sys.stdin:

@@ -37,32 +37,49 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--queue-size", type=int, default=16, help="the app's --queue-size")
     ap.add_argument("--backoff", type=float, default=0.5, help="seconds a refused session waits")
-    ap.add_argument("--keep", action="store_true", help="keep the data dir (DB and app.log) and print its path")
+    ap.add_argument(
+        "--keep", action="store_true", help="keep the data dir (DB and app.log) and print its path"
+    )
     args = ap.parse_args()
 
     data = Path(tempfile.mkdtemp(prefix="specui-load-"))
     load0 = os.getloadavg()
     t0 = time.monotonic()
     with App(data, queue_size=args.queue_size) as app:
-        print(f"app on {app.url} (pid {app.proc.pid}, queue size {args.queue_size}) up in "
-              f"{time.monotonic() - t0:.1f} s; data {data}", flush=True)
+        print(
+            f"app on {app.url} (pid {app.proc.pid}, queue size {args.queue_size}) up in "
+            f"{time.monotonic() - t0:.1f} s; data {data}",
+            flush=True,
+        )
         # One call first, so the verifier load (a few seconds) is not counted as latency under load.
         from gradio_client import Client
 
         warm = Client(app.url, verbose=False)
         t1 = time.monotonic()
-        known = {warm.predict("Hello.", "ngram", "embedded", 4, 8, 0.0, 0, True, api_name="/decode")["run_id"]}
+        known = {
+            warm.predict("Hello.", "ngram", "embedded", 4, 8, 0.0, 0, True, api_name="/decode")[
+                "run_id"
+            ]
+        }
         warm.close()
         print(f"warm-up decode {time.monotonic() - t1:.1f} s", flush=True)
 
-        res = run_load(app.url, app.proc.pid, args.sessions, duration_s=args.duration,
-                       max_new_tokens=args.max_new_tokens, backoff_s=args.backoff,
-                       progress=lambda s: print(f"\r{s}", end="", file=sys.stderr, flush=True))
+        res = run_load(
+            app.url,
+            app.proc.pid,
+            args.sessions,
+            duration_s=args.duration,
+            max_new_tokens=args.max_new_tokens,
+            backoff_s=args.backoff,
+            progress=lambda s: print(f"\r{s}", end="", file=sys.stderr, flush=True),
+        )
         print(file=sys.stderr)
         load1 = os.getloadavg()
         # Still serving after the load?
         after = Client(app.url, verbose=False)
-        out = after.predict("Still there?", "ngram", "embedded", 4, 8, 0.0, 0, True, api_name="/decode")
+        out = after.predict(
+            "Still there?", "ngram", "embedded", 4, 8, 0.0, 0, True, api_name="/decode"
+        )
         after.close()
         alive = "run_id" in out
         known.add(out["run_id"])
@@ -72,27 +89,45 @@ def main() -> int:
     lat = sorted(c.latency_s for c in ok)
     tokens = sum(c.num_output_tokens for c in ok)
     full = res.count("queue_full")
-    print(f"\nsessions {args.sessions}, duration {args.duration:.0f} s (wall {res.wall_s:.1f} s), "
-          f"max_new_tokens {args.max_new_tokens}, queue size {args.queue_size}")
+    print(
+        f"\nsessions {args.sessions}, duration {args.duration:.0f} s (wall {res.wall_s:.1f} s), "
+        f"max_new_tokens {args.max_new_tokens}, queue size {args.queue_size}"
+    )
     print(f"calls        {len(res.calls)}")
     print(f"ok           {len(ok)}")
-    print(f"queue full   {full}" + (f"   (message: {next(c.message for c in res.calls if c.outcome == 'queue_full')!r})"
-                                    if full else ""))
+    print(
+        f"queue full   {full}"
+        + (
+            f"   (message: {next(c.message for c in res.calls if c.outcome == 'queue_full')!r})"
+            if full
+            else ""
+        )
+    )
     print(f"errors       {len(res.errors)}")
     for msg, n in Counter(c.message for c in res.errors).most_common(5):
         print(f"  {n} x {msg[:300]}")
-    print(f"latency ok   p50 {percentile(lat, 50):.2f} s   p95 {percentile(lat, 95):.2f} s   max "
-          f"{(lat[-1] if lat else float('nan')):.2f} s")
-    print(f"throughput   {len(ok) / res.wall_s:.2f} decodes/s, {tokens / res.wall_s:.1f} tokens/s "
-          f"({tokens} tokens)")
-    print(f"RSS (app tree) first {res.rss_first_bytes / 2**20:.0f} MiB, peak {res.rss_peak_bytes / 2**20:.0f} MiB, "
-          f"last {res.rss_last_bytes / 2**20:.0f} MiB")
-    print(f"runs stored  {check.stored_done} done of {len(ok)} ok calls; missing {check.missing}, "
-          f"not done {check.not_done}, wrong output {check.wrong_output}, wrong owner {check.wrong_owner}, "
-          f"left running {check.left_running}, extra {check.extra}")
+    print(
+        f"latency ok   p50 {percentile(lat, 50):.2f} s   p95 {percentile(lat, 95):.2f} s   max "
+        f"{(lat[-1] if lat else float('nan')):.2f} s"
+    )
+    print(
+        f"throughput   {len(ok) / res.wall_s:.2f} decodes/s, {tokens / res.wall_s:.1f} tokens/s "
+        f"({tokens} tokens)"
+    )
+    print(
+        f"RSS (app tree) first {res.rss_first_bytes / 2**20:.0f} MiB, peak {res.rss_peak_bytes / 2**20:.0f} MiB, "
+        f"last {res.rss_last_bytes / 2**20:.0f} MiB"
+    )
+    print(
+        f"runs stored  {check.stored_done} done of {len(ok)} ok calls; missing {check.missing}, "
+        f"not done {check.not_done}, wrong output {check.wrong_output}, wrong owner {check.wrong_owner}, "
+        f"left running {check.left_running}, extra {check.extra}"
+    )
     print(f"app answers after the load: {alive}")
-    print(f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
-          f"after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} ({os.cpu_count()} CPUs)")
+    print(
+        f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
+        f"after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} ({os.cpu_count()} CPUs)"
+    )
     passed = not res.errors and ok and check.clean and alive
     print("PASS" if passed else "FAIL")
     if args.keep:

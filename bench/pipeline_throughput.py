@@ -91,18 +91,29 @@ def stage_generate(verifier, samples, max_new_tokens: int, procs: int, peak: flo
     from specui.data.generate import measure_generation
 
     prompts = [list(s.prompt_ids) for s in samples]
-    old = measure_generation(verifier, prompts, max_new_tokens, engine="transformers", batch_size=64)
+    old = measure_generation(
+        verifier, prompts, max_new_tokens, engine="transformers", batch_size=64
+    )
     new = measure_generation(verifier, prompts, max_new_tokens, engine="fast", batch_size=64)
     ctx = statistics.mean(len(p) for p in prompts) + max_new_tokens / 2
-    flops = forward_flops(verifier, new["prompt_tokens"] + new["response_tokens"], ctx, new["response_tokens"])
+    flops = forward_flops(
+        verifier, new["prompt_tokens"] + new["response_tokens"], ctx, new["response_tokens"]
+    )
     rows = [_row("generate", new["tokens_per_s"], old["tokens_per_s"], flops / new["seconds"] / 1e12 / peak,
                  response_tokens_per_s=new["response_tokens_per_s"],
                  old_response_tokens_per_s=old["response_tokens_per_s"])]  # fmt: skip
     if procs > 1:
         one = generate_in_processes(samples, max_new_tokens, 1)
         many = generate_in_processes(samples, max_new_tokens, procs)
-        rows.append(_row(f"generate:{procs}proc", many, one, None,
-                         note=f"{procs} processes against 1, same prompts, verifier loads included"))
+        rows.append(
+            _row(
+                f"generate:{procs}proc",
+                many,
+                one,
+                None,
+                note=f"{procs} processes against 1, same prompts, verifier loads included",
+            )
+        )
     return rows
 
 
@@ -114,7 +125,9 @@ def generate_in_processes(samples, max_new_tokens: int, procs: int) -> float:
     prompts = [Prompt(s.id, "bench", token_ids=s.prompt_ids) for s in samples]
     with tempfile.TemporaryDirectory(prefix="specui-gen-") as cache:
         t = time.perf_counter()
-        distill_in_processes("embedded", prompts, procs, max_new_tokens, cache, generation_dtype=torch.bfloat16)
+        distill_in_processes(
+            "embedded", prompts, procs, max_new_tokens, cache, generation_dtype=torch.bfloat16
+        )
         seconds = time.perf_counter() - t
         made = {}
         for f in Path(cache).glob("responses-*.jsonl"):
@@ -131,7 +144,9 @@ def old_extract(verifier, samples, layer_ids: list[int], out: Path) -> None:
     for i, s in enumerate(samples):
         ids = torch.tensor(s.input_ids, dtype=torch.long)
         taps = verifier.taps(ids, layer_ids)
-        write_sample(out / f"{i}.safetensors", taps, ids, torch.tensor(s.loss_mask, dtype=torch.long))
+        write_sample(
+            out / f"{i}.safetensors", taps, ids, torch.tensor(s.loss_mask, dtype=torch.long)
+        )
 
 
 def stage_extract(verifier, samples, aux: list[int], work: Path, peak: float) -> tuple[dict, Path]:
@@ -162,8 +177,15 @@ def step_flops(objective, model, batch) -> float:
     return float(counter.get_total_flops())
 
 
-def new_train(verifier, algo: str, files: list[Path], kept: torch.Tensor, steps: int, batch_size: int,
-              log_every: int = 10) -> tuple[float, float, float]:
+def new_train(
+    verifier,
+    algo: str,
+    files: list[Path],
+    kept: torch.Tensor,
+    steps: int,
+    batch_size: int,
+    log_every: int = 10,
+) -> tuple[float, float, float]:
     """(sequence tokens/s, FLOPs per token, median step s) of the new training math."""
     from specui.algorithms.objective import objective_for
     from specui.data.hidden import read_sample
@@ -176,7 +198,9 @@ def new_train(verifier, algo: str, files: list[Path], kept: torch.Tensor, steps:
     model = obj.build().train()
     opt = make_optimizer([p for p in model.parameters() if p.requires_grad], cfg)
     samples = [read_sample(f, len(model.config.aux_layer_ids)) for f in files]
-    batches = [samples[i : i + batch_size] for i in range(0, len(samples) - batch_size + 1, batch_size)]
+    batches = [
+        samples[i : i + batch_size] for i in range(0, len(samples) - batch_size + 1, batch_size)
+    ]
     flops = step_flops(obj, model, batches[0]) / sum(len(s) for s in batches[0])
     gen = torch.Generator()
     times, tokens = [], []
@@ -184,7 +208,9 @@ def new_train(verifier, algo: str, files: list[Path], kept: torch.Tensor, steps:
         batch = batches[step % len(batches)]
         t = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, _ = obj.loss(model, batch, gen.manual_seed(step), metrics=(step + 1) % log_every == 0)
+            loss, _ = obj.loss(
+                model, batch, gen.manual_seed(step), metrics=(step + 1) % log_every == 0
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -232,12 +258,16 @@ print(json.dumps({"tokens_per_s": sum(tokens) / sum(times), "step_s": statistics
 def old_tree(ref: str, dest: Path) -> Path:
     """The ``specui`` package of commit ``ref``, unpacked into ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref, "specui"], check=True, capture_output=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", ref, "specui"], check=True, capture_output=True
+    )
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
     return dest
 
 
-def old_train(tree: Path, algo: str, files: list[Path], kept: torch.Tensor, steps: int, batch_size: int) -> dict:
+def old_train(
+    tree: Path, algo: str, files: list[Path], kept: torch.Tensor, steps: int, batch_size: int
+) -> dict:
     args = {"algo": algo, "files": [str(f) for f in files], "kept": kept.tolist(), "steps": steps,
             "batch_size": batch_size}  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
@@ -260,7 +290,9 @@ def main() -> int:
     p.add_argument("--procs", type=int, default=1, help="also time generation in N processes")
     p.add_argument("--old-ref", default=OLD_REF, help="the commit whose code is the old path")
     p.add_argument("--stages", default="generate,extract,train", help="comma-separated")
-    p.add_argument("--algorithms", default=None, help="comma-separated (default: every trainable one)")
+    p.add_argument(
+        "--algorithms", default=None, help="comma-separated (default: every trainable one)"
+    )
     a = p.parse_args()
     torch.set_num_threads(1)
     from specui.algorithms.objective import most_frequent_tokens

@@ -53,7 +53,9 @@ from specui.verifier.model import Verifier
 ALGOS = ("eagle3", "peagle", "dflash", "dspark")
 
 
-def verifier_costs(v: Verifier, context: int, ks: list[int], repeats: int, aux: list[int]) -> tuple[float, dict[int, float]]:
+def verifier_costs(
+    v: Verifier, context: int, ks: list[int], repeats: int, aux: list[int]
+) -> tuple[float, dict[int, float]]:
     """Median seconds of a 1-token decode step and of verifying K+1 tokens (with aux taps)."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(100, v.vocab_size, (context + max(ks) + 2,), generator=g)
@@ -72,7 +74,9 @@ def verifier_costs(v: Verifier, context: int, ks: list[int], repeats: int, aux: 
 
 
 def make_drafter(algo: str, v: Verifier, k: int, layers: int, vocab: int | None, markov_rank: int):  # noqa: ANN201
-    draft_vocab = list(range(vocab)) if vocab else None  # which ids are kept does not change the cost
+    draft_vocab = (
+        list(range(vocab)) if vocab else None
+    )  # which ids are kept does not change the cost
     sizes = {
         "eagle3": dict(num_speculative_tokens=k),
         "peagle": dict(num_speculative_tokens=k),
@@ -84,7 +88,9 @@ def make_drafter(algo: str, v: Verifier, k: int, layers: int, vocab: int | None,
     return d
 
 
-def draft_costs(drafters: dict[str, object], v: Verifier, context: int, repeats: int) -> dict[str, float]:
+def draft_costs(
+    drafters: dict[str, object], v: Verifier, context: int, repeats: int
+) -> dict[str, float]:
     """Median seconds of ``propose`` per variant, steady state (see bench/draft_cost.py)."""
     g = torch.Generator().manual_seed(1)
     total = context + repeats + 4
@@ -94,7 +100,9 @@ def draft_costs(drafters: dict[str, object], v: Verifier, context: int, repeats:
     sampling = SamplingParams()
 
     def step(d, n: int) -> float:  # noqa: ANN001
-        ctx = DraftContext(token_ids=ids[:n], features=feats[: n - 1], sampling=sampling, generator=None)
+        ctx = DraftContext(
+            token_ids=ids[:n], features=feats[: n - 1], sampling=sampling, generator=None
+        )
         t0 = time.perf_counter()
         d.propose(ctx)
         return time.perf_counter() - t0
@@ -115,14 +123,22 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--context", type=int, default=256, help="cached tokens before the timed step")
     ap.add_argument("--ks", default="3,5,7,8")
-    ap.add_argument("--draft-k", type=int, default=7, help="K of the drafter-cost and tau-needed tables")
+    ap.add_argument(
+        "--draft-k", type=int, default=7, help="K of the drafter-cost and tau-needed tables"
+    )
     ap.add_argument("--vocabs", default="4096,8192,16384,full")
     ap.add_argument("--algorithms", default=",".join(ALGOS))
-    ap.add_argument("--layers", default="eagle3:1,peagle:2,dflash:2,dspark:2", help="algo:layers,...")
+    ap.add_argument(
+        "--layers", default="eagle3:1,peagle:2,dflash:2,dspark:2", help="algo:layers,..."
+    )
     ap.add_argument("--markov-rank", type=int, default=256)
     ap.add_argument("--target", type=float, default=1.5, help="speedup the tau-needed table is for")
-    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                    help="verifier precision (specui.verifier.batch_invariant)")
+    ap.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default="fp32",
+        help="verifier precision (specui.verifier.batch_invariant)",
+    )
     args = ap.parse_args()
     ks = [int(x) for x in args.ks.split(",")]
     vocabs = [None if x == "full" else int(x) for x in args.vocabs.split(",")]
@@ -140,32 +156,59 @@ def main() -> None:
             t1, tv = verifier_costs(v, args.context, ks, args.repeats, aux)
             print(f"\n== torch threads {threads}")
             print(f"verifier: decode step t1 = {t1 * 1e3:.1f} ms")
-            print("  " + "  ".join(f"verify K={k} ({k + 1} tok): {tv[k] * 1e3:.1f} ms = {tv[k] / t1:.2f} t1" for k in ks))
+            print(
+                "  "
+                + "  ".join(
+                    f"verify K={k} ({k + 1} tok): {tv[k] * 1e3:.1f} ms = {tv[k] / t1:.2f} t1"
+                    for k in ks
+                )
+            )
             if dk not in tv:
                 t1b, extra = verifier_costs(v, args.context, [dk], args.repeats, aux)
                 tv[dk] = extra[dk] * t1 / t1b
             vname = {None: "full"}
             print(f"drafter cost per block, K={dk} (ms; in units of t1 in brackets)")
-            print(f"  {'algo':<7}{'layers':>7} " + " ".join(f"{'V=' + vname.get(x, str(x)):>16}" for x in vocabs))
+            print(
+                f"  {'algo':<7}{'layers':>7} "
+                + " ".join(f"{'V=' + vname.get(x, str(x)):>16}" for x in vocabs)
+            )
             td: dict[tuple[str, int | None], float] = {}
             for algo in algos:
-                ds = {str(x): make_drafter(algo, v, dk, layers[algo], x, args.markov_rank) for x in vocabs}
+                ds = {
+                    str(x): make_drafter(algo, v, dk, layers[algo], x, args.markov_rank)
+                    for x in vocabs
+                }
                 times = draft_costs(ds, v, args.context, args.repeats)
                 for x in vocabs:
                     td[algo, x] = times[str(x)]
                 cells = [f"{times[str(x)] * 1e3:>7.1f} ({times[str(x)] / t1:.2f})" for x in vocabs]
                 print(f"  {algo:<7}{layers[algo]:>7} " + " ".join(f"{c:>16}" for c in cells))
-            print(f"tau needed for {args.target}x at K={dk} (tau_max {dk + 1}) = {args.target} * (tv + td) / t1")
-            print(f"  {'algo':<7} " + " ".join(f"{'V=' + vname.get(x, str(x)):>10}" for x in vocabs))
+            print(
+                f"tau needed for {args.target}x at K={dk} (tau_max {dk + 1}) = {args.target} * (tv + td) / t1"
+            )
+            print(
+                f"  {'algo':<7} " + " ".join(f"{'V=' + vname.get(x, str(x)):>10}" for x in vocabs)
+            )
             for algo in algos:
-                print(f"  {algo:<7} " + " ".join(f"{args.target * (tv[dk] + td[algo, x]) / t1:>10.2f}" for x in vocabs))
+                print(
+                    f"  {algo:<7} "
+                    + " ".join(
+                        f"{args.target * (tv[dk] + td[algo, x]) / t1:>10.2f}" for x in vocabs
+                    )
+                )
             print(f"tau needed for {args.target}x by K, with each drafter's smallest-vocab cost (draft cost taken as K={dk}'s; "
                   "parallel drafters' cost is flat in K, EAGLE-3's grows ~linearly)")  # fmt: skip
             small = vocabs[0]
             print(f"  {'algo':<7} " + " ".join(f"{'K=' + str(k):>8}" for k in ks))
             for algo in algos:
                 scale = (lambda k: k / dk) if algo == "eagle3" else (lambda k: 1.0)
-                print(f"  {algo:<7} " + " ".join(f"{args.target * (tv[k] + td[algo, small] * scale(k)) / t1:>8.2f}" for k in ks))
+                print(
+                    f"  {algo:<7} "
+                    + " ".join(
+                        f"{args.target * (tv[k] + td[algo, small] * scale(k)) / t1:>8.2f}"
+                        for k in ks
+                    )
+                )
 
 
 if __name__ == "__main__":

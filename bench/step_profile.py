@@ -45,8 +45,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=12, help="ops listed per path")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--precision", choices=("bf16", "int8", "gguf"), default="bf16")
-    ap.add_argument("--ab", help="comma-separated precisions to time against each other in this process")
-    ap.add_argument("--ablate", action="store_true", help="time the step without its matmuls, row preparation and attention in turn")
+    ap.add_argument(
+        "--ab", help="comma-separated precisions to time against each other in this process"
+    )
+    ap.add_argument(
+        "--ablate",
+        action="store_true",
+        help="time the step without its matmuls, row preparation and attention in turn",
+    )
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if a.ab:
@@ -75,14 +81,18 @@ def main() -> None:
             t0 = time.perf_counter()
             step(name)
             walls[name].append(time.perf_counter() - t0)
-    print(f"{a.precision}: {a.block}-token steps after {a.context} cached positions, {a.threads} thread(s)")
+    print(
+        f"{a.precision}: {a.block}-token steps after {a.context} cached positions, {a.threads} thread(s)"
+    )
     for name in paths:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(a.steps):
                 step(name)
         events = prof.key_averages()
         total = sum(e.self_cpu_time_total for e in events)
-        matmul = sum(e.self_cpu_time_total for e in events if "linear_pointwise" in e.key)  # bf16 and int8 (qlinear)
+        matmul = sum(
+            e.self_cpu_time_total for e in events if "linear_pointwise" in e.key
+        )  # bf16 and int8 (qlinear)
         calls = sum(e.count for e in events if e.key.startswith("aten::")) / a.steps
         wall = statistics.median(walls[name][3:]) * 1e3
         print(f"\n{name}: {wall:.1f} ms/step (median, profiler off); profiled {total / a.steps / 1e3:.1f} ms/step, "
@@ -101,10 +111,14 @@ def ab(precisions: list[str], context: int, steps: int) -> None:
     caches = {}
     for p, v in verifiers.items():
         if v.precision != p or v._fast is None:
-            raise SystemExit(f"{p}: the verifier loaded as {v.precision}, fast path {v._fast is not None}")
+            raise SystemExit(
+                f"{p}: the verifier loaded as {v.precision}, fast path {v._fast is not None}"
+            )
         caches[p] = v.new_cache()
         v.forward(ids[:context], caches[p], logits=False)
-    print(f"fast-path steps after {context} cached positions, median of {steps} (interleaved), one thread")
+    print(
+        f"fast-path steps after {context} cached positions, median of {steps} (interleaved), one thread"
+    )
     print(f"{'tokens':>6}  " + "  ".join(f"{p:>16}" for p in precisions))
     for n in (1, 9):
         walls: dict[str, list[float]] = {p: [] for p in precisions}
@@ -144,10 +158,14 @@ def ablate(v: Verifier, context: int, steps: int) -> None:
         "no matmuls, no row prep": (no_mm, lambda x: x, attention),
         "nor attention": (no_mm, lambda x: x, no_attention),
     }
-    ids = torch.randint(100, v.vocab_size, (context + 9,), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        100, v.vocab_size, (context + 9,), generator=torch.Generator().manual_seed(0)
+    )
     cache = v.new_cache()
     v.forward(ids[:context], cache, logits=False)
-    print(f"{v.precision}: fast-path step after {context} cached positions, median of {steps} (interleaved)")
+    print(
+        f"{v.precision}: fast-path step after {context} cached positions, median of {steps} (interleaved)"
+    )
     print(f"{'tokens':>6}  " + "  ".join(f"{name:>24}" for name in variants))
     try:
         for n in (1, 9):
@@ -159,7 +177,9 @@ def ablate(v: Verifier, context: int, steps: int) -> None:
                     if rep >= 3:
                         walls[name].append((time.perf_counter() - t0) * 1e3)
                     cache.crop(context)
-            print(f"{n:>6}  " + "  ".join(f"{statistics.median(w):>21.1f} ms" for w in walls.values()))
+            print(
+                f"{n:>6}  " + "  ".join(f"{statistics.median(w):>21.1f} ms" for w in walls.values())
+            )
     finally:
         fd.mm, fd.rows = mm, rows
         del fd._attention  # back to the class's method

@@ -35,10 +35,16 @@ from specui.verifier.model import Verifier
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--drafter", action="append", default=None, help="shipped name or folder (repeatable)")
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per group (the trained group gets half)")
+    ap.add_argument(
+        "--drafter", action="append", default=None, help="shipped name or folder (repeatable)"
+    )
+    ap.add_argument(
+        "--prompts", type=int, default=8, help="prompts per group (the trained group gets half)"
+    )
     ap.add_argument("--tokens", type=int, default=96)
-    ap.add_argument("--trained", type=int, default=1000, help="training-split prompts the drafters saw")
+    ap.add_argument(
+        "--trained", type=int, default=1000, help="training-split prompts the drafters saw"
+    )
     a = ap.parse_args()
     torch.set_num_threads(1)
     v = Verifier.load("embedded")
@@ -47,7 +53,9 @@ def main() -> None:
     templates = {p.meta["template"] for p in seen}
     groups = {
         "trained prompts": seen[: max(1, a.prompts // 2)],
-        "new problems, seen templates": [p for p in later if p.meta["template"] in templates][: a.prompts],
+        "new problems, seen templates": [p for p in later if p.meta["template"] in templates][
+            : a.prompts
+        ],
         "held-out templates": load_prompts("gsm-symbolic", "eval", limit=a.prompts),
     }
     print(f"{'drafter':<10}" + "".join(f"{name:>32}" for name in groups))
@@ -55,7 +63,10 @@ def main() -> None:
         drafter = resolve_drafter(choice, v)
         cells = []
         for prompts in groups.values():
-            taus = [generate(v, drafter, p.encode(v), max_new_tokens=a.tokens, seed=0).acceptance_length for p in prompts]
+            taus = [
+                generate(v, drafter, p.encode(v), max_new_tokens=a.tokens, seed=0).acceptance_length
+                for p in prompts
+            ]
             cells.append(f"{statistics.mean(taus):.2f} (n={len(taus)})")
         print(f"{choice:<10}" + "".join(f"{c:>32}" for c in cells), flush=True)
 

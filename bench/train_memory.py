@@ -40,7 +40,10 @@ from specui.verifier.model import Verifier  # noqa: E402
 
 
 def _status(field: str) -> int:
-    return int(re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1)) * 1024
+    return (
+        int(re.search(rf"{field}:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
+        * 1024
+    )
 
 
 def reset_peak(device: torch.device) -> int:
@@ -62,14 +65,18 @@ def peak(device: torch.device) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--verifier", default="embedded")
     ap.add_argument("--prompts", default="gsm-symbolic")
     ap.add_argument("--num-prompts", type=int, default=2, help="sequences in the batch")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--anchors", default="64", help="comma-separated max-anchors values to compare with 'all'")
+    ap.add_argument(
+        "--anchors", default="64", help="comma-separated max-anchors values to compare with 'all'"
+    )
     ap.add_argument("--draft-vocab-size", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", action="store_true")
@@ -92,7 +99,9 @@ def main() -> int:
     objective.draft_vocab = kept
     objective.draft_vocab = kept
     model = objective.build().to(device).train()
-    store = HiddenStateStore(LocalExtractor(verifier, model.config.aux_layer_ids), samples, "online", "/nonexistent")
+    store = HiddenStateStore(
+        LocalExtractor(verifier, model.config.aux_layer_ids), samples, "online", "/nonexistent"
+    )
     batch = [s for s in store.get(range(len(samples)))]
     if device.type == "cuda":
         fields = ("input_ids", "hidden_states", "target_ids", "target_logprobs", "loss_mask")
@@ -131,7 +140,9 @@ def main() -> int:
           f"B={args.block_size}, {args.layers} layers, draft vocab {report['draft_vocab_size']}")  # fmt: skip
     print(f"{'max_anchors':>12} {'anchors':>8} {'peak MiB':>10} {'vs all':>8} {'step s':>8}")
     for r in report["runs"]:
-        print(f"{r['max_anchors']!s:>12} {r['anchors']:>8} {r['peak_bytes'] / 2**20:>10.1f} {r['ratio_to_all']:>8.3f} {r['seconds']:>8.2f}")
+        print(
+            f"{r['max_anchors']!s:>12} {r['anchors']:>8} {r['peak_bytes'] / 2**20:>10.1f} {r['ratio_to_all']:>8.3f} {r['seconds']:>8.2f}"
+        )
     return 0
 
 

@@ -42,7 +42,9 @@ def main() -> None:
     ids = v.encode(PROMPT, chat=True)
     first, ui_total, lib_total = [], [], []
     with tempfile.TemporaryDirectory() as d, running_app(Path(d)) as url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox", "--disable-gpu"])
+        browser = p.chromium.launch(
+            executable_path=shutil.which("chromium"), args=["--no-sandbox", "--disable-gpu"]
+        )
         page = browser.new_page()
         page.set_default_timeout(300_000)
         page.goto(url)
@@ -53,10 +55,14 @@ def main() -> None:
             t0 = time.perf_counter()
             page.locator("#generate").click()
             # The first update of a run carries its first step and sets the status to "decoding".
-            page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('decoding')",
-                                   polling=20)
+            page.wait_for_function(
+                "() => document.querySelector('#status')?.innerText.includes('decoding')",
+                polling=20,
+            )
             t1 = time.perf_counter()
-            page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('done')", polling=20)
+            page.wait_for_function(
+                "() => document.querySelector('#status')?.innerText.includes('done')", polling=20
+            )
             t2 = time.perf_counter()
             t3 = time.perf_counter()
             generate(v, NgramDrafter(4), ids, max_new_tokens=args.max_new_tokens)
@@ -68,8 +74,10 @@ def main() -> None:
         browser.close()
     ui, lib = statistics.median(ui_total), statistics.median(lib_total)
     print(f"click -> first drafted step on screen: median {statistics.median(first):.2f} s")
-    print(f"decode {args.max_new_tokens} tokens: UI median {ui:.2f} s, library (CLI path) median {lib:.2f} s, "
-          f"UI/library = {ui / lib:.2f}")
+    print(
+        f"decode {args.max_new_tokens} tokens: UI median {ui:.2f} s, library (CLI path) median {lib:.2f} s, "
+        f"UI/library = {ui / lib:.2f}"
+    )
 
 
 if __name__ == "__main__":

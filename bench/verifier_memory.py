@@ -71,13 +71,19 @@ def measure(verifier: str, precision: str, drafters: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--verifier", default="embedded")
-    ap.add_argument("--drafters", default="dflash,dspark,eagle3,peagle", help="shipped names or folders, comma-separated")
+    ap.add_argument(
+        "--drafters",
+        default="dflash,dspark,eagle3,peagle",
+        help="shipped names or folders, comma-separated",
+    )
     a = ap.parse_args()
     rows = [measure(a.verifier, p, a.drafters) for p in ("fp32", "bf16")]
     base = rows[0]["anon"]
     print(f"{'precision':<12}{'anon MiB':>10}{'+drafters MiB':>16}{'anon / fp32':>13}")
     for r in rows:
-        print(f"{r['precision']:<12}{r['anon']:>10.0f}{r['with_drafters']:>16.0f}{r['anon'] / base:>13.2f}")
+        print(
+            f"{r['precision']:<12}{r['anon']:>10.0f}{r['with_drafters']:>16.0f}{r['anon'] / base:>13.2f}"
+        )
 
 
 if __name__ == "__main__":

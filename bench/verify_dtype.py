@@ -56,7 +56,9 @@ VARIANTS = {  # label -> Verifier.load arguments
 
 
 def costs(v: Verifier, block: int, repeats: int, context: int = 256) -> tuple[float, float]:
-    ids = torch.randint(100, v.vocab_size, (context + block,), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        100, v.vocab_size, (context + block,), generator=torch.Generator().manual_seed(0)
+    )
     cache = v.new_cache()
     v.forward(ids[:context], cache, logits=False)
     one, many = [], []
@@ -84,8 +86,12 @@ def flips(v: Verifier, prompt_ids: list[int], tokens: int, block: int) -> tuple[
     for start in range(0, tokens, block - 1):  # [last, d_1..d_{block-1}] with every draft right
         chunk = seq[start : start + block]
         argmax = v.forward(torch.tensor(chunk), cache).logits.argmax(-1).tolist()
-        differ += sum(a != b for a, b in zip(argmax, plain[start : start + block - 1], strict=False))
-        v.crop(cache, len(prompt_ids) - 1 + start + block - 1)  # the next block opens with the last token
+        differ += sum(
+            a != b for a, b in zip(argmax, plain[start : start + block - 1], strict=False)
+        )
+        v.crop(
+            cache, len(prompt_ids) - 1 + start + block - 1
+        )  # the next block opens with the last token
     return differ, tokens
 
 
@@ -99,7 +105,9 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     prompts = load_prompts("gsm-symbolic", "eval", limit=a.prompts)
-    print(f"{'verifier':<16}{'t1 ms':>8}{'tv ms':>8}{'tv/t1':>7}  argmax flips (block {a.block} vs plain)")
+    print(
+        f"{'verifier':<16}{'t1 ms':>8}{'tv ms':>8}{'tv/t1':>7}  argmax flips (block {a.block} vs plain)"
+    )
     with torch.inference_mode():
         for label, load in VARIANTS.items():
             v = Verifier.load("embedded", **load)

@@ -42,11 +42,19 @@ from specui.vllm.server import ServerConfig
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--speculator", action="append", required=True, help="folder or ngram (repeatable)")
+    ap.add_argument(
+        "--speculator", action="append", required=True, help="folder or ngram (repeatable)"
+    )
     ap.add_argument("--prompts", default="gsm-symbolic")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=None, help="default: each speculator's own")
+    ap.add_argument(
+        "-k",
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        help="default: each speculator's own",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the local engine")
     ap.add_argument("--db", default=None, help="store (default: a temporary one)")
     add_precision_argument(ap)
@@ -60,37 +68,66 @@ def main() -> int:
     def say(m: str, _fraction: float = 0.0) -> None:
         print(f"  {m}", file=sys.stderr, flush=True)
 
-    print(f"local engine: plain + {len(a.speculator)} speculator(s) on {a.limit} {a.prompts} prompts", file=sys.stderr)
-    local_run = local_bench(store, verifier="embedded", drafters=a.speculator, prompts=a.prompts, limit=a.limit,
-                                   max_new_tokens=a.max_new_tokens, sampling=SamplingParams(),
-                                   num_speculative_tokens=a.num_speculative_tokens, progress=say,
-                                   precision=a.precision, drafter_options=ngram)
+    print(
+        f"local engine: plain + {len(a.speculator)} speculator(s) on {a.limit} {a.prompts} prompts",
+        file=sys.stderr,
+    )
+    local_run = local_bench(
+        store,
+        verifier="embedded",
+        drafters=a.speculator,
+        prompts=a.prompts,
+        limit=a.limit,
+        max_new_tokens=a.max_new_tokens,
+        sampling=SamplingParams(),
+        num_speculative_tokens=a.num_speculative_tokens,
+        progress=say,
+        precision=a.precision,
+        drafter_options=ngram,
+    )
     local_ids, local = local_run.run_ids, local_run.comparison
     print("vLLM: the same, one server per configuration", file=sys.stderr)
-    runs, served = vllm_bench(store, speculators=a.speculator, prompts=a.prompts, limit=a.limit, verifier="embedded",
-                              settings=BenchSettings(max_new_tokens=a.max_new_tokens),
-                              num_speculative_tokens=a.num_speculative_tokens, log=say,
-                              server_config=ServerConfig(ngram=NgramConfig.from_options(ngram)))
+    runs, served = vllm_bench(
+        store,
+        speculators=a.speculator,
+        prompts=a.prompts,
+        limit=a.limit,
+        verifier="embedded",
+        settings=BenchSettings(max_new_tokens=a.max_new_tokens),
+        num_speculative_tokens=a.num_speculative_tokens,
+        log=say,
+        server_config=ServerConfig(ngram=NgramConfig.from_options(ngram)),
+    )
 
-    local_out = {rid: {r.prompt_index: r.output_token_ids for r in store.get_results(rid)} for rid in local_ids}
+    local_out = {
+        rid: {r.prompt_index: r.output_token_ids for r in store.get_results(rid)}
+        for rid in local_ids
+    }
     served_out = {r.run_id: {x.index: x.output_token_ids for x in r.results} for r in runs}
     precision = local.rows[0].get("verifier_precision") or "fp32"
     comparable = precision == "fp32"  # vLLM-CPU serves float32
-    local_plain, served_plain = local_out[local.rows[0]["run_id"]], served_out[served.rows[0]["run_id"]]
+    local_plain, served_plain = (
+        local_out[local.rows[0]["run_id"]],
+        served_out[served.rows[0]["run_id"]],
+    )
     print(f"\nlocal engine in {precision}, vLLM in float32")
-    print(f"{'speculator':<22}{'K':>3} {'tau local':>9} {'tau vLLM':>9} {'ratio':>6} "
-          f"{'tok/step local':>14} {'tok/step vLLM':>13} "
-          f"{'tok/s local':>11} {'tok/s vLLM':>10} {'speedup local':>13} {'speedup vLLM':>12}  "
-          "= plain local/vLLM  local = vLLM")
+    print(
+        f"{'speculator':<22}{'K':>3} {'tau local':>9} {'tau vLLM':>9} {'ratio':>6} "
+        f"{'tok/step local':>14} {'tok/step vLLM':>13} "
+        f"{'tok/s local':>11} {'tok/s vLLM':>10} {'speedup local':>13} {'speedup vLLM':>12}  "
+        "= plain local/vLLM  local = vLLM"
+    )
     for lrow, srow in zip(local.rows, served.rows, strict=True):
         lo, so = local_out[lrow["run_id"]], served_out[srow["run_id"]]
         tl, ts = lrow.get("acceptance_length") or 1.0, srow.get("acceptance_length") or 1.0
-        print(f"{str(lrow['drafter'])[:21]:<22}{lrow.get('num_speculative_tokens') or '-':>3} {tl:>9.3f} {ts:>9.3f} "
-              f"{ts / tl:>6.3f} {lrow.get('tokens_per_step') or 1.0:>14.3f} "
-              f"{srow.get('tokens_per_step') or 1.0:>13.3f} "
-              f"{lrow['tokens_per_s'] or 0:>11.2f} {srow['tokens_per_s'] or 0:>10.2f} "
-              f"{lrow.get('speedup') or 1.0:>12.2f}x {srow.get('speedup') or 1.0:>11.2f}x  "
-              f"{_yes(lo == local_plain) + '/' + _yes(so == served_plain):>18}  {_yes(lo == so) if comparable else '-':>12}")
+        print(
+            f"{str(lrow['drafter'])[:21]:<22}{lrow.get('num_speculative_tokens') or '-':>3} {tl:>9.3f} {ts:>9.3f} "
+            f"{ts / tl:>6.3f} {lrow.get('tokens_per_step') or 1.0:>14.3f} "
+            f"{srow.get('tokens_per_step') or 1.0:>13.3f} "
+            f"{lrow['tokens_per_s'] or 0:>11.2f} {srow['tokens_per_s'] or 0:>10.2f} "
+            f"{lrow.get('speedup') or 1.0:>12.2f}x {srow.get('speedup') or 1.0:>11.2f}x  "
+            f"{_yes(lo == local_plain) + '/' + _yes(so == served_plain):>18}  {_yes(lo == so) if comparable else '-':>12}"
+        )
     print(f"\nstore: {db} (runs {local_ids + [r.run_id for r in runs]})", file=sys.stderr)
     return 0
 

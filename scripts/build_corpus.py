@@ -60,10 +60,20 @@ def magpie(a: argparse.Namespace) -> None:
         bar.n = done
         bar.refresh()
 
-    rows = sample_user_turns(verifier, a.samples, path, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens, progress=progress)
+    rows = sample_user_turns(
+        verifier,
+        a.samples,
+        path,
+        batch_size=a.batch_size,
+        max_new_tokens=a.max_new_tokens,
+        progress=progress,
+    )
     bar.close()
     kept = filter_user_turns(rows)
-    print(f"magpie: {len(rows)} samples, {len(kept)} kept, {time.time() - t0:.0f} s this run", flush=True)
+    print(
+        f"magpie: {len(rows)} samples, {len(kept)} kept, {time.time() - t0:.0f} s this run",
+        flush=True,
+    )
 
 
 def prompts(a: argparse.Namespace) -> None:
@@ -118,18 +128,36 @@ def responses(a: argparse.Namespace) -> None:
         from specui.data.distill import distill_in_processes
 
         distill_in_processes(
-            "embedded", prompt_list, a.procs, a.max_new_tokens, Path(a.root) / "cache",
-            a.batch_size, a.max_prompt_tokens, torch.bfloat16, progress,
+            "embedded",
+            prompt_list,
+            a.procs,
+            a.max_new_tokens,
+            Path(a.root) / "cache",
+            a.batch_size,
+            a.max_prompt_tokens,
+            torch.bfloat16,
+            progress,
             threads=int(os.environ.get("THREADS", "1")),
         )
         progress = None
     # float32: the cache is keyed by the verifier training loads
     verifier = Verifier.load("embedded")
-    samples = self_distill(verifier, prompt_list, a.max_new_tokens, a.batch_size, Path(a.root) / "cache",
-                           max_prompt_tokens=a.max_prompt_tokens, progress=progress, generation_dtype=torch.bfloat16)
+    samples = self_distill(
+        verifier,
+        prompt_list,
+        a.max_new_tokens,
+        a.batch_size,
+        Path(a.root) / "cache",
+        max_prompt_tokens=a.max_prompt_tokens,
+        progress=progress,
+        generation_dtype=torch.bfloat16,
+    )
     bar.close()
     tokens = sum(len(s.response_ids) for s in samples)
-    print(f"responses: {len(samples)} samples, {tokens} response tokens, {time.time() - t0:.0f} s this run", flush=True)
+    print(
+        f"responses: {len(samples)} samples, {tokens} response tokens, {time.time() - t0:.0f} s this run",
+        flush=True,
+    )
 
 
 def export(a: argparse.Namespace) -> None:
@@ -144,7 +172,9 @@ def export(a: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="stage", required=True)
     m = sub.add_parser("magpie")
     m.add_argument("--root", required=True)

@@ -304,8 +304,10 @@ def _shipped_origin(lineage: list[tuple[Path, dict]], algo: str) -> list[str]:
     init = lineage[-1][1]["config"].get("init_from") if lineage else None
     if not init or (Path(init) / "train_run.json").is_file():
         return []
-    return [f"- warm-started from: the drafter shipped before it (`{Path(init).name}`, trained on math only); "
-            f"its model card is kept in `docs/shipped/math/cards/{algo}.md`"]
+    return [
+        f"- warm-started from: the drafter shipped before it (`{Path(init).name}`, trained on math only); "
+        f"its model card is kept in `docs/shipped/math/cards/{algo}.md`"
+    ]
 
 
 def card(a: argparse.Namespace) -> None:
@@ -443,7 +445,7 @@ def card(a: argparse.Namespace) -> None:
             lines += [
                 "",
                 "Why the head stays below the bar, and what was tried (a refit of its linear map, fine-tuning "
-                'the drafter with the head on greedy acceptance): docs/results.md (the math rounds) and '
+                "the drafter with the head on greedy acceptance): docs/results.md (the math rounds) and "
                 "`bench/confidence_probe.py`.",
             ]
     (dest / "README.md").write_text("\n".join(lines) + "\n")
@@ -545,7 +547,9 @@ def _training_tokens(n: int, cache: dict[int, int]) -> int:
         from specui.verifier.model import Verifier
 
         verifier = cache.setdefault(-1, Verifier.load("embedded"))  # type: ignore[arg-type]
-        samples = self_distill(verifier, load_prompts("general", split="train", limit=n), max_new_tokens=128)
+        samples = self_distill(
+            verifier, load_prompts("general", split="train", limit=n), max_new_tokens=128
+        )
         cache[n] = sum(len(s.response_ids) for s in samples)
     return cache[n]
 
@@ -566,14 +570,20 @@ def scaling(a: argparse.Namespace) -> None:
         points.setdefault(algo, []).append((int(n), _training_tokens(int(n), tokens), row.get("acceptance_length") or 1.0,
                                             _group_taus(bench, row["drafter"]), _wall_s(run, cfg), row))  # fmt: skip
     groups = sorted({g for pts in points.values() for p in pts for g in p[3]})
-    print("| drafter | prompts | training tokens | steps | Spec-Bench tau [95% CI] | " + " | ".join(groups) + " | training wall |")
+    print(
+        "| drafter | prompts | training tokens | steps | Spec-Bench tau [95% CI] | "
+        + " | ".join(groups)
+        + " | training wall |"
+    )
     print("|---|---|---|---|---|" + "---|" * len(groups) + "---|")
     for algo, pts in sorted(points.items()):
         for n, toks, tau, per_group, wall, row in sorted(pts, key=lambda p: p[0]):
             cfg = json.loads((root / f"{algo}-{n}" / "train_run.json").read_text())["config"]
             cells = " | ".join(f"{per_group.get(g, float('nan')):.2f}" for g in groups)
             ci = _interval(row, "acceptance_length")
-            print(f"| {algo} | {n} | {toks:,} | {cfg['steps']} | {tau:.3f}{ci} | {cells} | {wall / 60:.0f} min |")
+            print(
+                f"| {algo} | {n} | {toks:,} | {cfg['steps']} | {tau:.3f}{ci} | {cells} | {wall / 60:.0f} min |"
+            )
     if a.svg:
         Path(a.svg).write_text(_scaling_svg(points))
         print(f"wrote {a.svg}", file=sys.stderr)
@@ -588,28 +598,48 @@ def _scaling_svg(points: dict[str, list[tuple]]) -> str:
     y0, y1 = 1.0, max(1.5, math.ceil(max(ys) * 10 + 1) / 10)
 
     def xy(x: float, y: float) -> tuple[float, float]:
-        return left + (math.log10(x) - lx0) / (lx1 - lx0) * pw, top + (1 - (y - y0) / (y1 - y0)) * ph
+        return left + (math.log10(x) - lx0) / (lx1 - lx0) * pw, top + (
+            1 - (y - y0) / (y1 - y0)
+        ) * ph
 
-    out = [f'<rect width="{w}" height="{h}" fill="white"/>',
-           f'<text x="{w / 2:.0f}" y="20" text-anchor="middle" font-size="14">Spec-Bench tau (T=0) against training tokens</text>']
+    out = [
+        f'<rect width="{w}" height="{h}" fill="white"/>',
+        f'<text x="{w / 2:.0f}" y="20" text-anchor="middle" font-size="14">Spec-Bench tau (T=0) against training tokens</text>',
+    ]
     steps = 5
     for i in range(steps + 1):
         y = y0 + (y1 - y0) * i / steps
         _, py = xy(10**lx0, y)
-        out.append(f'<line x1="{left}" y1="{py:.1f}" x2="{left + pw}" y2="{py:.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 6}" y="{py + 4:.1f}" text-anchor="end" font-size="11">{y:.2f}</text>')
+        out.append(
+            f'<line x1="{left}" y1="{py:.1f}" x2="{left + pw}" y2="{py:.1f}" stroke="#ddd"/>'
+        )
+        out.append(
+            f'<text x="{left - 6}" y="{py + 4:.1f}" text-anchor="end" font-size="11">{y:.2f}</text>'
+        )
     for x in sorted(set(xs)):
         px, _ = xy(x, y0)
-        out.append(f'<text x="{px:.1f}" y="{top + ph + 16}" text-anchor="middle" font-size="11">{x / 1000:.0f}k</text>')
-    out.append(f'<text x="{left + pw / 2}" y="{top + ph + 36}" text-anchor="middle" font-size="12">'
-               "response tokens trained on (one epoch, log scale)</text>")
+        out.append(
+            f'<text x="{px:.1f}" y="{top + ph + 16}" text-anchor="middle" font-size="11">{x / 1000:.0f}k</text>'
+        )
+    out.append(
+        f'<text x="{left + pw / 2}" y="{top + ph + 36}" text-anchor="middle" font-size="12">'
+        "response tokens trained on (one epoch, log scale)</text>"
+    )
     for i, (algo, pts) in enumerate(sorted(points.items())):
         c = COLOURS[i % len(COLOURS)]
         coords = [xy(p[1], p[2]) for p in sorted(pts, key=lambda p: p[0])]
-        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in coords)}"/>')
+        out.append(
+            f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in coords)}"/>'
+        )
         out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{c}"/>' for x, y in coords]
-        out.append(f'<text x="{left + 8}" y="{top + 14 + 16 * i}" font-size="12" fill="{c}">{algo}</text>')
-    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">\n' + "\n".join(out) + "\n</svg>\n"
+        out.append(
+            f'<text x="{left + 8}" y="{top + 14 + 16 * i}" font-size="12" fill="{c}">{algo}</text>'
+        )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">\n'
+        + "\n".join(out)
+        + "\n</svg>\n"
+    )
 
 
 def paired(a: argparse.Namespace) -> None:
@@ -627,8 +657,10 @@ def paired(a: argparse.Namespace) -> None:
         raise SystemExit("paired: fewer than two shared prompts with drafts")
     d, lo, hi = got
     verdict = "better" if lo > 0 else "worse" if hi < 0 else "not separable"
-    print(f"paired: run {a.new} - run {a.old} over {len(both)} prompts: tau {d:+.3f} "
-          f"[{lo:+.3f}, {hi:+.3f}] ({verdict})")
+    print(
+        f"paired: run {a.new} - run {a.old} over {len(both)} prompts: tau {d:+.3f} "
+        f"[{lo:+.3f}, {hi:+.3f}] ({verdict})"
+    )
 
 
 def main() -> None:

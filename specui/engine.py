@@ -69,7 +69,9 @@ def accept_drafts(
     return k, sample(p[k], generator), FinalTokenKind.BONUS
 
 
-def accept_greedy(draft_ids: list[int], logits: torch.Tensor) -> tuple[int, int, FinalTokenKind, list[float]]:
+def accept_greedy(
+    draft_ids: list[int], logits: torch.Tensor
+) -> tuple[int, int, FinalTokenKind, list[float]]:
     """``accept_drafts`` at temperature 0, read from the verifier's argmaxes alone.
 
     Greedy p is one-hot on each row's argmax, so the rule accepts the longest prefix that
@@ -153,7 +155,9 @@ class Decoding:
             features = out.aux_hidden
         elif aux_ids:
             features = torch.zeros(0, len(aux_ids) * v.hidden_size)
-        self.prefill_time_s = time.perf_counter() - start  # benches separate decoding from the prompt
+        self.prefill_time_s = (
+            time.perf_counter() - start
+        )  # benches separate decoding from the prompt
         output: list[int] = []
         res = self.result
         step = 0
@@ -164,19 +168,25 @@ class Decoding:
                     break
                 room = min(self.max_new_tokens - len(output), v.max_context - len(committed))
                 if room <= 0:
-                    res.stop_reason = "max_tokens" if len(output) >= self.max_new_tokens else "context"
+                    res.stop_reason = (
+                        "max_tokens" if len(output) >= self.max_new_tokens else "context"
+                    )
                     break
                 # Drafting more than room-1 tokens is wasted work (the final token adds one).
                 t0 = time.perf_counter()
                 proposal = self._propose(committed, features, max_k=room - 1)
                 t1 = time.perf_counter()
-                block = torch.cat([committed[-1:], torch.tensor(proposal.token_ids, dtype=torch.long)])
+                block = torch.cat(
+                    [committed[-1:], torch.tensor(proposal.token_ids, dtype=torch.long)]
+                )
                 out = v.forward(block, cache, aux_ids)
                 if self.sampling.greedy:
                     n, final, kind, target_probs = accept_greedy(proposal.token_ids, out.logits)
                 else:
                     p = process_logits(out.logits, self.sampling)
-                    n, final, kind = accept_drafts(proposal.token_ids, p, proposal.probs, self.verify_gen)
+                    n, final, kind = accept_drafts(
+                        proposal.token_ids, p, proposal.probs, self.verify_gen
+                    )
                     target_probs = [float(p[i, t]) for i, t in enumerate(proposal.token_ids)]
                 t2 = time.perf_counter()
                 # Keep only `last, d_1..d_n` in the cache and in the features.
@@ -185,7 +195,9 @@ class Decoding:
                     features = torch.cat([features, out.aux_hidden[: n + 1]])
                 emitted = proposal.token_ids[:n] + [final]
                 emitted, reason = self._apply_stops(output, emitted)
-                committed = self.committed = torch.cat([committed, torch.tensor(emitted, dtype=torch.long)])
+                committed = self.committed = torch.cat(
+                    [committed, torch.tensor(emitted, dtype=torch.long)]
+                )
                 output.extend(emitted)
                 context_len = len(committed) - len(emitted)
                 res.steps.append(self._trace(step, context_len, proposal, target_probs, n, final, kind, emitted,
@@ -200,16 +212,22 @@ class Decoding:
             res.output_text = self._text(output)
             res.wall_time_s = time.perf_counter() - start
 
-    def _propose(self, committed: torch.Tensor, features: torch.Tensor | None, max_k: int) -> Proposal:
+    def _propose(
+        self, committed: torch.Tensor, features: torch.Tensor | None, max_k: int
+    ) -> Proposal:
         if self.drafter.num_speculative_tokens == 0 or max_k <= 0:
             return Proposal(token_ids=[])
-        ctx = DraftContext(token_ids=committed, features=features, sampling=self.sampling, generator=self.draft_gen)
+        ctx = DraftContext(
+            token_ids=committed, features=features, sampling=self.sampling, generator=self.draft_gen
+        )
         proposal = self.drafter.propose(ctx)
         if len(proposal) > max_k:
             proposal = Proposal(
                 token_ids=proposal.token_ids[:max_k],
                 probs=proposal.probs[:max_k] if proposal.probs is not None else None,
-                confidences=proposal.confidences[:max_k] if proposal.confidences is not None else None,
+                confidences=proposal.confidences[:max_k]
+                if proposal.confidences is not None
+                else None,
                 truncated_confidences=proposal.truncated_confidences,
             )
         return proposal
@@ -236,7 +254,9 @@ class Decoding:
 
     def _raw_text(self, ids: list[int]) -> str:
         tok = self.verifier.tokenizer
-        return self.verifier.decode(ids) if tok is None else tok.decode(ids, skip_special_tokens=True)
+        return (
+            self.verifier.decode(ids) if tok is None else tok.decode(ids, skip_special_tokens=True)
+        )
 
     def _text(self, ids: list[int]) -> str:
         """The output text, ending before the first stop string."""
@@ -246,7 +266,9 @@ class Decoding:
                 text = text[: text.index(s)]
         return text
 
-    def _trace(self, step, context_len, proposal, target_probs, n, final, kind, emitted, draft_s, verify_s) -> StepTrace:
+    def _trace(
+        self, step, context_len, proposal, target_probs, n, final, kind, emitted, draft_s, verify_s
+    ) -> StepTrace:
         v = self.verifier
         ids = proposal.token_ids
         q = proposal.probs
@@ -268,7 +290,9 @@ class Decoding:
         )
 
 
-def generate(verifier: Verifier, drafter: Drafter, prompt_ids: list[int], **kwargs) -> GenerationResult:
+def generate(
+    verifier: Verifier, drafter: Drafter, prompt_ids: list[int], **kwargs
+) -> GenerationResult:
     """Run a whole generation (see ``Decoding`` for the arguments)."""
     run = Decoding(verifier, drafter, prompt_ids, **kwargs)
     for _ in run:

@@ -35,7 +35,9 @@ def speculative_config(folder: str | Path, num_speculative_tokens: int | None = 
     return out
 
 
-def vllm_serve_command(folder: str | Path, verifier: str, num_speculative_tokens: int | None = None) -> str:
+def vllm_serve_command(
+    folder: str | Path, verifier: str, num_speculative_tokens: int | None = None
+) -> str:
     """The shell line that serves ``verifier`` with this speculator."""
     model = EMBEDDED_HUB_ID if verifier == EMBEDDED else verifier
     cfg = json.dumps(speculative_config(folder, num_speculative_tokens), separators=(", ", ": "))

@@ -47,10 +47,24 @@ from specui.store import Store, user_error
 SPECULATORS_SOURCE = "vllm-project/speculators@c05b95b3 scripts/evaluate/evaluate.py, perf_utils.py"
 
 HEAD_COLUMNS: list[Column] = [
-    Column("subset", "Subset", "The run's prompt set (speculators: the benchmark subset)", "", "text"),
+    Column(
+        "subset", "Subset", "The run's prompt set (speculators: the benchmark subset)", "", "text"
+    ),
     Column("num_drafts", "Drafts", "Steps that drafted at least one token", "steps", "int"),
-    Column("num_draft_tokens", "Drafted tokens", "Draft tokens proposed, over all steps", "tokens", "int"),
-    Column("num_accepted_tokens", "Accepted tokens", "Draft tokens the verifier accepted", "tokens", "int"),
+    Column(
+        "num_draft_tokens",
+        "Drafted tokens",
+        "Draft tokens proposed, over all steps",
+        "tokens",
+        "int",
+    ),
+    Column(
+        "num_accepted_tokens",
+        "Accepted tokens",
+        "Draft tokens the verifier accepted",
+        "tokens",
+        "int",
+    ),
     Column("acceptance_length", "τ", "1 + accepted draft tokens / drafts", "tokens/step"),
 ]
 
@@ -119,7 +133,9 @@ def acceptance_table(store: Store, run_ids: Sequence[int]) -> AcceptanceTable:
     return AcceptanceTable(columns, rows, kept, skipped)
 
 
-def write_acceptance_csv(store: Store, run_ids: Sequence[int], dest: str | Path | IO[str]) -> AcceptanceTable:
+def write_acceptance_csv(
+    store: Store, run_ids: Sequence[int], dest: str | Path | IO[str]
+) -> AcceptanceTable:
     """Write speculators' acceptance.csv for these runs to ``dest`` (a path or a text stream).
 
     Never with a BOM: their readers open the file as plain UTF-8, where a BOM would turn

@@ -53,8 +53,10 @@ def confine(user_path: str | os.PathLike, roots: list[Path] | None = None) -> Pa
     if any(resolved.is_relative_to(root.resolve()) for root in roots):
         return resolved
     # The roots are not named: a visitor need not learn the server's folders.
-    raise SpecUIError(f"path {str(user_path)!r} lies outside the folders this app may use "
-                      f"(its data folder; the operator may add folders with {EXTRA_ROOTS_ENV})")
+    raise SpecUIError(
+        f"path {str(user_path)!r} lies outside the folders this app may use "
+        f"(its data folder; the operator may add folders with {EXTRA_ROOTS_ENV})"
+    )
 
 
 # A hub id ("org/name"): what Verifier.load sends to the hub when no such local path exists.
@@ -81,5 +83,7 @@ def confine_choice(value: str, names: Iterable[str] = (), *, hub_ids: bool = Fal
     if not path.exists():
         # Name what the visitor typed, not the server's folders it resolved to.
         known = ", ".join(sorted(n for n in set(names) if n)) or "none"
-        raise SpecUIError(f"{v!r} is neither a known name ({known}) nor an existing folder or file in the app's folders")
+        raise SpecUIError(
+            f"{v!r} is neither a known name ({known}) nor an existing folder or file in the app's folders"
+        )
     return str(path)

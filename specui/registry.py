@@ -92,7 +92,11 @@ class Registry(Generic[T]):
         if self._loading:  # a module being imported asked the registry: it has what is there so far
             return
         modules = self._modules() if callable(self._modules) else self._modules
-        from_env = [m.strip() for m in os.environ.get(self.env, "").split(",") if m.strip()] if self.env else []
+        from_env = (
+            [m.strip() for m in os.environ.get(self.env, "").split(",") if m.strip()]
+            if self.env
+            else []
+        )
         todo = [m for m in (*modules, *from_env, *extra) if m not in self._imported]
         if not todo:
             return

@@ -48,39 +48,75 @@ _LABELS = {
     "unknown": "vLLM (origin not recorded)",
 }
 
-_UNKNOWN_DRAFTS = ("vLLM reports how many tokens were drafted and accepted, not the rejected draft tokens "
-                   "nor any probabilities: accepted drafts are shown as the tokens vLLM emitted, rejected "
-                   "and discarded slots as “?”.")
+_UNKNOWN_DRAFTS = (
+    "vLLM reports how many tokens were drafted and accepted, not the rejected draft tokens "
+    "nor any probabilities: accepted drafts are shown as the tokens vLLM emitted, rejected "
+    "and discarded slots as “?”."
+)
 
 
 def step_source(run: Run) -> StepSource:
     """What is known about ``run``'s stored steps (from the backend and the
     ``vllm.measured.step_source`` the vLLM benchmark records)."""
     if run.backend == Backend.LOCAL:
-        return StepSource("local", True, True, "Recorded by SpecUI's engine: every draft token, its probabilities "
-                          "and the step times exactly as decoded.")
-    measured = ((run.settings.get("vllm") or {}).get("measured") or {})
+        return StepSource(
+            "local",
+            True,
+            True,
+            "Recorded by SpecUI's engine: every draft token, its probabilities "
+            "and the step times exactly as decoded.",
+        )
+    measured = (run.settings.get("vllm") or {}).get("measured") or {}
     parts = set(str(measured.get("step_source") or "unknown").split("+"))
     if parts == {"per_step"}:
-        return StepSource("per_step", True, False, "Steps from vLLM's per-step acceptance counts, in the order they "
-                          "happened. " + _UNKNOWN_DRAFTS)
+        return StepSource(
+            "per_step",
+            True,
+            False,
+            "Steps from vLLM's per-step acceptance counts, in the order they "
+            "happened. " + _UNKNOWN_DRAFTS,
+        )
     if parts == {"histogram"}:
-        return StepSource("histogram", False, False, "NOT the real per-step order: vLLM reported only a per-request "
-                          "histogram of accepted counts, so these steps have the right counts (τ and a_k are exact) "
-                          "but their order, and which tokens each step emitted, is invented (fewest accepted first). "
-                          + _UNKNOWN_DRAFTS)
+        return StepSource(
+            "histogram",
+            False,
+            False,
+            "NOT the real per-step order: vLLM reported only a per-request "
+            "histogram of accepted counts, so these steps have the right counts (τ and a_k are exact) "
+            "but their order, and which tokens each step emitted, is invented (fewest accepted first). "
+            + _UNKNOWN_DRAFTS,
+        )
     if "histogram" in parts:
-        return StepSource("mixed", False, False, "Some requests of this run had vLLM's per-step counts, others only "
-                          "a per-request histogram; a histogram request's steps are NOT in their real order "
-                          "(right counts, invented order). " + _UNKNOWN_DRAFTS)
+        return StepSource(
+            "mixed",
+            False,
+            False,
+            "Some requests of this run had vLLM's per-step counts, others only "
+            "a per-request histogram; a histogram request's steps are NOT in their real order "
+            "(right counts, invented order). " + _UNKNOWN_DRAFTS,
+        )
     if parts == {"plain"}:
-        return StepSource("plain", True, True, "vLLM served the verifier without a speculator: one token per step, "
-                          "nothing drafted.")
+        return StepSource(
+            "plain",
+            True,
+            True,
+            "vLLM served the verifier without a speculator: one token per step, nothing drafted.",
+        )
     if parts == {"tokens"}:
-        return StepSource("tokens", False, True, "vLLM reported no acceptance data for this run: each output token "
-                          "is shown as its own step, which is not how it was decoded.")
-    return StepSource("unknown", False, False, "This vLLM run does not record where its steps came from (it may be "
-                      "from an older SpecUI): treat their order as unknown. " + _UNKNOWN_DRAFTS)
+        return StepSource(
+            "tokens",
+            False,
+            True,
+            "vLLM reported no acceptance data for this run: each output token "
+            "is shown as its own step, which is not how it was decoded.",
+        )
+    return StepSource(
+        "unknown",
+        False,
+        False,
+        "This vLLM run does not record where its steps came from (it may be "
+        "from an older SpecUI): treat their order as unknown. " + _UNKNOWN_DRAFTS,
+    )
 
 
 @dataclass
@@ -141,23 +177,35 @@ def load_replay(store: Store, run_id: int, prompt_index: int | None = None) -> R
     by_index = {r.prompt_index: r for r in results}
     if prompt_index is None:
         # num_steps is filled when a request ends; an unfinished one (None) may still have steps.
-        prompt_index = next((r.prompt_index for r in results if r.num_steps != 0), results[0].prompt_index)
+        prompt_index = next(
+            (r.prompt_index for r in results if r.num_steps != 0), results[0].prompt_index
+        )
     if prompt_index not in by_index:
         known = ", ".join(str(i) for i in sorted(by_index))
         raise user_error(f"run {run_id} has no request {prompt_index} (its requests: {known})")
     res = by_index[prompt_index]
     steps = store.get_traces(run_id, prompt_index)
     if not steps:
-        raise user_error(f"request {prompt_index} of run {run_id} stored no steps; nothing to replay")
+        raise user_error(
+            f"request {prompt_index} of run {run_id} stored no steps; nothing to replay"
+        )
     k = run.settings.get("num_speculative_tokens")
     k = k if isinstance(k, int) and k > 0 else max(s.num_drafted for s in steps)
     return Replay(
-        run=run, prompt_index=prompt_index, prompt_text=res.prompt_text, steps=steps, source=step_source(run),
-        num_speculative_tokens=k, stop_reason=res.stop_reason, wall_time_s=res.wall_time_s,
+        run=run,
+        prompt_index=prompt_index,
+        prompt_text=res.prompt_text,
+        steps=steps,
+        source=step_source(run),
+        num_speculative_tokens=k,
+        stop_reason=res.stop_reason,
+        wall_time_s=res.wall_time_s,
     )
 
 
-def play(steps: list[StepTrace], steps_per_s: float, stop: threading.Event | None = None) -> Iterator[StepTrace]:
+def play(
+    steps: list[StepTrace], steps_per_s: float, stop: threading.Event | None = None
+) -> Iterator[StepTrace]:
     """Yield ``steps`` at a steady ``steps_per_s`` (0 = no waiting) until done or
     ``stop`` is set.  Each step is due at start + i / rate, so time spent
     rendering one step does not slow the pace down."""

@@ -50,7 +50,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def choose(probs: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+def choose(
+    probs: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+) -> torch.Tensor:
     """Token per row of ``probs [k, V]``: argmax when greedy, else a sample."""
     if sampling.greedy:
         return probs.argmax(-1)

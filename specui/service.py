@@ -79,7 +79,9 @@ class Lane:
     drafter: Drafter
     request: DecodeRequest
     run_id: int | None  # None when nothing is recorded
-    results: list[GenerationResult] = field(default_factory=list)  # one per prompt (fewer after a stop)
+    results: list[GenerationResult] = field(
+        default_factory=list
+    )  # one per prompt (fewer after a stop)
     steps: list[StepTrace] = field(default_factory=list)  # the current prompt's steps so far
     done: bool = False  # the current prompt is finished
     decoding: Decoding | None = None  # the current prompt's (its .result grows step by step)
@@ -179,7 +181,9 @@ class Recording:
                     stop_all()
                     return
                 yield from self._prompt(i, text, recorders)
-                self.decodings[i] = []  # a finished decoding still holds its KV cache: let it go now
+                self.decodings[
+                    i
+                ] = []  # a finished decoding still holds its KV cache: let it go now
                 if any(lane.results[-1].stop_reason == "cancelled" for lane in self.lanes):
                     stop_all()  # every run ends stopped, not only the one that saw it
                     return
@@ -235,7 +239,11 @@ def record_runs(
     for event in recording:
         if progress is not None and event.step is None and all(lane.done for lane in event.lanes):
             progress(event.prompt + 1, len(prompts))
-    return [RecordedRun(lane.run_id, lane.results) for lane in recording.lanes if lane.run_id is not None]
+    return [
+        RecordedRun(lane.run_id, lane.results)
+        for lane in recording.lanes
+        if lane.run_id is not None
+    ]
 
 
 def record_run(

@@ -52,8 +52,13 @@ def as_float(value: Any, name: str) -> float:
         raise SpecUIError(f"{name} must be a number, got {value!r}") from None
 
 
-def check_decode_settings(*, max_new_tokens: Any = 1, seed: Any = 0, num_speculative_tokens: Any = None,
-                          max_context: int | None = None) -> None:
+def check_decode_settings(
+    *,
+    max_new_tokens: Any = 1,
+    seed: Any = 0,
+    num_speculative_tokens: Any = None,
+    max_context: int | None = None,
+) -> None:
     """One SpecUIError for the first bad setting; ``num_speculative_tokens`` None = the drafter's own K.
 
     ``max_context`` (the verifier's window) caps max_new_tokens: no generation can be longer.
@@ -62,14 +67,18 @@ def check_decode_settings(*, max_new_tokens: Any = 1, seed: Any = 0, num_specula
     if n < 1:
         raise SpecUIError(f"max_new_tokens must be >= 1, got {n}")
     if max_context is not None and n > max_context:
-        raise SpecUIError(f"max_new_tokens {n} is more than the verifier's context window ({max_context} tokens)")
+        raise SpecUIError(
+            f"max_new_tokens {n} is more than the verifier's context window ({max_context} tokens)"
+        )
     s = as_int(seed, "seed")
     if not 0 <= s <= MAX_SEED:
         raise SpecUIError(f"seed must be in 0..{MAX_SEED}, got {s}")
     if num_speculative_tokens is not None:
         k = as_int(num_speculative_tokens, "number of speculative tokens (K)")
         if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise SpecUIError(f"number of speculative tokens (K) must be in 1..{MAX_SPECULATIVE_TOKENS}, got {k}")
+            raise SpecUIError(
+                f"number of speculative tokens (K) must be in 1..{MAX_SPECULATIVE_TOKENS}, got {k}"
+            )
 
 
 @dataclass(frozen=True)
@@ -220,4 +229,3 @@ class GenerationResult:
             "verify_time_s": sum(s.verify_time_s for s in self.steps),
             "stop_reason": self.stop_reason,
         }
-

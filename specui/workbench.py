@@ -33,8 +33,10 @@ def trained_drafters_dir() -> Path:
 def default_drafter(choices: list[str]) -> str:
     """The speculator a Playground opens with: the first shipped drafter of the algorithms by
     their playground_rank, else ngram (it needs no training), else none."""
-    ranked = sorted((s for s in algorithm_specs() if s.playground_rank is not None),
-                    key=lambda s: s.playground_rank)
+    ranked = sorted(
+        (s for s in algorithm_specs() if s.playground_rank is not None),
+        key=lambda s: s.playground_rank,
+    )
     return next((c for c in [*(s.name for s in ranked), "ngram"] if c in choices), "none")
 
 
@@ -55,7 +57,9 @@ IDLE_KEYS = 8  # drafter configurations kept loaded (least recently used dropped
 class Workbench:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._verifiers: OrderedDict[tuple[str, str], Verifier] = OrderedDict()  # least recently used first
+        self._verifiers: OrderedDict[tuple[str, str], Verifier] = (
+            OrderedDict()
+        )  # least recently used first
         self._verifier_locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         # (drafter choice, verifier, K, options) -> idle drafters, least recently returned first
         self._idle: OrderedDict[tuple, list[Drafter]] = OrderedDict()
@@ -77,7 +81,9 @@ class Workbench:
             loaded = Verifier.load(choice, precision=key[1])
             with self._lock:
                 self._verifiers[key] = loaded
-                while len(self._verifiers) > VERIFIERS_KEPT:  # a run using one keeps its own reference
+                while (
+                    len(self._verifiers) > VERIFIERS_KEPT
+                ):  # a run using one keeps its own reference
                     old, _ = self._verifiers.popitem(last=False)
                     self._verifier_locks.pop(old, None)
             return loaded
@@ -95,6 +101,7 @@ class Workbench:
         on the same load (``verifier``'s per-choice lock) instead of starting a second one.
         A failed preload is only logged: the next ``verifier`` call tries again and shows
         the visitor the error."""
+
         def load() -> None:
             try:
                 self.verifier(choice, precision)

@@ -17,7 +17,11 @@ def test_bench_settings_ask_the_run_service_for_what_a_vllm_run_stores() -> None
     request = settings.request("dflash")
     assert isinstance(request, DecodeRequest)
     assert (request.drafter, request.max_new_tokens, request.seed) == ("dflash", 48, 5)
-    assert (request.sampling.temperature, request.sampling.top_p, request.sampling.top_k) == (0.7, 0.9, 20)
+    assert (request.sampling.temperature, request.sampling.top_p, request.sampling.top_k) == (
+        0.7,
+        0.9,
+        20,
+    )
     extra = {"vllm": {"api": "completions"}, "concurrency": 3}
     # What run_benchmark stored before it asked the run service: the same fields, the same values.
     by_hand = DecodingSettings(num_speculative_tokens=4, temperature=0.7, top_p=0.9, top_k=20,

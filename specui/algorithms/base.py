@@ -48,7 +48,11 @@ if TYPE_CHECKING:
     from specui.verifier.model import Verifier
 
 SPECULATORS_VERSION = "0.9.0"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # storage dtypes
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}  # storage dtypes
 
 
 @dataclass
@@ -98,11 +102,14 @@ def read_field(d: dict[str, Any], key: str, kind: str, default: Any = _REQUIRED)
         "bool": isinstance(v, bool),
         "float": isinstance(v, int | float) and not isinstance(v, bool),
         "str": isinstance(v, str),
-        "int-list": isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
+        "int-list": isinstance(v, list)
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in v),
         "str-list": isinstance(v, list) and all(isinstance(x, str) for x in v),
     }[kind]
     if not ok:
-        raise SpecUIError(f"config.json field {key!r} must be {kind}{' or null' if optional else ''}, got {v!r}")
+        raise SpecUIError(
+            f"config.json field {key!r} must be {kind}{' or null' if optional else ''}, got {v!r}"
+        )
     return float(v) if kind == "float" else v
 
 
@@ -126,7 +133,9 @@ class DraftConfig:
     architecture: ClassVar[str]  # "DFlashDraftModel", ...
     config_class_name: ClassVar[str]  # for auto_map
     aux_key: ClassVar[str] = "aux_hidden_state_layer_ids"
-    create_options: ClassVar[tuple[str, ...]] = ()  # config fields a model's create(**options) accepts
+    create_options: ClassVar[
+        tuple[str, ...]
+    ] = ()  # config fields a model's create(**options) accepts
 
     layer: LayerConfig
     aux_layer_ids: list[int]
@@ -147,19 +156,29 @@ class DraftConfig:
             raise SpecUIError("config.json has no 'speculators_config' object")
         methods = spec.get("proposal_methods")
         if not isinstance(methods, list) or not methods or not isinstance(methods[0], dict):
-            raise SpecUIError("config.json speculators_config.proposal_methods must be a non-empty list")
+            raise SpecUIError(
+                "config.json speculators_config.proposal_methods must be a non-empty list"
+            )
         k = read_field(methods[0], "speculative_tokens", "int")
         verifier = spec.get("verifier") if isinstance(spec.get("verifier"), dict) else {}
-        dtype = read_field(d, "dtype", "str?", "float32") or read_field(d, "torch_dtype", "str?", "float32") or "float32"
+        dtype = (
+            read_field(d, "dtype", "str?", "float32")
+            or read_field(d, "torch_dtype", "str?", "float32")
+            or "float32"
+        )
         if dtype not in DTYPES:
             raise SpecUIError(f"config.json dtype {dtype!r} is not supported ({', '.join(DTYPES)})")
         return cls(
             layer=layer,
-            aux_layer_ids=list(aux) if aux is not None else [],  # [] = the verifier's default, filled at load
+            aux_layer_ids=list(aux)
+            if aux is not None
+            else [],  # [] = the verifier's default, filled at load
             draft_vocab_size=read_field(d, "draft_vocab_size", "int?", None) or layer.vocab_size,
             num_speculative_tokens=k,
             verifier_name_or_path=read_field(verifier, "name_or_path", "str?", None),
-            verifier_architectures=list(read_field(verifier, "architectures", "str-list?", None) or []),
+            verifier_architectures=list(
+                read_field(verifier, "architectures", "str-list?", None) or []
+            ),
             dtype=dtype,
             **cls.own_from_dict(d),
         )
@@ -174,8 +193,10 @@ class DraftConfig:
     def own_from_dict(cls, d: dict[str, Any]) -> dict[str, Any]:
         """The subclass's fields from config.json, checked by their declared type, missing
         ones at their declared default."""
-        return {f.name: read_field(d, f.name, _FIELD_KINDS[str(f.type)], f.default)
-                for f in cls.own_fields()}
+        return {
+            f.name: read_field(d, f.name, _FIELD_KINDS[str(f.type)], f.default)
+            for f in cls.own_fields()
+        }
 
     def own_to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in self.own_fields()}
@@ -220,9 +241,13 @@ class DraftConfig:
         out: list[str] = []
         layer = self.layer
         if layer.hidden_size != verifier.hidden_size:
-            out.append(f"hidden size {layer.hidden_size} does not match the verifier's {verifier.hidden_size}")
+            out.append(
+                f"hidden size {layer.hidden_size} does not match the verifier's {verifier.hidden_size}"
+            )
         if layer.vocab_size != verifier.vocab_size:
-            out.append(f"vocab size {layer.vocab_size} does not match the verifier's {verifier.vocab_size}")
+            out.append(
+                f"vocab size {layer.vocab_size} does not match the verifier's {verifier.vocab_size}"
+            )
         if not 0 < self.draft_vocab_size <= layer.vocab_size:
             out.append(f"draft_vocab_size {self.draft_vocab_size} must be in 1..{layer.vocab_size}")
         bad = [i for i in self.aux_layer_ids if not 0 <= i <= verifier.num_layers]
@@ -232,14 +257,18 @@ class DraftConfig:
                 f"{verifier.num_layers} layers (0..{verifier.num_layers})"
             )
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
-            out.append(f"speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}")
+            out.append(
+                f"speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}"
+            )
         return out
 
     def check_mask_token(self, mask_token_id: int | None) -> list[str]:
         if mask_token_id is None:
             return ["mask_token_id is not set"]
         if not 0 <= mask_token_id < self.layer.vocab_size:
-            return [f"mask_token_id {mask_token_id} is outside the vocabulary (0..{self.layer.vocab_size - 1})"]
+            return [
+                f"mask_token_id {mask_token_id} is outside the vocabulary (0..{self.layer.vocab_size - 1})"
+            ]
         return []
 
 
@@ -260,8 +289,13 @@ class DraftModel(nn.Module):
     config: DraftConfig
 
     @classmethod
-    def initialised(cls, config: DraftConfig, verifier: Verifier, seed: int | None,
-                    draft_vocab: torch.Tensor | list[int] | None) -> DraftModel:
+    def initialised(
+        cls,
+        config: DraftConfig,
+        verifier: Verifier,
+        seed: int | None,
+        draft_vocab: torch.Tensor | list[int] | None,
+    ) -> DraftModel:
         """The shared tail of every ``create``: check ``config`` against the verifier, then a
         seeded initialisation and the reduced draft vocabulary (if any)."""
         problems = config.problems(verifier)
@@ -319,7 +353,10 @@ def pick_tokens(
 
 
 def pick_draft_tokens(
-    logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int, sampling: SamplingParams,
+    logits: torch.Tensor,
+    d2t: torch.Tensor | None,
+    vocab_size: int,
+    sampling: SamplingParams,
     generator: torch.Generator | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Draft-vocabulary logits [k, Vd] -> (target-vocabulary tokens [k], q [k, V] or None).
@@ -367,10 +404,16 @@ class LearnedDrafter:
     model_class: type
 
     def __init__(
-        self, model: nn.Module, num_speculative_tokens: int | None = None, name: str | None = None, **options: Any
+        self,
+        model: nn.Module,
+        num_speculative_tokens: int | None = None,
+        name: str | None = None,
+        **options: Any,
     ) -> None:
         if options:
-            raise SpecUIError(f"the {model.config.model_type} drafter has no option(s) {', '.join(sorted(options))}")
+            raise SpecUIError(
+                f"the {model.config.model_type} drafter has no option(s) {', '.join(sorted(options))}"
+            )
         self.model = model.eval()
         cfg = model.config
         self.algorithm: str = cfg.model_type
@@ -399,7 +442,9 @@ class LearnedDrafter:
         width = len(self.model.config.aux_layer_ids) * self.model.config.layer.hidden_size
         feats = ctx.features
         if feats is None:
-            raise SpecUIError(f"the {self.algorithm} drafter needs verifier features (aux layers {self.aux_layer_ids})")
+            raise SpecUIError(
+                f"the {self.algorithm} drafter needs verifier features (aux layers {self.aux_layer_ids})"
+            )
         feats = feats.reshape(-1, feats.shape[-1]).to(device, torch.float32)
         if feats.shape[-1] != width or feats.shape[0] < ids.numel() - 1:
             raise SpecUIError(
@@ -417,10 +462,21 @@ def verifier_identity(verifier: Any) -> dict[str, Any]:
     from specui.verifier.embedded import EMBEDDED_HUB_ID, EMBEDDED_NAME
 
     cfg = verifier.config
-    path = getattr(cfg, "_name_or_path", None) or getattr(cfg, "name_or_path", None) or verifier.name
-    if verifier.name == EMBEDDED_NAME:  # its folder is a cache path on this machine: record the hub id
+    path = (
+        getattr(cfg, "_name_or_path", None) or getattr(cfg, "name_or_path", None) or verifier.name
+    )
+    if (
+        verifier.name == EMBEDDED_NAME
+    ):  # its folder is a cache path on this machine: record the hub id
         path = EMBEDDED_HUB_ID
-    return {"verifier_name_or_path": str(path), "verifier_architectures": list(getattr(cfg, "architectures", None) or [])}
+    from transformers import PreTrainedModel
+
+    architectures = list(getattr(cfg, "architectures", None) or [])
+    model = getattr(verifier, "model", None)
+    if not architectures and isinstance(model, PreTrainedModel):
+        # A config made from a GGUF file (transformers 5.x) names none: the loaded class is it.
+        architectures = [type(model).__name__]
+    return {"verifier_name_or_path": str(path), "verifier_architectures": architectures}
 
 
 @contextlib.contextmanager

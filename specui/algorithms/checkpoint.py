@@ -45,7 +45,9 @@ WEIGHTS_FILE = "model.safetensors"
 
 def _read_config(folder: Path) -> dict[str, Any]:
     if folder.is_file():
-        raise SpecUIError(f"a drafter checkpoint is a folder (config.json + {WEIGHTS_FILE}); {folder} is a file")
+        raise SpecUIError(
+            f"a drafter checkpoint is a folder (config.json + {WEIGHTS_FILE}); {folder} is a file"
+        )
     if not folder.is_dir():
         raise SpecUIError(f"drafter checkpoint folder not found: {folder}")
     path = folder / CONFIG_FILE
@@ -63,7 +65,9 @@ def _read_config(folder: Path) -> dict[str, Any]:
 def _model_class(d: dict[str, Any]) -> type[DraftModel]:
     model_type = d.get("speculators_model_type")
     if not isinstance(model_type, str):
-        raise SpecUIError("config.json has no 'speculators_model_type' (is this a speculators checkpoint?)")
+        raise SpecUIError(
+            "config.json has no 'speculators_model_type' (is this a speculators checkpoint?)"
+        )
     return ALGORITHMS[model_type].model_class  # SpecUIError for an unknown type
 
 
@@ -77,7 +81,9 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise SpecUIError(f"{path} is not a readable safetensors file ({e})") from None
 
 
-def _inspect(folder: Path, verifier: Verifier) -> tuple[list[str], DraftConfig | None, dict[str, torch.Tensor]]:
+def _inspect(
+    folder: Path, verifier: Verifier
+) -> tuple[list[str], DraftConfig | None, dict[str, torch.Tensor]]:
     """(problems, config, tensors) -- the shared core of validate and load."""
     try:
         d = _read_config(folder)
@@ -96,7 +102,9 @@ def _inspect(folder: Path, verifier: Verifier) -> tuple[list[str], DraftConfig |
         return [str(e)], config, {}
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in model_cls(config).state_dict().items()}
-    missing = sorted(k for k in expected if k not in tensors and k not in model_cls.verifier_fallback)
+    missing = sorted(
+        k for k in expected if k not in tensors and k not in model_cls.verifier_fallback
+    )
     if missing:
         problems.append(f"{WEIGHTS_FILE} lacks tensors {', '.join(missing)}")
     for k, shape in expected.items():
@@ -109,7 +117,12 @@ def _inspect(folder: Path, verifier: Verifier) -> tuple[list[str], DraftConfig |
             problems.append(f"tensor {k} contains NaN or infinity")
     unexpected = sorted(set(tensors) - set(expected))
     if unexpected:
-        log.warning("%s: ignoring tensors the %s drafter does not use: %s", folder, config.model_type, unexpected)
+        log.warning(
+            "%s: ignoring tensors the %s drafter does not use: %s",
+            folder,
+            config.model_type,
+            unexpected,
+        )
     return problems, config, tensors
 
 
@@ -138,7 +151,10 @@ def load_model(path: str | os.PathLike, verifier: Verifier) -> DraftModel:
 
 
 def load_drafter(
-    path: str | os.PathLike, verifier: Verifier, num_speculative_tokens: int | None = None, **options: Any
+    path: str | os.PathLike,
+    verifier: Verifier,
+    num_speculative_tokens: int | None = None,
+    **options: Any,
 ) -> Drafter:
     """Load a speculators-format folder as a ready-to-use Drafter for ``verifier``.
 
@@ -148,7 +164,9 @@ def load_drafter(
     """
     model = load_model(path, verifier)
     drafter_cls = ALGORITHMS[model.config.model_type].drafter_class
-    return drafter_cls(model, num_speculative_tokens=num_speculative_tokens, name=Path(path).name, **options)
+    return drafter_cls(
+        model, num_speculative_tokens=num_speculative_tokens, name=Path(path).name, **options
+    )
 
 
 def _device(verifier: Verifier) -> torch.device:
@@ -184,11 +202,15 @@ def save_drafter(
     store = DTYPES[dtype]
     for key in borrow:
         if key not in model.verifier_fallback:
-            raise SpecUIError(f"{key} is not a verifier tensor the {model.config.model_type} format may borrow")
+            raise SpecUIError(
+                f"{key} is not a verifier tensor the {model.config.model_type} format may borrow"
+            )
         if model.get_parameter(key).requires_grad:
             raise SpecUIError(f"{key} was trained (it is not the verifier's): it must be saved")
     tensors = {
-        k: (v.detach().to("cpu", store) if v.is_floating_point() else v.detach().cpu()).contiguous().clone()
+        k: (v.detach().to("cpu", store) if v.is_floating_point() else v.detach().cpu())
+        .contiguous()
+        .clone()
         for k, v in model.state_dict().items()
         if k not in borrow
     }
@@ -224,5 +246,7 @@ def save_drafter(
 def _temp_path(folder: Path, name: str) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     os.close(fd)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; a saved drafter is for everyone who may read the folder
+    os.chmod(
+        tmp, 0o644
+    )  # mkstemp makes 0600; a saved drafter is for everyone who may read the folder
     return Path(tmp)

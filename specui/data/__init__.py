@@ -13,6 +13,13 @@ from specui.data.prompts import (
 )
 
 __all__ = [
-    "Prompt", "PromptSet", "bench_split", "load_prompts", "prompt_sets", "training_prompt_sets", "read_prompt_file",
-    "register_prompt_set", "split_of",
+    "Prompt",
+    "PromptSet",
+    "bench_split",
+    "load_prompts",
+    "prompt_sets",
+    "training_prompt_sets",
+    "read_prompt_file",
+    "register_prompt_set",
+    "split_of",
 ]

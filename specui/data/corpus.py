@@ -48,16 +48,22 @@ _RST_MARKUP = re.compile(r":[a-z]+:`~?([^`<]*?)(?:\s*<[^>]*>)?`")
 def doc_paragraphs(root: Path = PY_DOCS, min_words: int = 40, max_words: int = 220) -> list[str]:
     """Prose paragraphs of the Python documentation's reST sources, markup stripped."""
     if not root.is_dir():
-        raise SpecUIError(f"{root} not found: install Debian's python3-doc (apt-get install python3-doc)")
+        raise SpecUIError(
+            f"{root} not found: install Debian's python3-doc (apt-get install python3-doc)"
+        )
     out: list[str] = []
     for path in sorted(root.rglob("*.rst.txt")):
         for block in re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace")):
             lines = block.strip().splitlines()
             # Prose only: no directives, tables, literal blocks, headings or indented code.
-            if not lines or any(ln.startswith((" ", "\t", "..", "=", "-", "*", "+", "|", ">>>")) for ln in lines):
+            if not lines or any(
+                ln.startswith((" ", "\t", "..", "=", "-", "*", "+", "|", ">>>")) for ln in lines
+            ):
                 continue
             text = " ".join(ln.strip() for ln in lines)
-            text = _RST_MARKUP.sub(r"\1", text).replace("``", "").replace("**", "").replace("::", ":")
+            text = (
+                _RST_MARKUP.sub(r"\1", text).replace("``", "").replace("**", "").replace("::", ":")
+            )
             if text.endswith(":") or "`" in text:
                 continue
             if min_words <= len(text.split()) <= max_words:
@@ -65,7 +71,9 @@ def doc_paragraphs(root: Path = PY_DOCS, min_words: int = 40, max_words: int = 2
     return out
 
 
-def fortunes(lang: str, root: Path = FORTUNES, min_words: int = 6, max_words: int = 120) -> list[str]:
+def fortunes(
+    lang: str, root: Path = FORTUNES, min_words: int = 6, max_words: int = 120
+) -> list[str]:
     """Quotations of one language folder of Debian's fortunes (``es``, ``it``), one per entry."""
     folder = root / lang
     if not folder.is_dir():
@@ -109,7 +117,10 @@ REWRITE = (
 )
 TO_ENGLISH = ("Translate {lang} to English: {p}", "Translate this {lang} text into English:\n\n{p}",
               "What does this {lang} quote mean in English? \"{p}\"")  # fmt: skip
-FROM_ENGLISH = ("Translate English to {lang}: {p}", "Translate the following sentence into {lang}: {p}")
+FROM_ENGLISH = (
+    "Translate English to {lang}: {p}",
+    "Translate the following sentence into {lang}: {p}",
+)
 
 
 def text_tasks(seed: int = 0, n_docs: int = 1600, n_quotes: int = 500) -> list[Row]:
@@ -125,7 +136,14 @@ def text_tasks(seed: int = 0, n_docs: int = 1600, n_quotes: int = 500) -> list[R
     for i, p in enumerate(paragraphs[n_docs : n_docs + n_quotes // 3]):
         sentence = re.split(r"(?<=[.!?])\s", p)[0]
         lang = rng.choice(("French", "German", "Spanish"))
-        rows.append(_row("pydocs-translate", i, "translate", rng.choice(FROM_ENGLISH).format(lang=lang, p=sentence)))
+        rows.append(
+            _row(
+                "pydocs-translate",
+                i,
+                "translate",
+                rng.choice(FROM_ENGLISH).format(lang=lang, p=sentence),
+            )
+        )
     quotes = [("Spanish", q) for q in fortunes("es")] + [("Italian", q) for q in fortunes("it")]
     rng.shuffle(quotes)
     for i, (lang, q) in enumerate(quotes[:n_quotes]):
@@ -166,7 +184,14 @@ def code_tasks(seed: int = 0, limit: int = 500) -> list[Row]:
     rng.shuffle(found)
     rows = []
     for i, (module, name, sig, doc) in enumerate(found[:limit]):
-        rows.append(_row("stdlib-code", i, "code", rng.choice(CODE).format(module=module, name=name, sig=sig, doc=doc)))
+        rows.append(
+            _row(
+                "stdlib-code",
+                i,
+                "code",
+                rng.choice(CODE).format(module=module, name=name, sig=sig, doc=doc),
+            )
+        )
     return rows
 
 
@@ -212,5 +237,7 @@ def build(sources: Iterable[list[Row]], seed: int = 0) -> list[Row]:
             seen.add(key)
             out.append(r)
     # Fails loudly rather than filtering: a contaminated source should be fixed at its source.
-    check_training_prompts([Prompt(r["id"], r["source"], text=r["prompt"]) for r in out], "the general corpus")
+    check_training_prompts(
+        [Prompt(r["id"], r["source"], text=r["prompt"]) for r in out], "the general corpus"
+    )
     return out

@@ -149,7 +149,9 @@ def self_distill(
             ids = ids[-max_prompt_tokens:]
         bad = [t for t in ids if not 0 <= t < verifier.vocab_size]
         if bad:
-            raise SpecUIError(f"prompt {p.id}: token ids {bad[:5]} outside the verifier's vocabulary ({verifier.vocab_size})")
+            raise SpecUIError(
+                f"prompt {p.id}: token ids {bad[:5]} outside the verifier's vocabulary ({verifier.vocab_size})"
+            )
         encoded.append((p, tuple(ids)))
 
     fingerprint = verifier_fingerprint(verifier)
@@ -164,7 +166,9 @@ def self_distill(
         folders.append(Path(cache_dir))
     cache = cached_responses(fingerprint, max_new_tokens, verifier.eos_token_ids, folders)
 
-    todo = [(p, ids) for p, ids in encoded if p.response_ids is None and _hash_ids(ids) not in cache]
+    todo = [
+        (p, ids) for p, ids in encoded if p.response_ids is None and _hash_ids(ids) not in cache
+    ]
     if shard is not None:
         index, count = shard
         todo = [(p, ids) for p, ids in todo if int(_hash_ids(ids), 16) % count == index]
@@ -182,8 +186,16 @@ def self_distill(
     if progress:
         progress(0, len(todo))
     if todo:
-        generate_responses(verifier, batch, max_new_tokens, batch_size, progress=progress,
-                           on_done=keep, dtype=generation_dtype, engine=engine)
+        generate_responses(
+            verifier,
+            batch,
+            max_new_tokens,
+            batch_size,
+            progress=progress,
+            on_done=keep,
+            dtype=generation_dtype,
+            engine=engine,
+        )
 
     out = []
     for p, ids in encoded:
@@ -198,8 +210,14 @@ def cache_name(verifier, max_new_tokens: int) -> str:
     return f"responses-{verifier_fingerprint(verifier)}-n{max_new_tokens}.jsonl"
 
 
-def _shard_worker(verifier_choice: str, shard: tuple[int, int], prompts: Sequence[Prompt],
-                  kwargs: dict, threads: int, queue) -> None:
+def _shard_worker(
+    verifier_choice: str,
+    shard: tuple[int, int],
+    prompts: Sequence[Prompt],
+    kwargs: dict,
+    threads: int,
+    queue,
+) -> None:
     torch.set_num_threads(threads)
     from specui.verifier.model import Verifier
 
@@ -237,11 +255,17 @@ def distill_in_processes(
     # spawn: a fork of a parent's torch thread pools and loaded model is neither safe nor cheaper.
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    kwargs = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, cache_dir=str(cache_dir),
-                  max_prompt_tokens=max_prompt_tokens, generation_dtype=generation_dtype)
+    kwargs = dict(
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        cache_dir=str(cache_dir),
+        max_prompt_tokens=max_prompt_tokens,
+        generation_dtype=generation_dtype,
+    )
     workers = [
         ctx.Process(
-            target=_shard_worker, args=(verifier_choice, (i, procs), list(prompts), kwargs, threads, queue)
+            target=_shard_worker,
+            args=(verifier_choice, (i, procs), list(prompts), kwargs, threads, queue),
         )
         for i in range(procs)
     ]
@@ -262,12 +286,16 @@ def distill_in_processes(
             w.join()
     failed = [i for i, w in enumerate(workers) if w.exitcode != 0]
     if failed:
-        raise SpecUIError(f"response generation: worker(s) {failed} failed (exit codes "
-                          f"{[workers[i].exitcode for i in failed]}); run again to continue")
+        raise SpecUIError(
+            f"response generation: worker(s) {failed} failed (exit codes "
+            f"{[workers[i].exitcode for i in failed]}); run again to continue"
+        )
 
 
 @torch.inference_mode()
-def generate_greedy(verifier, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[tuple[int, ...]]:
+def generate_greedy(
+    verifier, prompts: Sequence[Sequence[int]], max_new_tokens: int
+) -> list[tuple[int, ...]]:
     """Greedy continuations of a batch of token-id prompts, cut after the first EOS."""
     eos = sorted(verifier.eos_token_ids)
     tok = verifier.tokenizer
@@ -381,8 +409,14 @@ def _append_cache(path: Path, new: dict[str, tuple[int, ...]]) -> None:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def synthetic_prompts(n: int, vocab_size: int, min_len: int = 8, max_len: int = 24, seed: int = 0,
-                      exclude: Sequence[int] = ()) -> list[Prompt]:
+def synthetic_prompts(
+    n: int,
+    vocab_size: int,
+    min_len: int = 8,
+    max_len: int = 24,
+    seed: int = 0,
+    exclude: Sequence[int] = (),
+) -> list[Prompt]:
     """Random token-id prompts for verifiers without a tokenizer (tests, smoke runs)."""
     g = torch.Generator().manual_seed(seed)
     allowed = torch.tensor([t for t in range(vocab_size) if t not in set(exclude)])
@@ -394,7 +428,9 @@ def synthetic_prompts(n: int, vocab_size: int, min_len: int = 8, max_len: int = 
     return out
 
 
-def export_cache(cache_dir: str | Path, dest_dir: str | Path, keep: set[str] | None = None) -> list[Path]:
+def export_cache(
+    cache_dir: str | Path, dest_dir: str | Path, keep: set[str] | None = None
+) -> list[Path]:
     """Gzip the response caches of ``cache_dir`` into ``dest_dir`` (what ``self_distill`` reads
     first), only the keys in ``keep`` when given, in a stable order (same content, same bytes)."""
     out = []

@@ -109,8 +109,14 @@ class LocalExtractor(HiddenStateExtractor):
     again in float32 from the normed state, so near ties are ordered as float32 orders them.
     """
 
-    def __init__(self, verifier, aux_layer_ids: Sequence[int], dtype: torch.dtype | None = None,
-                 batch_tokens: int = 4096, topk: int = TOPK) -> None:
+    def __init__(
+        self,
+        verifier,
+        aux_layer_ids: Sequence[int],
+        dtype: torch.dtype | None = None,
+        batch_tokens: int = 4096,
+        topk: int = TOPK,
+    ) -> None:
         verifier.check_aux_layer_ids(list(aux_layer_ids))
         self.verifier = verifier
         self.aux_layer_ids = list(aux_layer_ids)
@@ -123,7 +129,9 @@ class LocalExtractor(HiddenStateExtractor):
 
     def _autocast(self):
         device = next(self.verifier.model.parameters()).device
-        return torch.autocast(device.type, dtype=self.dtype, enabled=self.dtype != self.verifier.dtype)
+        return torch.autocast(
+            device.type, dtype=self.dtype, enabled=self.dtype != self.verifier.dtype
+        )
 
     def head(self) -> torch.Tensor:
         """The LM head in the extraction's dtype, cast once (it is 49k rows)."""
@@ -131,7 +139,9 @@ class LocalExtractor(HiddenStateExtractor):
             self._head = self.verifier.lm_head.weight.detach().to(self.dtype)
         return self._head
 
-    def targets(self, last_hidden: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def targets(
+        self, last_hidden: torch.Tensor, start: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids [T, k], logprobs [T, k]) of the verifier after each position from ``start``.
 
         Earlier positions get none (ids -1): no objective scores a slot whose target lies
@@ -141,7 +151,9 @@ class LocalExtractor(HiddenStateExtractor):
         ids = torch.full((T, self.topk), -1, dtype=torch.long)
         lps = torch.full((T, self.topk), float("-inf"))
         if start < T:
-            ids[start:], lps[start:] = topk_targets(self.verifier, last_hidden[start:], self.topk, self.head())
+            ids[start:], lps[start:] = topk_targets(
+                self.verifier, last_hidden[start:], self.topk, self.head()
+            )
         return ids, lps
 
     def extract(self, samples: Sequence[TokenSample], out_dir: Path) -> list[Path]:
@@ -155,15 +167,25 @@ class LocalExtractor(HiddenStateExtractor):
                 ids[row, : len(samples[i])] = torch.tensor(samples[i].input_ids, dtype=torch.long)
             lengths = [len(samples[i]) for i in batch]
             with self._autocast():
-                taps = self.verifier.taps_batch(ids.to(device), self.layer_ids)  # [N, W, n_aux + 1, H]
+                taps = self.verifier.taps_batch(
+                    ids.to(device), self.layer_ids
+                )  # [N, W, n_aux + 1, H]
             for row, i in enumerate(batch):
                 s, n = samples[i], lengths[row]
                 t = taps[row, :n].float()
-                target_ids, target_logprobs = self.targets(t[:, -1], start=max(len(s.prompt_ids) - 1, 0))
+                target_ids, target_logprobs = self.targets(
+                    t[:, -1], start=max(len(s.prompt_ids) - 1, 0)
+                )
                 path = out_dir / self.file_name(s)
-                write_sample(path, t, ids[row, :n], torch.tensor(s.loss_mask, dtype=torch.long),
-                             {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)},
-                             target_ids=target_ids, target_logprobs=target_logprobs)
+                write_sample(
+                    path,
+                    t,
+                    ids[row, :n],
+                    torch.tensor(s.loss_mask, dtype=torch.long),
+                    {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)},
+                    target_ids=target_ids,
+                    target_logprobs=target_logprobs,
+                )
                 paths[i] = path
         return [paths[i] for i in range(len(samples))]
 
@@ -173,7 +195,11 @@ def fast_matmul_dtype() -> torch.dtype:
     dtype extraction, generation and training steps multiply in by default."""
     if torch.cuda.is_available():
         return torch.bfloat16
-    return torch.bfloat16 if torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX") else torch.float32
+    return (
+        torch.bfloat16
+        if torch.backends.cpu.get_cpu_capability() in ("AVX512", "AMX")
+        else torch.float32
+    )
 
 
 def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
@@ -190,8 +216,14 @@ def length_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]
 
 
 @torch.inference_mode()
-def topk_targets(verifier, last_hidden: torch.Tensor, k: int = TOPK, head: torch.Tensor | None = None,
-                 spare: int = 8, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_targets(
+    verifier,
+    last_hidden: torch.Tensor,
+    k: int = TOPK,
+    head: torch.Tensor | None = None,
+    spare: int = 8,
+    chunk: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The verifier's top-k log-probs after each position, from its pre-norm last layer.
 
     The LM head runs with ``head`` (its weight in bf16, say: the costly 49k-row matmul);
@@ -219,9 +251,16 @@ def topk_targets(verifier, last_hidden: torch.Tensor, k: int = TOPK, head: torch
     return torch.cat(ids_out).cpu(), torch.cat(lp_out).cpu()
 
 
-def write_sample(path: Path, hidden_states: torch.Tensor, token_ids: torch.Tensor, loss_mask: torch.Tensor,
-                 metadata: dict[str, str] | None = None, *, target_ids: torch.Tensor | None = None,
-                 target_logprobs: torch.Tensor | None = None) -> None:
+def write_sample(
+    path: Path,
+    hidden_states: torch.Tensor,
+    token_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    metadata: dict[str, str] | None = None,
+    *,
+    target_ids: torch.Tensor | None = None,
+    target_logprobs: torch.Tensor | None = None,
+) -> None:
     """Write one sample file atomically (a reader never sees half a file)."""
     tensors = {
         "hidden_states": hidden_states.to("cpu", STORE_DTYPE).contiguous(),
@@ -254,10 +293,16 @@ def read_sample(path: Path, n_aux: int, targets: TargetFn | None = None) -> Samp
             hs = f.get_slice("hidden_states")
             shape = hs.get_shape()
             if len(shape) != 3 or shape[1] != n_aux + 1:
-                raise SpecUIError(f"hidden-state file {path} holds {tuple(shape)}; expected [T, {n_aux + 1}, H]")
+                raise SpecUIError(
+                    f"hidden-state file {path} holds {tuple(shape)}; expected [T, {n_aux + 1}, H]"
+                )
             stored = "target_ids" in names and "target_logprobs" in names
             taps = hs[:, :n_aux] if stored else f.get_tensor("hidden_states")
-            t = {k: f.get_tensor(k) for k in ("token_ids", "loss_mask", "target_ids", "target_logprobs") if k in names}
+            t = {
+                k: f.get_tensor(k)
+                for k in ("token_ids", "loss_mask", "target_ids", "target_logprobs")
+                if k in names
+            }
     except (OSError, SafetensorError) as e:
         raise SpecUIError(f"cannot read hidden-state file {path}: {e}") from None
     T = shape[0]
@@ -266,9 +311,13 @@ def read_sample(path: Path, n_aux: int, targets: TargetFn | None = None) -> Samp
         mask = torch.ones(T, dtype=torch.long)
     if not stored:
         if targets is None:
-            raise SpecUIError(f"hidden-state file {path} has no targets and no verifier head was given to add them")
+            raise SpecUIError(
+                f"hidden-state file {path} has no targets and no verifier head was given to add them"
+            )
         ids, lps = targets(taps[:, n_aux].float())
-        write_sample(path, taps, t["token_ids"], mask, metadata, target_ids=ids, target_logprobs=lps)
+        write_sample(
+            path, taps, t["token_ids"], mask, metadata, target_ids=ids, target_logprobs=lps
+        )
         t["target_ids"], t["target_logprobs"] = ids, lps
         taps = taps[:, :n_aux]
     return SampleTensors(
@@ -292,12 +341,20 @@ class HiddenStateStore:
     ``read_sample``); a ``LocalExtractor`` brings its own.
     """
 
-    def __init__(self, extractor: HiddenStateExtractor, samples: Sequence[TokenSample], mode: str | ExtractionMode,
-                 cache_dir: str | Path, targets: TargetFn | None = None) -> None:
+    def __init__(
+        self,
+        extractor: HiddenStateExtractor,
+        samples: Sequence[TokenSample],
+        mode: str | ExtractionMode,
+        cache_dir: str | Path,
+        targets: TargetFn | None = None,
+    ) -> None:
         try:
             self.mode = ExtractionMode(mode)
         except ValueError:
-            raise SpecUIError(f"unknown extraction mode {mode!r}; use offline, online or mixed") from None
+            raise SpecUIError(
+                f"unknown extraction mode {mode!r}; use offline, online or mixed"
+            ) from None
         self.extractor = extractor
         self.samples = list(samples)
         self.cache_dir = Path(cache_dir)
@@ -324,11 +381,18 @@ class HiddenStateStore:
             where = where.parent
         free = shutil.disk_usage(where).free
         if need > 0.95 * free:
-            raise SpecUIError(f"extracting hidden states needs {need / 2**30:.1f} GiB in {self.cache_dir}, but only "
-                              f"{free / 2**30:.1f} GiB are free; free some space, or pass --cache-dir on a larger disk")
+            raise SpecUIError(
+                f"extracting hidden states needs {need / 2**30:.1f} GiB in {self.cache_dir}, but only "
+                f"{free / 2**30:.1f} GiB are free; free some space, or pass --cache-dir on a larger disk"
+            )
         return need
 
-    def prepare(self, indices: Sequence[int] | None = None, progress: Callable[[int, int], None] | None = None, chunk: int = 64) -> None:
+    def prepare(
+        self,
+        indices: Sequence[int] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        chunk: int = 64,
+    ) -> None:
         """Offline mode: extract every missing sample of ``indices`` (default: all) now.
 
         ``chunk`` samples per call of the extractor (a local one batches them by length);
@@ -358,6 +422,8 @@ class HiddenStateStore:
         missing = self.missing(indices)
         if missing:
             if self.mode == ExtractionMode.OFFLINE:
-                raise SpecUIError(f"{len(missing)} hidden-state files missing from {self.cache_dir}; run the offline extraction first")
+                raise SpecUIError(
+                    f"{len(missing)} hidden-state files missing from {self.cache_dir}; run the offline extraction first"
+                )
             self.extractor.extract([self.samples[i] for i in missing], self.cache_dir)
         return [read_sample(self.path(i), self.n_aux, self.target_fn) for i in indices]

@@ -112,7 +112,9 @@ def sample_user_turns(
     done_batches = {r["batch"] for r in rows}
     kinds = KINDS if kinds is None else kinds
     kind_names = list(kinds)
-    prefixes = {k: torch.tensor(user_prefix_ids(verifier, kinds[k]), dtype=torch.long) for k in kind_names}
+    prefixes = {
+        k: torch.tensor(user_prefix_ids(verifier, kinds[k]), dtype=torch.long) for k in kind_names
+    }
     stop = end_of_turn_ids(verifier)
     tok = verifier.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else min(stop)
@@ -141,10 +143,17 @@ def sample_user_turns(
             eos_token_id=sorted(stop),
         )
         new = []
-        for row in out[:, prefix.numel():].tolist():
+        for row in out[:, prefix.numel() :].tolist():
             cut = next((i for i, t in enumerate(row) if t in stop), None)
             body = row if cut is None else row[:cut]
-            new.append({"batch": batch, "kind": kind, "text": tok.decode(body, skip_special_tokens=True), "complete": cut is not None})
+            new.append(
+                {
+                    "batch": batch,
+                    "kind": kind,
+                    "text": tok.decode(body, skip_special_tokens=True),
+                    "complete": cut is not None,
+                }
+            )
         _append(path, new)
         rows.extend(new)
         batch += 1
@@ -162,8 +171,10 @@ def _complete_batches(path: Path, batch_size: int) -> list[dict]:
     sizes = Counter(r["batch"] for r in rows)
     if sizes and max(sizes.values()) != batch_size:
         # Another batch size draws other samples per seed: refuse rather than drop the file's batches.
-        raise SpecUIError(f"{path} was sampled {max(sizes.values())} turns per batch; resume it with that "
-                          f"batch size (not {batch_size}), or use another file")
+        raise SpecUIError(
+            f"{path} was sampled {max(sizes.values())} turns per batch; resume it with that "
+            f"batch size (not {batch_size}), or use another file"
+        )
     whole = [r for r in rows if sizes[r["batch"]] == batch_size]
     if path.is_file() and (len(whole) != len(rows) or not path.read_bytes().endswith(b"\n")):
         write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in whole))
@@ -179,7 +190,9 @@ def _append(path: Path, rows: Iterable[dict]) -> None:
         os.fsync(f.fileno())
 
 
-_ROLE_LEAK = re.compile(r"<\|im_|\bassistant\s*:|\buser\s*:|^\s*(sure|certainly|of course)[,!. ]", re.I)
+_ROLE_LEAK = re.compile(
+    r"<\|im_|\bassistant\s*:|\buser\s*:|^\s*(sure|certainly|of course)[,!. ]", re.I
+)
 
 
 def keep_user_turn(text: str, min_chars: int = 16, max_chars: int = 1200) -> bool:

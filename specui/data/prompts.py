@@ -62,7 +62,9 @@ def check_prompt_text(text: object, what: str = "the prompt") -> str:
         raise SpecUIError(f"{what} contains NUL bytes (binary data?)")
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: undecodable bytes from argv or a "\ud800" JSON escape
+    except (
+        UnicodeEncodeError
+    ):  # lone surrogates: undecodable bytes from argv or a "\ud800" JSON escape
         raise SpecUIError(f"{what} is not valid UTF-8 text") from None
     return text
 
@@ -80,8 +82,10 @@ def encode_text(verifier: Verifier, text: str, chat: bool) -> list[int]:
         raw = tok.encode(text, add_special_tokens=False)
         special = set(getattr(tok, "all_special_ids", ()) or ())
         if raw and all(t in special for t in raw):
-            raise SpecUIError(f"the prompt is only special tokens ({text.strip()[:80]!r}); give some text, "
-                              "or token ids to feed special tokens on purpose")
+            raise SpecUIError(
+                f"the prompt is only special tokens ({text.strip()[:80]!r}); give some text, "
+                "or token ids to feed special tokens on purpose"
+            )
     return verifier.encode(text, chat=chat)
 
 
@@ -118,7 +122,9 @@ class Prompt:
         if self.token_ids is not None:
             return list(self.token_ids)
         if verifier.tokenizer is None:
-            raise SpecUIError(f"verifier {verifier.name} has no tokenizer: prompt {self.id} needs 'prompt_ids' (token ids)")
+            raise SpecUIError(
+                f"verifier {verifier.name} has no tokenizer: prompt {self.id} needs 'prompt_ids' (token ids)"
+            )
         if self.messages is not None:
             return verifier.encode_messages(list(self.messages))
         return encode_text(verifier, self.text, chat=True)
@@ -169,11 +175,15 @@ class PromptSet:
 
 # The built-in sets register when specui.data.sets is imported, on first use.
 PROMPT_SETS: Registry[PromptSet] = Registry(
-    "prompt set", modules=["specui.data.sets"], describe=lambda ps: f"by {ps.loader.__module__}.{ps.loader.__qualname__}"
+    "prompt set",
+    modules=["specui.data.sets"],
+    describe=lambda ps: f"by {ps.loader.__module__}.{ps.loader.__qualname__}",
 )
 
 
-def register_prompt_set(name: str, description: str, evaluation_only: bool = False) -> Callable[[Loader], Loader]:
+def register_prompt_set(
+    name: str, description: str, evaluation_only: bool = False
+) -> Callable[[Loader], Loader]:
     """Decorator: register ``loader(split, limit)`` as the prompt set ``name``.
 
     ``evaluation_only`` sets are refused by every training path, and so is any
@@ -197,7 +207,9 @@ def training_prompt_sets() -> list[str]:
     return sorted(name for name, ps in PROMPT_SETS.items() if not ps.evaluation_only)
 
 
-def load_prompts(name_or_path: str | Path, split: str = "eval", limit: int | None = None) -> list[Prompt]:
+def load_prompts(
+    name_or_path: str | Path, split: str = "eval", limit: int | None = None
+) -> list[Prompt]:
     """Prompts of a registered set or a JSONL file, one split, at most ``limit``.
 
     ``a,b`` mixes sets (or files): their prompts alternate, so every prefix holds
@@ -336,7 +348,9 @@ def bench_split(name: str) -> str:
     raise SpecUIError(f"{name!r} mixes prompt sets and files; benchmark them separately")
 
 
-def split_prompts(prompts: Iterable[Prompt], split: str, eval_fraction: float = DEFAULT_EVAL_FRACTION) -> list[Prompt]:
+def split_prompts(
+    prompts: Iterable[Prompt], split: str, eval_fraction: float = DEFAULT_EVAL_FRACTION
+) -> list[Prompt]:
     """The prompts of one split, keyed by content (duplicates land together)."""
     check_split(split)
     if split == "all":
@@ -356,7 +370,9 @@ class FileProblem:
         return f"line {self.line}: {self.message}"
 
 
-def read_prompt_file(path: str | Path, problems: list[FileProblem] | None = None, source: str | None = None) -> list[Prompt]:
+def read_prompt_file(
+    path: str | Path, problems: list[FileProblem] | None = None, source: str | None = None
+) -> list[Prompt]:
     """All usable rows of a JSONL prompt file (duplicates dropped).
 
     Broken lines are logged with their line number (and appended to ``problems``
@@ -375,7 +391,11 @@ def read_prompt_file(path: str | Path, problems: list[FileProblem] | None = None
         try:
             line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
         except UnicodeDecodeError as e:
-            found.append(FileProblem(lineno, f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"))
+            found.append(
+                FileProblem(
+                    lineno, f"not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+                )
+            )
             continue
         if not line.strip():
             continue
@@ -426,10 +446,19 @@ def _parse_row(line: str, lineno: int, source: str) -> Prompt:
         if not isinstance(msgs, list) or not msgs:
             raise ValueError("'messages' must be a non-empty list")
         for m in msgs:
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            if not (
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+            ):
                 raise ValueError("each message needs string 'role' and 'content'")
         _check_row_text("".join(m["content"] for m in msgs), "'messages'")
-        return Prompt(pid, source, messages=tuple({"role": m["role"], "content": m["content"]} for m in msgs), response_ids=response)
+        return Prompt(
+            pid,
+            source,
+            messages=tuple({"role": m["role"], "content": m["content"]} for m in msgs),
+            response_ids=response,
+        )
     ids = _token_list(row["prompt_ids"], "prompt_ids")
     if not ids:
         raise ValueError("'prompt_ids' is empty")
@@ -444,7 +473,9 @@ def _check_row_text(text: str, what: str) -> None:
 
 
 def _token_list(value: object, name: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
         raise ValueError(f"'{name}' must be a list of non-negative integers")
     return list(value)
 

@@ -19,7 +19,9 @@ from specui.trace import StepTrace
 from specui.verifier.model import Verifier
 
 GAP = 0.10  # served-vs-local: a_k apart by more than 10 points, or tau by more than 10%
-STEP_AGREEMENT = 0.95  # below it, vLLM drafts otherwise (measured 98.8-100% for the shipped drafters)
+STEP_AGREEMENT = (
+    0.95  # below it, vLLM drafts otherwise (measured 98.8-100% for the shipped drafters)
+)
 
 
 def served_acceptance(
@@ -101,7 +103,9 @@ def served_findings(
         ]
     local = real_decode(verifier, drafter, ids, max_new_tokens)
     plugin = plugin_finding()
-    agreement = step_agreement(local.traces, served_steps, max_new_tokens, drafter.num_speculative_tokens)
+    agreement = step_agreement(
+        local.traces, served_steps, max_new_tokens, drafter.num_speculative_tokens
+    )
     measured["vllm"] = {"per_position": served, "tau": served_tau, "local": local.to_dict(),
                         "step_agreement": agreement.share, "steps_compared": agreement.steps,
                         "disagreements": agreement.describe()}  # fmt: skip
@@ -142,7 +146,12 @@ def steps_finding(agreement: StepAgreement) -> Finding:
             cause="another input to the drafter: hidden-state layers, mask token, positions, the draft vocabulary's head",
             fix="compare the first differing step's drafts on both sides (the evidence names it)",
         )
-    return Finding("vllm_steps", Severity.INFO, "vLLM and the local engine draft the same tokens", evidence=evidence)
+    return Finding(
+        "vllm_steps",
+        Severity.INFO,
+        "vLLM and the local engine draft the same tokens",
+        evidence=evidence,
+    )
 
 
 def compare_served(

@@ -25,11 +25,17 @@ def bench_job(params: dict, ctx: JobContext) -> dict:
         ctx.progress(fraction, message)
 
     result = bench(
-        store, verifier=params.get("verifier", "embedded"), drafters=list(params.get("drafters", [])),
-        prompts=params.get("prompts", "demo"), limit=params.get("limit"),
+        store,
+        verifier=params.get("verifier", "embedded"),
+        drafters=list(params.get("drafters", [])),
+        prompts=params.get("prompts", "demo"),
+        limit=params.get("limit"),
         max_new_tokens=int(params.get("max_new_tokens", 96)),
         sampling=SamplingParams(temperature=float(params.get("temperature", 0.0))),
-        num_speculative_tokens=params.get("num_speculative_tokens"), seed=int(params.get("seed", 0)),
-        owner=params.get("owner"), progress=progress, should_stop=ctx.cancelled,
+        num_speculative_tokens=params.get("num_speculative_tokens"),
+        seed=int(params.get("seed", 0)),
+        owner=params.get("owner"),
+        progress=progress,
+        should_stop=ctx.cancelled,
     )
     return {"run_ids": result.run_ids}

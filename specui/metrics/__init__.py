@@ -61,4 +61,3 @@ def __getattr__(name: str) -> Any:
     for n in _MODULES[module]:  # bound once: later lookups are plain attributes
         globals()[n] = getattr(loaded, n)
     return globals()[name]
-

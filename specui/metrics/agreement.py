@@ -67,7 +67,10 @@ def step_agreement(
     for p, (steps_a, steps_b) in enumerate(zip(a, b, strict=True)):
         (at_a, out_a), (at_b, out_b) = _by_position(steps_a), _by_position(steps_b)
         # A step starting at the first differing position still had the same context.
-        last = next((i for i, (x, y) in enumerate(zip(out_a, out_b, strict=False)) if x != y), min(len(out_a), len(out_b)))
+        last = next(
+            (i for i, (x, y) in enumerate(zip(out_a, out_b, strict=False)) if x != y),
+            min(len(out_a), len(out_b)),
+        )
         if max_new_tokens is not None:  # the last position a whole block starts at
             last = min(last, max_new_tokens - num_speculative_tokens - 1)
         for pos in sorted((at_a.keys() & at_b.keys()) - {0}):
@@ -79,5 +82,14 @@ def step_agreement(
                 same += 1
             else:
                 width = max(len(sa.draft_token_ids), len(sb.draft_token_ids)) + 1
-                found.append(Disagreement(p, pos, sa.num_accepted, sb.num_accepted, list(sa.draft_token_ids), out_a[pos : pos + width]))
+                found.append(
+                    Disagreement(
+                        p,
+                        pos,
+                        sa.num_accepted,
+                        sb.num_accepted,
+                        list(sa.draft_token_ids),
+                        out_a[pos : pos + width],
+                    )
+                )
     return StepAgreement(same / common if common else 0.0, common, found)

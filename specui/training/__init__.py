@@ -9,7 +9,6 @@ drafter, ``loss`` of a batch through the model's own training-layout forward);
 ``objectives.py`` holds what they share.
 """
 
-
 from typing import Any
 
 __all__ = ["TrainConfig", "TrainHooks", "TrainResult", "train"]

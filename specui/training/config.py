@@ -25,7 +25,10 @@ from specui.vllm.install import vllm_python
 SCHEDULES = ("cosine", "linear", "constant")
 EXTRACTION_MODES = ("offline", "online", "mixed")
 PRECISIONS = ("auto", "bf16", "fp32")
-EXTRACTORS = ("local", "vllm")  # who computes the verifier's hidden states (see specui.training.loop)
+EXTRACTORS = (
+    "local",
+    "vllm",
+)  # who computes the verifier's hidden states (see specui.training.loop)
 
 # What a run trains on unless told otherwise: the corpus the shipped drafters train on,
 # with the response length its shipped responses have (data/corpus/responses-*-n128.jsonl.gz).
@@ -144,14 +147,22 @@ class TrainConfig:
         self.algorithm = str(self.algorithm).lower()
         spec = ALGORITHMS.get(self.algorithm)
         if spec is None or not spec.trainable:
-            raise SpecUIError(f"unknown algorithm {self.algorithm!r}; use one of {', '.join(algorithm_names(trainable=True))}")
+            raise SpecUIError(
+                f"unknown algorithm {self.algorithm!r}; use one of {', '.join(algorithm_names(trainable=True))}"
+            )
         self._check_options()
         if self.schedule not in SCHEDULES:
-            raise SpecUIError(f"unknown schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
+            raise SpecUIError(
+                f"unknown schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}"
+            )
         if self.precision not in PRECISIONS:
-            raise SpecUIError(f"unknown training precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
+            raise SpecUIError(
+                f"unknown training precision {self.precision!r}; use one of {', '.join(PRECISIONS)}"
+            )
         if self.extraction not in EXTRACTION_MODES:
-            raise SpecUIError(f"unknown extraction mode {self.extraction!r}; use one of {', '.join(EXTRACTION_MODES)}")
+            raise SpecUIError(
+                f"unknown extraction mode {self.extraction!r}; use one of {', '.join(EXTRACTION_MODES)}"
+            )
         check_positive({
             "steps": self.steps, "batch_size": self.batch_size, "max_new_tokens": self.max_new_tokens,
             "gen_batch_size": self.gen_batch_size, "max_seq_len": self.max_seq_len,
@@ -205,10 +216,14 @@ class TrainConfig:
     def _check_extractor(self) -> None:
         self.extractor = str(self.extractor).lower()
         if self.extractor not in EXTRACTORS:
-            raise SpecUIError(f"unknown extractor {self.extractor!r}; use one of {', '.join(EXTRACTORS)}")
+            raise SpecUIError(
+                f"unknown extractor {self.extractor!r}; use one of {', '.join(EXTRACTORS)}"
+            )
         if self.extractor != "vllm":
             if self.vllm_python is not None or self.vllm_gpu_memory_utilization is not None:
-                raise SpecUIError("vllm-python and vllm-gpu-memory-utilization apply only with extractor vllm")
+                raise SpecUIError(
+                    "vllm-python and vllm-gpu-memory-utilization apply only with extractor vllm"
+                )
             return
         u = self.vllm_gpu_memory_utilization
         if u is not None and not 0 < u <= 1:

@@ -176,7 +176,12 @@ def prepare_samples(
         # bf16 matmuls where they are fast (the shipped responses were generated so too); the
         # cache stays keyed by the verifier as loaded.
         samples = self_distill(
-            verifier, prompts, cfg.max_new_tokens, cfg.gen_batch_size, cache_dir, progress=progress,
+            verifier,
+            prompts,
+            cfg.max_new_tokens,
+            cfg.gen_batch_size,
+            cache_dir,
+            progress=progress,
             generation_dtype=fast_matmul_dtype(),
         )
     d.barrier()
@@ -371,8 +376,14 @@ def _train(
     shown: dict[str, torch.Tensor] = {}  # metrics of the logging step (computed on those only)
     dtype = compute_dtype(cfg, d.device)
     autocast = torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
-    hooks.say("compute: " + ("bf16 autocast, float32 master weights and losses" if dtype == torch.bfloat16
-                             else "float32"))
+    hooks.say(
+        "compute: "
+        + (
+            "bf16 autocast, float32 master weights and losses"
+            if dtype == torch.bfloat16
+            else "float32"
+        )
+    )
     t_window, tokens_window = time.perf_counter(), 0
     status = "finished"
 

@@ -87,7 +87,9 @@ def save_checkpoint(
         sweep_aside(root)
         # The pid in the name tells a later save whose temporary folder this is.
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step-{step:08d}-{os.getpid()}-", dir=root))
-        tmp.chmod(0o755)  # mkdtemp's 0700 would hide the checkpoint from other users (a serving process)
+        tmp.chmod(
+            0o755
+        )  # mkdtemp's 0700 would hide the checkpoint from other users (a serving process)
     except OSError as e:
         raise SpecUIError(f"cannot create a checkpoint in {root}: {e.strerror or e}") from None
     try:
@@ -106,12 +108,18 @@ def save_checkpoint(
             remove_tree(final)
         os.rename(tmp, final)
         fsync_dir(root)
-    except (OSError, RuntimeError, SafetensorError) as e:  # torch.save / safetensors report failed writes their own way
+    except (
+        OSError,
+        RuntimeError,
+        SafetensorError,
+    ) as e:  # torch.save / safetensors report failed writes their own way
         shutil.rmtree(tmp, ignore_errors=True)
         last = latest_checkpoint(out)
         kept = f"; the last good checkpoint is {last.path}" if last else ""
         reason = getattr(e, "strerror", None) or e
-        raise SpecUIError(f"could not save the checkpoint of step {step} in {root}: {reason}{kept}") from None
+        raise SpecUIError(
+            f"could not save the checkpoint of step {step} in {root}: {reason}{kept}"
+        ) from None
     for old in list_checkpoints(out)[:-keep]:
         with contextlib.suppress(OSError):  # the new one is saved; an old one left is swept later
             remove_tree(old.path)
@@ -132,7 +140,9 @@ def _remove_dead_temps(root: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def load_checkpoint(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def load_checkpoint(
+    ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
     """Restore model weights, optimizer moments and RNG; return the trainer state."""
     try:
         tensors = load_file(str(ckpt.path / WEIGHTS_FILE))
@@ -143,12 +153,16 @@ def load_checkpoint(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.O
     own = model.state_dict()
     missing = sorted(set(own) - set(tensors))
     if missing:
-        raise SpecUIError(f"checkpoint {ckpt.path} does not fit this drafter: it lacks {', '.join(missing[:5])}")
+        raise SpecUIError(
+            f"checkpoint {ckpt.path} does not fit this drafter: it lacks {', '.join(missing[:5])}"
+        )
     try:
         model.load_state_dict({k: tensors[k].to(own[k].dtype) for k in own}, strict=True)
         optimizer.load_state_dict(payload["optimizer"])
     except (RuntimeError, ValueError, KeyError) as e:
-        raise SpecUIError(f"checkpoint {ckpt.path} does not fit this run (different drafter settings?): {e}") from None
+        raise SpecUIError(
+            f"checkpoint {ckpt.path} does not fit this run (different drafter settings?): {e}"
+        ) from None
     torch.set_rng_state(payload["rng"])
     if "cuda_rng" in payload and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(payload["cuda_rng"])

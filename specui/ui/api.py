@@ -33,38 +33,74 @@ def _ids(run_ids: str) -> list[int]:
 
 
 def register(store: Store) -> None:
-    def decode(prompt: str, drafter: str = "ngram", verifier: str = "embedded", num_speculative_tokens: int = 0,
-               max_new_tokens: int = 64, temperature: float = 0.0, seed: int = 0, chat: bool = True,
-               request: gr.Request = None) -> dict:
+    def decode(
+        prompt: str,
+        drafter: str = "ngram",
+        verifier: str = "embedded",
+        num_speculative_tokens: int = 0,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        seed: int = 0,
+        chat: bool = True,
+        request: gr.Request = None,
+    ) -> dict:
         """Decode one prompt, store it as a run; returns the summary and the run id."""
         try:
             check_prompt_text(prompt)
-            verifier, drafter = ui_verifier(verifier), ui_drafter(drafter)  # paths: the app's folders only
+            verifier, drafter = (
+                ui_verifier(verifier),
+                ui_drafter(drafter),
+            )  # paths: the app's folders only
             v = WORKBENCH.verifier(verifier)
             k = as_int(num_speculative_tokens, "number of speculative tokens (K)") or None
-            wanted = DecodeRequest(drafter=drafter, num_speculative_tokens=k,
-                                   sampling=SamplingParams(temperature=temperature),
-                                   max_new_tokens=as_int(max_new_tokens, "max_new_tokens"),
-                                   seed=as_int(seed, "seed"))
-            p = Prompt(id="api", source="api", text=prompt) if chat else Prompt(
-                id="api", source="api", token_ids=tuple(encode_text(v, prompt, chat=False)))
+            wanted = DecodeRequest(
+                drafter=drafter,
+                num_speculative_tokens=k,
+                sampling=SamplingParams(temperature=temperature),
+                max_new_tokens=as_int(max_new_tokens, "max_new_tokens"),
+                seed=as_int(seed, "seed"),
+            )
+            p = (
+                Prompt(id="api", source="api", text=prompt)
+                if chat
+                else Prompt(
+                    id="api", source="api", token_ids=tuple(encode_text(v, prompt, chat=False))
+                )
+            )
             with WORKBENCH.drafter(drafter, v, k) as d:
-                recorded = record_run(store, v, d, [p], prompt_set="api", request=wanted,
-                                      owner=request.session_hash if request else None)
+                recorded = record_run(
+                    store,
+                    v,
+                    d,
+                    [p],
+                    prompt_set="api",
+                    request=wanted,
+                    owner=request.session_hash if request else None,
+                )
             return {"run_id": recorded.run_id, **recorded.results[0].summary()}
         except SpecUIError as e:
             raise gr.Error(str(e)) from None
 
-    def bench_runs(drafter: str = "ngram", prompts: str = "demo", limit: int = 2, max_new_tokens: int = 64,
-                   verifier: str = "embedded", num_speculative_tokens: int = 0, temperature: float = 0.0,
-                   seed: int = 0, request: gr.Request = None) -> dict:
+    def bench_runs(
+        drafter: str = "ngram",
+        prompts: str = "demo",
+        limit: int = 2,
+        max_new_tokens: int = 64,
+        verifier: str = "embedded",
+        num_speculative_tokens: int = 0,
+        temperature: float = 0.0,
+        seed: int = 0,
+        request: gr.Request = None,
+    ) -> dict:
         """Plain decoding, then ``drafter``, on the first ``limit`` held-out prompts of a
         registered prompt set; both runs are stored.  Returns ``run_ids`` and ``runs``
         (one comparison row per run: tau, speedup against the plain run, a_k, ...)."""
         try:
             # Registered sets only: a path would let a visitor make the server read its files.
             if prompts not in prompt_sets():
-                raise SpecUIError(f"unknown prompt set {prompts!r}; one of: {', '.join(sorted(prompt_sets()))}")
+                raise SpecUIError(
+                    f"unknown prompt set {prompts!r}; one of: {', '.join(sorted(prompt_sets()))}"
+                )
             n, new = as_int(limit, "limit"), as_int(max_new_tokens, "max_new_tokens")
             if not 1 <= n <= MAX_BENCH_PROMPTS:
                 raise SpecUIError(f"limit must be in 1..{MAX_BENCH_PROMPTS} prompts, got {n}")
@@ -72,11 +108,22 @@ def register(store: Store) -> None:
                 raise SpecUIError(f"max_new_tokens must be in 1..{MAX_BENCH_NEW_TOKENS}, got {new}")
             if not drafter or not str(drafter).strip():
                 raise SpecUIError("name a drafter (none, ngram, a shipped name or a folder)")
-            verifier, drafter = ui_verifier(verifier), ui_drafter(drafter)  # paths: the app's folders only
+            verifier, drafter = (
+                ui_verifier(verifier),
+                ui_drafter(drafter),
+            )  # paths: the app's folders only
             result = bench(
-                store, verifier=verifier, drafters=[drafter], prompts=prompts, limit=n, max_new_tokens=new,
+                store,
+                verifier=verifier,
+                drafters=[drafter],
+                prompts=prompts,
+                limit=n,
+                max_new_tokens=new,
                 sampling=SamplingParams(temperature=temperature),
-                num_speculative_tokens=as_int(num_speculative_tokens, "number of speculative tokens (K)") or None,
+                num_speculative_tokens=as_int(
+                    num_speculative_tokens, "number of speculative tokens (K)"
+                )
+                or None,
                 seed=as_int(seed, "seed"),
                 owner=request.session_hash if request else None,
             )

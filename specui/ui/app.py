@@ -23,7 +23,9 @@ def build_app(store: Store, queue_size: int | None = None) -> gr.Blocks:
     if queue_size < 1:
         raise ValueError(f"the queue size must be at least 1, got {queue_size}")
     with gr.Blocks(title=TITLE) as app:
-        gr.Markdown(f"# {TITLE}\nP-EAGLE · DFlash · DSpark, with EAGLE-3 and plain / n-gram decoding as baselines.")
+        gr.Markdown(
+            f"# {TITLE}\nP-EAGLE · DFlash · DSpark, with EAGLE-3 and plain / n-gram decoding as baselines."
+        )
         with gr.Tabs():
             with gr.Tab("Playground", id="playground"):
                 playground.build(store)

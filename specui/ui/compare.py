@@ -58,7 +58,13 @@ def verifier_choices(store: Store) -> dict[str, tuple[str, str | None]]:
     return out
 
 
-def run_choices(store: Store, algorithm: str = ALL, verifier: str = ALL, prompt_set: str = ALL, backend: str = ALL) -> list[str]:
+def run_choices(
+    store: Store,
+    algorithm: str = ALL,
+    verifier: str = ALL,
+    prompt_set: str = ALL,
+    backend: str = ALL,
+) -> list[str]:
     def given(value: str) -> str | None:
         return None if value in (ALL, None, "") else value
 
@@ -68,8 +74,12 @@ def run_choices(store: Store, algorithm: str = ALL, verifier: str = ALL, prompt_
         name, weights = choices[verifier]
         every_set = name == verifier  # a plain name: the name has one weight set
     # (A typed name that is no choice matches every weight set of that name.)
-    runs = store.list_runs(algorithm=given(algorithm), verifier=name, prompt_set=given(prompt_set),
-                           backend=given(backend))
+    runs = store.list_runs(
+        algorithm=given(algorithm),
+        verifier=name,
+        prompt_set=given(prompt_set),
+        backend=given(backend),
+    )
     if not every_set:  # "name (fingerprint)": only that weight set
         runs = [r for r in runs if (r.verifier_fingerprint or None) == weights]
     return [f"{r.id}: {r.drafter} · {prompt_set_label(r.prompt_set)} · {r.status}" for r in runs]
@@ -124,46 +134,95 @@ def comparison_frame(c: Comparison) -> Styler:
 
 
 def definitions_markdown(c: Comparison) -> str:
-    lines = [f"- **{col.label}** (`{col.key}`{', ' + col.unit if col.unit else ''}): {col.definition}"
-             for col in c.columns if not col.key.startswith("acceptance_pos_") or col.key == "acceptance_pos_1"]
+    lines = [
+        f"- **{col.label}** (`{col.key}`{', ' + col.unit if col.unit else ''}): {col.definition}"
+        for col in c.columns
+        if not col.key.startswith("acceptance_pos_") or col.key == "acceptance_pos_1"
+    ]
     return "\n".join(lines)
 
 
 def charts(c: Comparison) -> tuple[go.Figure, go.Figure, go.Figure, go.Figure]:
     """a_k curves, tau and speedup bars, the tokens-per-step histogram and the reliability
     diagram, all from the comparison (it read the steps once, in SQL)."""
-    pos_keys = sorted((col.key for col in c.columns if col.key.startswith("acceptance_pos_")),
-                      key=lambda k: int(k.rsplit("_", 1)[1]))
+    pos_keys = sorted(
+        (col.key for col in c.columns if col.key.startswith("acceptance_pos_")),
+        key=lambda k: int(k.rsplit("_", 1)[1]),
+    )
     curves = go.Figure()
     bars = go.Figure()
     for row in c.rows:
         name = f"{row['run_id']}: {row.get('drafter')}"
         ys = [row.get(k) for k in pos_keys]
         if any(y is not None for y in ys):
-            curves.add_trace(go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers", name=name))
+            curves.add_trace(
+                go.Scatter(x=list(range(1, len(ys) + 1)), y=ys, mode="lines+markers", name=name)
+            )
         values = [row.get("acceptance_length"), row.get("speedup")]
-        bounds = [(row.get(f"{k}_ci_low"), row.get(f"{k}_ci_high")) for k in ("acceptance_length", "speedup")]
+        bounds = [
+            (row.get(f"{k}_ci_low"), row.get(f"{k}_ci_high"))
+            for k in ("acceptance_length", "speedup")
+        ]
         # Whiskers: the 95% bootstrap interval over prompts, where the metrics have one.
-        up = [hi - v if v is not None and hi is not None else None for v, (_, hi) in zip(values, bounds, strict=True)]
-        down = [v - lo if v is not None and lo is not None else None for v, (lo, _) in zip(values, bounds, strict=True)]
-        bars.add_trace(go.Bar(name=name, x=["τ", "speedup"], y=values,
-                              error_y={"type": "data", "symmetric": False, "array": up, "arrayminus": down}))
-    curves.update_layout(title="Per-position acceptance a_k", xaxis_title="slot k", yaxis_title="a_k", yaxis_range=[0, 1])
-    bars.update_layout(title="Acceptance length τ and speedup (whiskers: 95% interval over prompts)", barmode="group")
+        up = [
+            hi - v if v is not None and hi is not None else None
+            for v, (_, hi) in zip(values, bounds, strict=True)
+        ]
+        down = [
+            v - lo if v is not None and lo is not None else None
+            for v, (lo, _) in zip(values, bounds, strict=True)
+        ]
+        bars.add_trace(
+            go.Bar(
+                name=name,
+                x=["τ", "speedup"],
+                y=values,
+                error_y={"type": "data", "symmetric": False, "array": up, "arrayminus": down},
+            )
+        )
+    curves.update_layout(
+        title="Per-position acceptance a_k",
+        xaxis_title="slot k",
+        yaxis_title="a_k",
+        yaxis_range=[0, 1],
+    )
+    bars.update_layout(
+        title="Acceptance length τ and speedup (whiskers: 95% interval over prompts)",
+        barmode="group",
+    )
     hist = go.Figure()
     for rid, counts in c.tokens_per_step.items():
         if counts:  # one bar per step length, its height the drafts of that length
-            hist.add_trace(go.Bar(x=list(counts), y=list(counts.values()), name=str(rid), opacity=0.6))
-    hist.update_layout(title="Tokens per drafting step (1 + accepted)", barmode="overlay",
-                       xaxis_title="tokens", yaxis_title="steps")
+            hist.add_trace(
+                go.Bar(x=list(counts), y=list(counts.values()), name=str(rid), opacity=0.6)
+            )
+    hist.update_layout(
+        title="Tokens per drafting step (1 + accepted)",
+        barmode="overlay",
+        xaxis_title="tokens",
+        yaxis_title="steps",
+    )
     rel = go.Figure()
-    rel.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect", line={"dash": "dot"}))
+    rel.add_trace(
+        go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect", line={"dash": "dot"})
+    )
     for rid, reliability in c.reliability.items():
         bins = [b for b in reliability if b.count]
-        rel.add_trace(go.Scatter(x=[b.mean_confidence for b in bins], y=[b.accuracy for b in bins],
-                                 mode="lines+markers", name=f"run {rid}"))
-    rel.update_layout(title="Confidence reliability (DSpark)", xaxis_title="predicted acceptance",
-                      yaxis_title="observed acceptance", xaxis_range=[0, 1], yaxis_range=[0, 1])
+        rel.add_trace(
+            go.Scatter(
+                x=[b.mean_confidence for b in bins],
+                y=[b.accuracy for b in bins],
+                mode="lines+markers",
+                name=f"run {rid}",
+            )
+        )
+    rel.update_layout(
+        title="Confidence reliability (DSpark)",
+        xaxis_title="predicted acceptance",
+        yaxis_title="observed acceptance",
+        xaxis_range=[0, 1],
+        yaxis_range=[0, 1],
+    )
     return curves, bars, hist, rel
 
 
@@ -177,12 +236,21 @@ def export_csv(c: Comparison) -> str:
 
 
 def build(store: Store) -> None:
-    gr.Markdown("Select stored runs and compare them. Speedup is measured against the baseline run "
-                "(no drafter) of the same prompt set, verifier (its weights too) and backend.")
+    gr.Markdown(
+        "Select stored runs and compare them. Speedup is measured against the baseline run "
+        "(no drafter) of the same prompt set, verifier (its weights too) and backend."
+    )
     with gr.Row():
         algorithm = gr.Dropdown([ALL, *BUILTIN, *algorithm_names()], value=ALL, label="Algorithm")
-        verifier = gr.Dropdown([ALL, *verifier_choices(store)], value=ALL, label="Verifier", allow_custom_value=True)
-        pset = gr.Dropdown([ALL, "playground", *prompt_sets()], value=ALL, label="Prompt set", allow_custom_value=True)
+        verifier = gr.Dropdown(
+            [ALL, *verifier_choices(store)], value=ALL, label="Verifier", allow_custom_value=True
+        )
+        pset = gr.Dropdown(
+            [ALL, "playground", *prompt_sets()],
+            value=ALL,
+            label="Prompt set",
+            allow_custom_value=True,
+        )
         backend = gr.Dropdown([ALL, "local", "vllm"], value=ALL, label="Backend")
         refresh = gr.Button("Refresh")
     runs = gr.CheckboxGroup(run_choices(store), label="Runs", elem_id="runs")
@@ -200,8 +268,12 @@ def build(store: Store) -> None:
         rel = gr.Plot(label="Reliability diagram")
     with gr.Accordion("Launch a benchmark (runs in the background)", open=False):
         with gr.Row():
-            b_drafters = gr.Dropdown([c for c in drafter_choices() if c != "none"], multiselect=True, label="Drafters")
-            b_prompts = gr.Dropdown(list(prompt_sets()), value="demo", label="Prompt set", allow_custom_value=True)
+            b_drafters = gr.Dropdown(
+                [c for c in drafter_choices() if c != "none"], multiselect=True, label="Drafters"
+            )
+            b_prompts = gr.Dropdown(
+                list(prompt_sets()), value="demo", label="Prompt set", allow_custom_value=True
+            )
             b_limit = gr.Number(4, precision=0, label="Prompts (held-out split)")
             b_max = gr.Number(64, precision=0, label="Max new tokens")
             b_temp = gr.Number(0.0, label="Temperature")
@@ -226,9 +298,16 @@ def build(store: Store) -> None:
         c = compare(store, ids)
         # The CSV is written from the table's comparison, so "Download CSV" serves what is shown.
         csv_path = export_csv(c)
-        return (comparison_frame(c), definitions_markdown(c), *charts(c), gr.update(value=csv_path, interactive=True))
+        return (
+            comparison_frame(c),
+            definitions_markdown(c),
+            *charts(c),
+            gr.update(value=csv_path, interactive=True),
+        )
 
-    go_btn.click(do_compare, runs, [table, defs, curves, bars, hist, rel, csv_btn], api_visibility="private")
+    go_btn.click(
+        do_compare, runs, [table, defs, curves, bars, hist, rel, csv_btn], api_visibility="private"
+    )
 
     def start_bench(drafters, prompts, limit, max_new, temp, request: gr.Request):
         if not drafters:
@@ -237,10 +316,21 @@ def build(store: Store) -> None:
             drafters, prompts = [ui_drafter(d) for d in drafters], ui_prompts(prompts)
         except SpecUIError as e:
             return f"❌ {e}"
-        job = jobs.enqueue(store, "bench", {
-            "drafters": drafters, "prompts": prompts, "limit": int(limit or 4), "max_new_tokens": int(max_new or 64),
-            "temperature": float(temp or 0), "owner": request.session_hash if request else None,
-        }, owner=request.session_hash if request else None)
+        job = jobs.enqueue(
+            store,
+            "bench",
+            {
+                "drafters": drafters,
+                "prompts": prompts,
+                "limit": int(limit or 4),
+                "max_new_tokens": int(max_new or 64),
+                "temperature": float(temp or 0),
+                "owner": request.session_hash if request else None,
+            },
+            owner=request.session_hash if request else None,
+        )
         return f"benchmark queued as job {job.id}; its runs appear here when done (Refresh)"
 
-    b_go.click(start_bench, [b_drafters, b_prompts, b_limit, b_max, b_temp], b_status, api_name="bench_job")
+    b_go.click(
+        start_bench, [b_drafters, b_prompts, b_limit, b_max, b_temp], b_status, api_name="bench_job"
+    )

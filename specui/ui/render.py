@@ -81,22 +81,43 @@ def step_html(step: StepTrace) -> str:
             # A slot whose token the backend did not report (vLLM's rejected drafts):
             # a placeholder, never a made-up token.
             unknown += 1
-            chips.append(_chip("?", f"{cls} unknown", f"slot {i + 1}: {cls} draft token, not reported by the backend"))
+            chips.append(
+                _chip(
+                    "?",
+                    f"{cls} unknown",
+                    f"slot {i + 1}: {cls} draft token, not reported by the backend",
+                )
+            )
             continue
         conf = step.confidences[i] if step.confidences and i < len(step.confidences) else None
-        title = f"id {tid}" + _prob("draft q", step.draft_probs[i]) + _prob("verifier p", step.target_probs[i])
+        title = (
+            f"id {tid}"
+            + _prob("draft q", step.draft_probs[i])
+            + _prob("verifier p", step.target_probs[i])
+        )
         if conf is not None:
             title += f" · confidence {conf:.3f}"
         chips.append(_chip(text, cls, title, conf))
     kind = "bonus" if step.final_token_kind == FinalTokenKind.BONUS else "corrected"
     if kept > step.num_accepted:  # the verifier's own token survived the stop conditions
-        chips.append(_chip(step.final_token_text, kind, f"id {step.final_token_id} · {kind} token from the verifier"))
+        chips.append(
+            _chip(
+                step.final_token_text,
+                kind,
+                f"id {step.final_token_id} · {kind} token from the verifier",
+            )
+        )
     label = f"#{step.step} +{len(step.emitted_token_ids)}"
     timing = f"draft {step.draft_time_s * 1e3:.0f} ms · verify {step.verify_time_s * 1e3:.0f} ms"
-    counts = (f'<span class="counts">{step.num_drafted} drafted, {step.num_accepted} accepted</span>'
-              if unknown else "")
-    return (f'<div class="specui-step"><span class="idx" title="{timing}">{label}</span>'
-            f'{"".join(chips)}{counts}</div>')
+    counts = (
+        f'<span class="counts">{step.num_drafted} drafted, {step.num_accepted} accepted</span>'
+        if unknown
+        else ""
+    )
+    return (
+        f'<div class="specui-step"><span class="idx" title="{timing}">{label}</span>'
+        f"{''.join(chips)}{counts}</div>"
+    )
 
 
 def steps_html(steps: list[StepTrace], limit: int = 400) -> str:

@@ -46,8 +46,10 @@ def option_widgets() -> dict[str, Any]:
         if name in LEADING_KNOBS:
             continue
         help_text = f.metadata["help"]
-        kw = {"label": f"{help_text[:1].upper()}{help_text[1:]} ({labels(name)})",
-              "elem_id": f"train-option-{name}"}
+        kw = {
+            "label": f"{help_text[:1].upper()}{help_text[1:]} ({labels(name)})",
+            "elem_id": f"train-option-{name}",
+        }
         if isinstance(f.default, bool):
             widgets[name] = gr.Checkbox(f.default, **kw)
         else:
@@ -65,12 +67,17 @@ def shown_options(name: str, widgets: list[str]) -> list[dict[str, Any]]:
 
 
 # Where the verifier's hidden states come from (TrainConfig.extractor): (label, value).
-EXTRACTORS = [("local (the training process)", "local"), ("vLLM (a server started and stopped by the job)", "vllm")]
+EXTRACTORS = [
+    ("local (the training process)", "local"),
+    ("vLLM (a server started and stopped by the job)", "vllm"),
+]
 
 
 def job_choices(store: Store) -> list[str]:
-    return [f"{j.id}: {j.kind} · {j.status} · {j.params.get('algorithm', '')} {j.params.get('out', '').rsplit('/', 1)[-1]}"
-            for j in store.list_jobs(limit=50)]
+    return [
+        f"{j.id}: {j.kind} · {j.status} · {j.params.get('algorithm', '')} {j.params.get('out', '').rsplit('/', 1)[-1]}"
+        for j in store.list_jobs(limit=50)
+    ]
 
 
 def job_view(store: Store, choice: str | None):
@@ -97,9 +104,21 @@ def job_view(store: Store, choice: str | None):
     return head, loss, acc, job.log_tail or ""
 
 
-def start_training(store: Store, algorithm: str, verifier: str, prompts: str, steps: int, block_size: int,
-                   max_anchors: int, layers: int, lr: float, name: str, owner: str | None,
-                   extractor: str = "local", options: Mapping[str, Any] | None = None) -> int:
+def start_training(
+    store: Store,
+    algorithm: str,
+    verifier: str,
+    prompts: str,
+    steps: int,
+    block_size: int,
+    max_anchors: int,
+    layers: int,
+    lr: float,
+    name: str,
+    owner: str | None,
+    extractor: str = "local",
+    options: Mapping[str, Any] | None = None,
+) -> int:
     """Queue a train job; ``options``: more algorithm options by name (option_widgets'), those
     at the algorithm's default left out of the job's params."""
     if algorithm not in algorithm_choices():
@@ -112,13 +131,25 @@ def start_training(store: Store, algorithm: str, verifier: str, prompts: str, st
     verifier, prompts = ui_verifier(verifier), ui_prompts(prompts)  # paths: the app's folders only
     out = trained_drafters_dir() / name
     # A job resumes whatever its folder holds: a new one must not write into another's speculator.
-    busy = {j.params.get("out") for j in store.list_jobs(limit=500) if j.status in (JobStatus.QUEUED, JobStatus.RUNNING)}
+    busy = {
+        j.params.get("out")
+        for j in store.list_jobs(limit=500)
+        if j.status in (JobStatus.QUEUED, JobStatus.RUNNING)
+    }
     if out.exists() or str(out) in busy:
-        raise SpecUIError(f"a speculator named {name!r} already exists or is being trained; choose another name")
+        raise SpecUIError(
+            f"a speculator named {name!r} already exists or is being trained; choose another name"
+        )
     params = {
-        "algorithm": algorithm, "verifier": verifier, "prompts": prompts, "steps": int(steps),
-        "block_size": int(block_size), "max_anchors": int(max_anchors), "lr": float(lr),
-        "out": str(out), "threads": 1,
+        "algorithm": algorithm,
+        "verifier": verifier,
+        "prompts": prompts,
+        "steps": int(steps),
+        "block_size": int(block_size),
+        "max_anchors": int(max_anchors),
+        "lr": float(lr),
+        "out": str(out),
+        "threads": 1,
     }
     if layers:
         params["layers"] = int(layers)
@@ -143,7 +174,9 @@ def resume_training(store: Store, job_id: int, requester: str | None) -> Job:
     old = store.get_job(job_id)
     check_owner("job", old.id, old.owner, requester, admin_mode())
     if old.status not in (JobStatus.CANCELLED, JobStatus.FAILED):
-        raise SpecUIError(f"job {old.id} is {old.status}; only a cancelled or failed job is resumed")
+        raise SpecUIError(
+            f"job {old.id} is {old.status}; only a cancelled or failed job is resumed"
+        )
     return jobs.enqueue(store, old.kind, {**old.params, "resume": True}, owner=requester)
 
 
@@ -151,23 +184,39 @@ def build(store: Store) -> None:
     with gr.Row():
         with gr.Column(scale=1):
             choices = algorithm_choices()
-            algorithm = gr.Dropdown(choices, value=choices[0], label="Algorithm", elem_id="train-algorithm")
-            verifier = gr.Dropdown(["embedded"], value="embedded", label="Verifier", allow_custom_value=True)
+            algorithm = gr.Dropdown(
+                choices, value=choices[0], label="Algorithm", elem_id="train-algorithm"
+            )
+            verifier = gr.Dropdown(
+                ["embedded"], value="embedded", label="Verifier", allow_custom_value=True
+            )
             # The shipped drafters' corpus: its responses ship too, so a job trains at once.
-            prompts = gr.Dropdown(prompt_choices(), value=DEFAULT_PROMPTS,
-                                  label="Prompt set (train split)", allow_custom_value=True,
-                                  elem_id="train-prompts")
+            prompts = gr.Dropdown(
+                prompt_choices(),
+                value=DEFAULT_PROMPTS,
+                label="Prompt set (train split)",
+                allow_custom_value=True,
+                elem_id="train-prompts",
+            )
             shared = {f.name: f.default for f in dataclasses.fields(TrainConfig)}  # one place
             steps = gr.Number(shared["steps"], precision=0, label="Steps", elem_id="train-steps")
             knobs = train_knobs()
             block = gr.Number(knobs["block_size"].default, precision=0, label="Block size / K")
-            anchors = gr.Number(knobs["max_anchors"].default, precision=0,
-                                label=f"Anchors per sequence ({labels('max_anchors')})",
-                                elem_id="train-option-max_anchors")
+            anchors = gr.Number(
+                knobs["max_anchors"].default,
+                precision=0,
+                label=f"Anchors per sequence ({labels('max_anchors')})",
+                elem_id="train-option-max_anchors",
+            )
             layers = gr.Number(0, precision=0, label="Draft layers (0 = default)")
             lr = gr.Number(shared["lr"], label="Learning rate")
-            extractor = gr.Dropdown(EXTRACTORS, value="local", label="Hidden states from", elem_id="train-extractor",
-                                    info="vLLM: extracted by a vLLM server (.venv-vllm) before training, which it then stops")
+            extractor = gr.Dropdown(
+                EXTRACTORS,
+                value="local",
+                label="Hidden states from",
+                elem_id="train-extractor",
+                info="vLLM: extracted by a vLLM server (.venv-vllm) before training, which it then stops",
+            )
             with gr.Accordion("More algorithm options", open=False):
                 options = option_widgets()
             name = gr.Textbox(label="Name (the speculator's folder)", elem_id="train-name")
@@ -190,19 +239,39 @@ def build(store: Store) -> None:
     def on_start(request: gr.Request, a, v, p, s, b, an, ly, lr_, n, ex, *values):
         try:
             owner = request.session_hash if request else None
-            jid = start_training(store, a, v, p, s, b, an, ly, lr_, n, owner, ex or "local",
-                                 dict(zip(options, values, strict=True)))
+            jid = start_training(
+                store,
+                a,
+                v,
+                p,
+                s,
+                b,
+                an,
+                ly,
+                lr_,
+                n,
+                owner,
+                ex or "local",
+                dict(zip(options, values, strict=True)),
+            )
         except SpecUIError as e:
             return f"❌ {e}", gr.update()
         choices = job_choices(store)
-        return f"job {jid} queued", gr.update(choices=choices, value=next(c for c in choices if c.startswith(f"{jid}:")))
+        return f"job {jid} queued", gr.update(
+            choices=choices, value=next(c for c in choices if c.startswith(f"{jid}:"))
+        )
 
     # Only the picked algorithm's options show (the anchors too: DFlash and DSpark read them).
     shown = ["max_anchors", *options]
-    for widget, update in zip([anchors, *options.values()], shown_options(choices[0], shown), strict=True):
+    for widget, update in zip(
+        [anchors, *options.values()], shown_options(choices[0], shown), strict=True
+    ):
         widget.visible = update["visible"]
-    algorithm.change(lambda a: [gr.update(**u) for u in shown_options(a, shown)], algorithm,
-                     [anchors, *options.values()])
+    algorithm.change(
+        lambda a: [gr.update(**u) for u in shown_options(a, shown)],
+        algorithm,
+        [anchors, *options.values()],
+    )
 
     # The extractor and the generated options last: /train callers that pass the first nine
     # inputs keep working.
@@ -216,7 +285,12 @@ def build(store: Store) -> None:
         if not choice:
             return "no job selected"
         try:
-            jobs.cancel(store, int(choice.split(":", 1)[0]), request.session_hash if request else None, force=admin_mode())
+            jobs.cancel(
+                store,
+                int(choice.split(":", 1)[0]),
+                request.session_hash if request else None,
+                force=admin_mode(),
+            )
         except SpecUIError as e:
             return f"❌ {e}"
         return "cancel requested"
@@ -227,9 +301,13 @@ def build(store: Store) -> None:
         if not choice:
             return "no job selected", gr.update()
         try:
-            job = resume_training(store, int(choice.split(":", 1)[0]), request.session_hash if request else None)
+            job = resume_training(
+                store, int(choice.split(":", 1)[0]), request.session_hash if request else None
+            )
         except SpecUIError as e:
             return f"❌ {e}", gr.update()
-        return f"resuming as job {job.id} from the last checkpoint", gr.update(choices=job_choices(store))
+        return f"resuming as job {job.id} from the last checkpoint", gr.update(
+            choices=job_choices(store)
+        )
 
     resume.click(on_resume, pick, [head, pick])

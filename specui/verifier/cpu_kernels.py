@@ -64,10 +64,27 @@ from specui.paths import data_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mamx-tile", "-mamx-bf16", "-mamx-int8", "-shared", "-fPIC")
+FLAGS = (
+    "-O3",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512vnni",
+    "-mamx-tile",
+    "-mamx-bf16",
+    "-mamx-int8",
+    "-shared",
+    "-fPIC",
+)
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
-AMX_FLAGS = ("amx_tile", "amx_bf16", "amx_int8")  # the AMX matmuls; without them bf16 stays oneDNN's
-GGUF_MAX_ROWS = 12  # rows per pass of the gguf matmul (any row count runs; the self-check spans two passes)
+AMX_FLAGS = (
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)  # the AMX matmuls; without them bf16 stays oneDNN's
+GGUF_MAX_ROWS = (
+    12  # rows per pass of the gguf matmul (any row count runs; the self-check spans two passes)
+)
 MAX_ROWS = 12  # the AVX512-VNNI int8 kernel: one pass over the weights; longer blocks go to oneDNN
 TILE = 16
 # The GGUF block types the gguf matmul reads (ggml's type ids) and each block's bytes per 32 weights.
@@ -174,12 +191,16 @@ class Kernel:
         else:
             self.amx_reason = None
 
-    def bf16_matmul(self, x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None) -> torch.Tensor:
+    def bf16_matmul(
+        self, x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         """float32 ``[rows, out]``: bf16 rows ``x`` times ``w`` in float32 sums (one fixed order per output), plus ``bias``."""
         if self.amx_reason is not None:  # AMX instructions would fault
             raise RuntimeError(f"bf16 kernel: {self.amx_reason}")
         if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != w.k:
-            raise ValueError(f"bf16 kernel: needs bf16 rows of {w.k} inputs, got {tuple(x.shape)} {x.dtype}")
+            raise ValueError(
+                f"bf16 kernel: needs bf16 rows of {w.k} inputs, got {tuple(x.shape)} {x.dtype}"
+            )
         if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
             raise ValueError("bf16 kernel: a contiguous float32 bias")
         x = x.contiguous()
@@ -190,22 +211,34 @@ class Kernel:
             raise MemoryError("bf16 kernel: no memory for its scratch rows")
         return out
 
-    def gguf_matmul(self, x: torch.Tensor, w: PackedGGUF, out: torch.Tensor | None = None) -> torch.Tensor:
+    def gguf_matmul(
+        self, x: torch.Tensor, w: PackedGGUF, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """float32 ``[rows, out]``: float32 rows ``x`` times ``w``'s weights, dequantized in registers
         (float32 sums, one fixed order per output).  ``out``: a contiguous float32 buffer to fill."""
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != w.k:
-            raise ValueError(f"gguf kernel: needs float32 rows of {w.k} inputs, got {tuple(x.shape)} {x.dtype}")
+            raise ValueError(
+                f"gguf kernel: needs float32 rows of {w.k} inputs, got {tuple(x.shape)} {x.dtype}"
+            )
         x = x.contiguous()
         if out is None:
             out = torch.empty(x.shape[0], w.out_features)
-        elif out.shape != (x.shape[0], w.out_features) or out.dtype != torch.float32 or not out.is_contiguous():
-            raise ValueError(f"gguf kernel: an output buffer of {x.shape[0]} x {w.out_features} float32")
+        elif (
+            out.shape != (x.shape[0], w.out_features)
+            or out.dtype != torch.float32
+            or not out.is_contiguous()
+        ):
+            raise ValueError(
+                f"gguf kernel: an output buffer of {x.shape[0]} x {w.out_features} float32"
+            )
         rc = self._gguf(w.type_id, x.data_ptr(), x.shape[0], w.k, w.data.data_ptr(), w.out_features,
                         out.data_ptr())  # fmt: skip
         if rc == -1:
             raise MemoryError("gguf kernel: no memory for the rows' block sums")
         if rc != 0:
-            raise ValueError(f"gguf kernel: {w.type} with {w.k} inputs (a multiple of {GGUF_BLOCK})")
+            raise ValueError(
+                f"gguf kernel: {w.type} with {w.k} inputs (a multiple of {GGUF_BLOCK})"
+            )
         return out
 
     def attention(
@@ -215,8 +248,14 @@ class Kernel:
         [kv_heads, >= start + n, d] (rows ``d`` apart, as a KV buffer holds them): float32 ``[n, heads * d]``."""
         n, heads, d = q.shape
         kv_heads = keys.shape[0]
-        if keys.shape[1] < start + n or keys.stride()[1:] != (d, 1) or values.stride() != keys.stride():
-            raise ValueError(f"attention kernel: keys {tuple(keys.shape)} strides {keys.stride()} for {n} rows after {start}")
+        if (
+            keys.shape[1] < start + n
+            or keys.stride()[1:] != (d, 1)
+            or values.stride() != keys.stride()
+        ):
+            raise ValueError(
+                f"attention kernel: keys {tuple(keys.shape)} strides {keys.stride()} for {n} rows after {start}"
+            )
         if q.dtype != torch.float32 or keys.dtype != torch.float32 or values.dtype != torch.float32:
             raise ValueError("attention kernel: float32 queries, keys and values")
         q = q.contiguous()
@@ -226,11 +265,17 @@ class Kernel:
         if rc == -1:
             raise MemoryError("attention kernel: no memory for its scores")
         if rc != 0:
-            raise ValueError(f"attention kernel: head size {d} (a multiple of 16, at most 256) or {heads} heads over {kv_heads}")
+            raise ValueError(
+                f"attention kernel: head size {d} (a multiple of 16, at most 256) or {heads} heads over {kv_heads}"
+            )
         return out
 
     def slot_attention(
-        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, starts: list[int],
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        starts: list[int],
         scale: float,
     ) -> torch.Tensor:
         """One decode query a sequence: ``q`` [b, heads, d] row ``r`` after ``starts[r]`` cached
@@ -239,8 +284,14 @@ class Kernel:
         over slot ``r``, without a tensor made per row (64 rows x 30 layers a step)."""
         b, heads, d = q.shape
         kv_heads, capacity = keys.shape[1], keys.shape[2]
-        if (keys.dim() != 4 or keys.shape[0] < b or keys.stride()[1:] != (capacity * d, d, 1)
-                or values.stride() != keys.stride() or max(starts) >= capacity or len(starts) != b):
+        if (
+            keys.dim() != 4
+            or keys.shape[0] < b
+            or keys.stride()[1:] != (capacity * d, d, 1)
+            or values.stride() != keys.stride()
+            or max(starts) >= capacity
+            or len(starts) != b
+        ):
             raise ValueError(
                 f"slot attention kernel: keys {tuple(keys.shape)} strides {keys.stride()}"
                 f" for {b} rows"
@@ -264,7 +315,9 @@ class Kernel:
     def matmul(self, q: torch.Tensor, w: PackedInt8, scale: torch.Tensor) -> torch.Tensor:
         """float32 ``[rows, out]``: uint8 rows ``q`` (zero point 128) times ``w``, times ``scale``."""
         if q.dtype != torch.uint8 or q.dim() != 2 or q.shape[1] != w.k:
-            raise ValueError(f"int8 kernel: needs uint8 rows of {w.k} inputs, got {tuple(q.shape)} {q.dtype}")
+            raise ValueError(
+                f"int8 kernel: needs uint8 rows of {w.k} inputs, got {tuple(q.shape)} {q.dtype}"
+            )
         q = q.contiguous()
         out = torch.empty(q.shape[0], w.out_features)
         if w.sums is not None:
@@ -287,7 +340,9 @@ def int8_weight(wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
     return _int8_weight(_onednn_pack(wq), scale, bias, pack(wq, amx=False) if load() else None)
 
 
-def onednn_int8_weight(wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Weight:
+def onednn_int8_weight(
+    wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> Int8Weight:
     """``wq`` packed for oneDNN alone: the reference the kernels are checked against."""
     return _int8_weight(_onednn_pack(wq), scale, bias, None)
 
@@ -314,7 +369,9 @@ def attention_supported(heads: int, kv_heads: int, head_dim: int) -> bool:
     return load() is not None and head_dim % 16 == 0 and head_dim <= 256 and heads % kv_heads == 0
 
 
-def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float
+) -> torch.Tensor:
     """``Kernel.attention`` of the loaded kernel; call only where :func:`attention_supported` holds."""
     return _state["kernel"].attention(q, keys, values, start, scale)  # type: ignore[union-attr]
 
@@ -353,8 +410,15 @@ def pack_bf16(w: torch.Tensor) -> PackedBF16:
 def _gguf_blocks(raw: torch.Tensor, type_name: str, k: int) -> torch.Tensor:
     """A GGUF tensor's bytes ``[out, k/32 * block bytes]`` (uint8) as ``[out, k/32, block bytes]``."""
     if type_name not in GGUF_TYPES:
-        raise ValueError(f"not a block type the gguf kernel reads: {type_name} (it reads {', '.join(GGUF_TYPES)})")
-    if k % GGUF_BLOCK or raw.dtype != torch.uint8 or raw.dim() != 2 or raw.shape[1] != k // GGUF_BLOCK * GGUF_BLOCK_BYTES[type_name]:
+        raise ValueError(
+            f"not a block type the gguf kernel reads: {type_name} (it reads {', '.join(GGUF_TYPES)})"
+        )
+    if (
+        k % GGUF_BLOCK
+        or raw.dtype != torch.uint8
+        or raw.dim() != 2
+        or raw.shape[1] != k // GGUF_BLOCK * GGUF_BLOCK_BYTES[type_name]
+    ):
         raise ValueError(f"{type_name} bytes {tuple(raw.shape)} {raw.dtype} for {k} inputs")
     return raw.reshape(raw.shape[0], k // GGUF_BLOCK, GGUF_BLOCK_BYTES[type_name])
 
@@ -383,8 +447,12 @@ def pack_gguf(raw: torch.Tensor, type_name: str, k: int) -> PackedGGUF:
     out_features, nb, size = blocks.shape
     padded = -(-out_features // TILE) * TILE
     if padded != out_features:
-        blocks = torch.cat([blocks, torch.zeros(padded - out_features, nb, size, dtype=torch.uint8)])
-    tiles = blocks.view(padded // TILE, TILE, nb, size).permute(0, 2, 1, 3)  # [tiles, nb, 16 channels, size]
+        blocks = torch.cat(
+            [blocks, torch.zeros(padded - out_features, nb, size, dtype=torch.uint8)]
+        )
+    tiles = blocks.view(padded // TILE, TILE, nb, size).permute(
+        0, 2, 1, 3
+    )  # [tiles, nb, 16 channels, size]
     head = 4 if type_name == "Q4_1" else 2  # fp16 d (and m) before the quantized values
     parts = [tiles[..., j : j + 2].reshape(padded // TILE, nb, 2 * TILE) for j in range(0, head, 2)]
     qs = tiles[..., head:]  # [tiles, nb, 16 channels, values]
@@ -437,7 +505,6 @@ def amx_available() -> bool:
     return kernel is not None and kernel.amx_reason is None
 
 
-
 def bf16_matmul(x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None) -> torch.Tensor:
     """``Kernel.bf16_matmul`` of the loaded kernel (weights packed by :func:`pack_bf16` while it was loaded)."""
     return _state["kernel"].bf16_matmul(x, w, bias)  # type: ignore[union-attr]
@@ -487,10 +554,14 @@ def build(folder: Path, cc: str | None = None) -> Path:
     if cc is None or shutil.which(cc) is None:
         raise RuntimeError(f"no C compiler ({cc or 'set CC, or install cc/gcc'})")
     try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = subprocess.run(
+            [cc, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise RuntimeError(f"C compiler {cc} does not run: {e}") from e
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + " ".join(FLAGS).encode() + version.encode()
+    ).hexdigest()[:16]
     library = folder / f"cpu_kernels-{key}.so"
     if library.exists():
         return library
@@ -498,7 +569,9 @@ def build(folder: Path, cc: str | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".cpu_kernels-", suffix=".so")
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{cc} could not build {SOURCE.name}: {done.stderr.strip()[-500:]}")
         os.replace(tmp, library)  # atomic: a concurrent build or a kill leaves no half file
@@ -523,11 +596,18 @@ def self_check(kernel: Kernel) -> str | None:
         x = torch.randn(TILE + 3, 131, generator=gen).bfloat16()
         bias = torch.randn(37, generator=gen)
         block = kernel.bf16_matmul(x, pack_bf16(w), bias)
-        if not torch.equal(block, torch.cat([kernel.bf16_matmul(x[r : r + 1], pack_bf16(w), bias) for r in range(len(x))])):
+        if not torch.equal(
+            block,
+            torch.cat(
+                [kernel.bf16_matmul(x[r : r + 1], pack_bf16(w), bias) for r in range(len(x))]
+            ),
+        ):
             return "its bf16 product of a block differs from the same rows alone"
         exact = (x.double() @ w.double().T + bias.double()).float()
         if not torch.allclose(block, exact, atol=1e-4, rtol=1e-4):
-            return f"its bf16 product is {(block - exact).abs().max().item():.1e} from the exact one"
+            return (
+                f"its bf16 product is {(block - exact).abs().max().item():.1e} from the exact one"
+            )
     reason = _gguf_self_check(kernel, gen)
     if reason is not None:
         return reason
@@ -535,7 +615,9 @@ def self_check(kernel: Kernel) -> str | None:
     keys, values = (torch.randn(kv_heads, 40, d, generator=gen) for _ in range(2))
     q = torch.randn(rows, heads, d, generator=gen)
     block = kernel.attention(q, keys, values, start, 0.2)
-    alone = torch.cat([kernel.attention(q[r : r + 1], keys, values, start + r, 0.2) for r in range(rows)])
+    alone = torch.cat(
+        [kernel.attention(q[r : r + 1], keys, values, start + r, 0.2) for r in range(rows)]
+    )
     if not torch.equal(block, alone):
         return "its attention of a block differs from the same rows alone"
     expect = torch.cat([
@@ -619,7 +701,9 @@ def load() -> Kernel | None:
             except (RuntimeError, OSError) as e:
                 reason = str(e)
         if reason is not None:
-            log.info("SpecUI's CPU kernels are off (int8 matmuls oneDNN's, attention SDPA's): %s", reason)
+            log.info(
+                "SpecUI's CPU kernels are off (int8 matmuls oneDNN's, attention SDPA's): %s", reason
+            )
         _state.update(kernel=kernel, reason=reason)
         return kernel
 

@@ -207,7 +207,9 @@ class FastDecoder:
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.max_len = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
-        self.attention_kernel = cpu_kernels.attention_supported(self.heads, self.kv_heads, self.head_dim)
+        self.attention_kernel = cpu_kernels.attention_supported(
+            self.heads, self.kv_heads, self.head_dim
+        )
         # Rotary tables for every position, by the model's own module (its bits).
         pos = torch.arange(self.max_len).unsqueeze(0)
         cos, sin = model.model.rotary_emb(self.embed[:1].unsqueeze(0), pos)

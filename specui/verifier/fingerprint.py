@@ -45,15 +45,22 @@ def model_fingerprint(model: nn.Module) -> str:
     persistent = set(model.state_dict(keep_vars=True))
     seen: set[int] = set()
     digests = []
-    named = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers() if n in persistent)]
+    named = [
+        *model.named_parameters(),
+        *((n, b) for n, b in model.named_buffers() if n in persistent),
+    ]
     for name, t in named:
         if t.is_meta:
-            raise ValueError(f"{name} has no values (a bf16-switched model): fingerprint it before batch_invariant.enable")
+            raise ValueError(
+                f"{name} has no values (a bf16-switched model): fingerprint it before batch_invariant.enable"
+            )
         if id(t) in seen:
             continue
         seen.add(id(t))
         with torch.no_grad():
-            digests.append(_tensor_digest(t.shape, t.detach().reshape(-1)[:FINGERPRINT_VALUES].cpu()))
+            digests.append(
+                _tensor_digest(t.shape, t.detach().reshape(-1)[:FINGERPRINT_VALUES].cpu())
+            )
     return _combine(digests)
 
 
@@ -108,4 +115,3 @@ def weights_fingerprint(spec: str | None) -> str | None:
         return folder_fingerprint(folder) if folder.is_dir() else None
     path = Path(spec).expanduser()
     return folder_fingerprint(path) if path.is_dir() else None
-

@@ -56,7 +56,9 @@ class Verifier:
         self.vocab_size: int = cfg.vocab_size
         self.max_context: int = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
         self.dtype = next(model.parameters()).dtype
-        self.precision = "fp32"  # "bf16" / "int8" / "gguf" once batch_invariant.enable() switched the model
+        self.precision = (
+            "fp32"  # "bf16" / "int8" / "gguf" once batch_invariant.enable() switched the model
+        )
         self._layers = _decoder_layers(model)
         # A specui.verifier.decoder.FastDecoder once the model runs in bf16 and it fits.
         self._fast = None
@@ -81,7 +83,9 @@ class Verifier:
     # --- loading ------------------------------------------------------------------
 
     @classmethod
-    def load(cls, spec: str, dtype: torch.dtype = torch.float32, precision: str = "fp32") -> Verifier:
+    def load(
+        cls, spec: str, dtype: torch.dtype = torch.float32, precision: str = "fp32"
+    ) -> Verifier:
         """Load ``embedded``, a local folder, a ``.gguf`` file or a hub id.
 
         ``precision``: ``fp32`` runs the model as loaded; ``bf16`` switches it to
@@ -94,10 +98,14 @@ class Verifier:
         back to ``fp32``.  ``Verifier.precision`` says which one runs.
         """
         if precision not in PRECISIONS:
-            raise SpecUIError(f"verifier precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+            raise SpecUIError(
+                f"verifier precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+            )
         gguf_file = gguf_source(spec) if precision in ("gguf", "auto") else None
         if precision == "gguf" and gguf_file is None:
-            raise SpecUIError(f"the gguf precision keeps a GGUF file's own blocks: load {EMBEDDED!r} or a .gguf file, not {spec!r}")
+            raise SpecUIError(
+                f"the gguf precision keeps a GGUF file's own blocks: load {EMBEDDED!r} or a .gguf file, not {spec!r}"
+            )
         verifier = cls(*_load_model(spec, dtype))
         # Now, while every weight is still there: bf16 verification frees the float32 ones.
         _ = verifier.fingerprint
@@ -116,7 +124,9 @@ class Verifier:
             if reason is None:
                 try:
                     batch_invariant.enable(verifier.model, weights, gguf=gguf_file)
-                except SpecUIError as e:  # a GGUF type the kernel does not read: raised before any change
+                except (
+                    SpecUIError
+                ) as e:  # a GGUF type the kernel does not read: raised before any change
                     if precision != "auto":
                         raise
                     log.warning("verifying %s without its GGUF blocks: %s", verifier.name, e)
@@ -128,7 +138,9 @@ class Verifier:
                 reason = f"this machine's {weights} kernels give a token other logits inside a block than alone"
             if precision != "auto":
                 raise SpecUIError(f"cannot verify {verifier.name} in {weights}: {reason}")
-            if verifier.precision != "fp32":  # enable() changed it: the next try needs float32 again
+            if (
+                verifier.precision != "fp32"
+            ):  # enable() changed it: the next try needs float32 again
                 verifier = cls(*_load_model(spec, dtype))
                 _ = verifier.fingerprint
             log.warning("verifying %s without %s: %s", verifier.name, weights, reason)
@@ -217,7 +229,11 @@ class Verifier:
 
     @torch.inference_mode()
     def forward(
-        self, input_ids: torch.Tensor, cache=None, aux_layer_ids: list[int] | None = None, logits: bool = True
+        self,
+        input_ids: torch.Tensor,
+        cache=None,
+        aux_layer_ids: list[int] | None = None,
+        logits: bool = True,
     ) -> VerifierOutput:
         """Run ``input_ids`` ([T]) after what ``cache`` holds; returns logits and aux taps.
 
@@ -225,14 +241,20 @@ class Verifier:
         the LM head over a 49k vocabulary is most of a small model's cost.
         """
         if self._fast is not None and isinstance(cache, self._fast.cache_type):
-            logits_out, taps = self._fast.forward(input_ids.view(-1), cache, set(aux_layer_ids or ()), keep=0 if logits else 1)
+            logits_out, taps = self._fast.forward(
+                input_ids.view(-1), cache, set(aux_layer_ids or ()), keep=0 if logits else 1
+            )
             aux = torch.cat([taps[i] for i in aux_layer_ids], dim=-1) if aux_layer_ids else None
             return VerifierOutput(logits=logits_out, aux_hidden=aux)
         start = self.cache_length(cache)
         pos = torch.arange(start, start + input_ids.shape[-1]).unsqueeze(0)
         taps = self._run(input_ids.view(1, -1), pos, cache, aux_layer_ids, keep=0 if logits else 1)
         out = self._local.logits
-        aux = torch.cat([taps[i][0] for i in aux_layer_ids], dim=-1).float() if aux_layer_ids else None
+        aux = (
+            torch.cat([taps[i][0] for i in aux_layer_ids], dim=-1).float()
+            if aux_layer_ids
+            else None
+        )
         return VerifierOutput(logits=out[0].float(), aux_hidden=aux)
 
     @torch.inference_mode()
@@ -254,13 +276,26 @@ class Verifier:
         taps = self._run(input_ids, None, None, layer_ids, keep=1)
         return torch.stack([taps[i] for i in layer_ids], dim=2)
 
-    def _run(self, ids: torch.Tensor, pos: torch.Tensor, cache, layer_ids: list[int] | None, keep: int = 0) -> dict[int, torch.Tensor]:
+    def _run(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        cache,
+        layer_ids: list[int] | None,
+        keep: int = 0,
+    ) -> dict[int, torch.Tensor]:
         local = self._local
         local.capture = {} if layer_ids else None
         local.wanted = set(layer_ids or [])
         try:
             kw = {self._cache_kw: cache}
-            out = self.model(input_ids=ids, position_ids=pos, use_cache=cache is not None, logits_to_keep=keep, **kw)
+            out = self.model(
+                input_ids=ids,
+                position_ids=pos,
+                use_cache=cache is not None,
+                logits_to_keep=keep,
+                **kw,
+            )
             local.logits = out.logits
             return local.capture or {}
         finally:
@@ -291,7 +326,9 @@ class Verifier:
         return list(self.tokenizer.encode(prompt, add_special_tokens=False))
 
     def encode_messages(self, messages: list[dict]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True
+        )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
@@ -358,7 +395,9 @@ def _load_model(spec: str, dtype: torch.dtype) -> tuple[nn.Module, object, str]:
     try:  # a hub id; fails fast without a reachable hub
         model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, use_safetensors=True)
     except Exception as e:  # noqa: BLE001 - hub errors come in many types
-        raise SpecUIError(f"verifier {spec!r} is neither a local path nor a reachable hub model ({type(e).__name__})") from None
+        raise SpecUIError(
+            f"verifier {spec!r} is neither a local path nor a reachable hub model ({type(e).__name__})"
+        ) from None
     return model, _load_tokenizer(spec), spec
 
 
@@ -366,7 +405,9 @@ def _decoder_layers(model: nn.Module) -> nn.ModuleList:
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
-        raise SpecUIError(f"unsupported verifier architecture {type(model).__name__}: no model.layers")
+        raise SpecUIError(
+            f"unsupported verifier architecture {type(model).__name__}: no model.layers"
+        )
     return layers
 
 

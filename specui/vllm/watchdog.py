@@ -102,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     while child.poll() is None and not stop.is_set() and os.getppid() == parent:
         stop.wait(0.5)
     if child.poll() is None:
-        print(f"specui watchdog: stopping the server (pid {child.pid})", file=sys.stderr, flush=True)
+        print(
+            f"specui watchdog: stopping the server (pid {child.pid})", file=sys.stderr, flush=True
+        )
     stop_group(child.pid, args.grace)
     # Reap stragglers of a server that exited by itself (engine processes).
     if group_alive(child.pid):

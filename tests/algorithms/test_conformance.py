@@ -56,7 +56,9 @@ def model_type(folder: Path) -> str:
 
 
 def close(name: str, got: torch.Tensor, want: torch.Tensor, tol: float = TOL) -> None:
-    assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)} != reference {tuple(want.shape)}"
+    assert got.shape == want.shape, (
+        f"{name}: shape {tuple(got.shape)} != reference {tuple(want.shape)}"
+    )
     diff = (got.float() - want.float()).abs().max().item()
     assert diff <= tol, f"{name}: max abs diff {diff:.3g} > {tol}"
 
@@ -105,7 +107,9 @@ def _eagle3(folder: Path, ref: dict[str, torch.Tensor]) -> None:
     m = load_model(folder, verifier_for(folder))
     S = ref["logits"].shape[0]
     with torch.no_grad():
-        out = m.forward_ttt(ref["hidden_states"], ref["input_ids"], S, ref["position_ids"], ref["document_ids"])
+        out = m.forward_ttt(
+            ref["hidden_states"], ref["input_ids"], S, ref["position_ids"], ref["document_ids"]
+        )
     for s in range(S):  # padding rows included: the library computes them the same way
         close(f"TTT step {s} logits", out.logits[s], ref["logits"][s])
 
@@ -145,23 +149,42 @@ def _dflash_family_inference(folder: Path, ref: dict[str, torch.Tensor]) -> None
     assert d.block_size == B
     logits_ref = ref["block_logits"].reshape(-1, B, ref["block_logits"].shape[-1])
     for a, p in enumerate(ref["anchor_position"].tolist()):
-        d.draft_block(ctx(x[: p // 2 + 1], G[: p // 2]))  # an earlier step: the caches must extend correctly
+        d.draft_block(
+            ctx(x[: p // 2 + 1], G[: p // 2])
+        )  # an earlier step: the caches must extend correctly
         _, logits = d.draft_block(ctx(x[: p + 1], G[:p]))
         close(f"inference block logits (anchor {p})", logits, logits_ref[a])
         if "markov_logits" in ref:
-            forced = x[p + 1 : p + 1 + d.num_speculative_tokens].tolist()  # teacher forcing, as the reference
+            forced = x[
+                p + 1 : p + 1 + d.num_speculative_tokens
+            ].tolist()  # teacher forcing, as the reference
             _, _, mk, conf = d.draft_chain(ctx(x[: p + 1], G[:p]), forced_tokens=forced)
             first = 0 if d.model.config.sample_from_anchor else 1
-            close("inference markov logits", mk, ref["markov_logits"].reshape(-1, B, mk.shape[-1])[a, first:])
-            close("inference confidence logits", conf, ref["confidence_logits"].reshape(-1, B)[a, first:])
+            close(
+                "inference markov logits",
+                mk,
+                ref["markov_logits"].reshape(-1, B, mk.shape[-1])[a, first:],
+            )
+            close(
+                "inference confidence logits",
+                conf,
+                ref["confidence_logits"].reshape(-1, B)[a, first:],
+            )
 
 
 def _eagle3_inference(folder: Path, ref: dict[str, torch.Tensor]) -> None:
     d = load_drafter(folder, verifier_for(folder))
     x, G, S = _tokens(folder), ref["hidden_states"][0], ref["logits"].shape[0]
     d.num_speculative_tokens = S
-    for i in (2, 11, 20, ref["logits"].shape[1] - S - 1):  # growing: step-0 rows are cached in between
-        _, _, logits = d.draft_steps(ctx(x[: i + 2], G[: i + 1]), forced_tokens=x[i + 2 : i + 2 + S].tolist())
+    for i in (
+        2,
+        11,
+        20,
+        ref["logits"].shape[1] - S - 1,
+    ):  # growing: step-0 rows are cached in between
+        _, _, logits = d.draft_steps(
+            ctx(x[: i + 2], G[: i + 1]), forced_tokens=x[i + 2 : i + 2 + S].tolist()
+        )
         close(f"inference steps at row {i}", logits, ref["logits"][:, i])
 
 
@@ -170,7 +193,9 @@ def _peagle_inference(folder: Path, ref: dict[str, torch.Tensor]) -> None:
     x, G, a = _tokens(folder), ref["hidden_states"][0], int(ref["chain_anchor"][0])
     d.num_speculative_tokens = ref["chain_logits"].shape[0]
     d.draft_rows(ctx(x[: a // 2 + 2], G[: a // 2 + 1]))
-    close("inference rollout logits", d.draft_rows(ctx(x[: a + 2], G[: a + 1])), ref["chain_logits"])
+    close(
+        "inference rollout logits", d.draft_rows(ctx(x[: a + 2], G[: a + 1])), ref["chain_logits"]
+    )
 
 
 Check = Callable[[Path, dict[str, torch.Tensor]], None]

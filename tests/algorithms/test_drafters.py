@@ -52,7 +52,9 @@ def features(taps: torch.Tensor, aux: list[int]) -> torch.Tensor:
 
 def ctx(ids: torch.Tensor, feats: torch.Tensor, sampling: SamplingParams | None = None,
         generator: torch.Generator | None = None) -> DraftContext:  # fmt: skip
-    return DraftContext(token_ids=ids, features=feats, sampling=sampling or SamplingParams(), generator=generator)
+    return DraftContext(
+        token_ids=ids, features=feats, sampling=sampling or SamplingParams(), generator=generator
+    )
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -64,7 +66,9 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_round_trip_gives_identical_weights_and_proposals(algo: str, verifier: Verifier, seq, tmp_path: Path) -> None:
+def test_round_trip_gives_identical_weights_and_proposals(
+    algo: str, verifier: Verifier, seq, tmp_path: Path
+) -> None:
     x, taps = seq
     d = create_drafter(algo, verifier, seed=1)
     save_drafter(d, tmp_path / algo)
@@ -76,7 +80,9 @@ def test_round_trip_gives_identical_weights_and_proposals(algo: str, verifier: V
     p1, p2 = d.propose(ctx(x[:25], f[:24])), loaded.propose(ctx(x[:25], f[:24]))
     assert p1.token_ids == p2.token_ids and len(p1) == d.num_speculative_tokens
     hot = SamplingParams(temperature=1.0)
-    s1, s2 = (m.propose(ctx(x[:25], f[:24], hot, torch.Generator().manual_seed(3))) for m in (d, loaded))
+    s1, s2 = (
+        m.propose(ctx(x[:25], f[:24], hot, torch.Generator().manual_seed(3))) for m in (d, loaded)
+    )
     assert s1.token_ids == s2.token_ids and torch.equal(s1.probs, s2.probs)
 
 
@@ -95,28 +101,42 @@ def _same_schema(got: object, want: object, path: str = "") -> list[str]:
             return [f"{path}: {got} is not an object"]
         out = [f"{path}.{k}: missing" for k in want.keys() - got.keys()]
         out += [f"{path}.{k}: not in the fixture" for k in got.keys() - want.keys()]
-        return out + [p for k in want.keys() & got.keys() for p in _same_schema(got[k], want[k], f"{path}.{k}")]
+        return out + [
+            p
+            for k in want.keys() & got.keys()
+            for p in _same_schema(got[k], want[k], f"{path}.{k}")
+        ]
     if isinstance(want, list):
         return [] if not want or not got else _same_schema(got[0], want[0], path + "[0]")
-    if "NoneType" in (got, want) or got == want or {got, want} == {"int", "float"} and want == "float":
+    if (
+        "NoneType" in (got, want)
+        or got == want
+        or {got, want} == {"int", "float"}
+        and want == "float"
+    ):
         return []
     return [f"{path}: {got} where the fixture has {want}"]
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_saved_config_has_the_fixture_keys_and_types(algo: str, verifier: Verifier, tmp_path: Path) -> None:
+def test_saved_config_has_the_fixture_keys_and_types(
+    algo: str, verifier: Verifier, tmp_path: Path
+) -> None:
     save_drafter(create_drafter(algo, verifier, seed=0), tmp_path)
     got = json.loads((tmp_path / "config.json").read_text())
     want = json.loads((FIXTURES / algo / "config.json").read_text())
     assert _same_schema(_schema(got), _schema(want)) == []
     assert got["speculators_model_type"] == algo and got["speculators_version"] == "0.9.0"
-    assert got["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == create_drafter(
-        algo, verifier, seed=0
-    ).num_speculative_tokens
+    assert (
+        got["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        == create_drafter(algo, verifier, seed=0).num_speculative_tokens
+    )
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_fixture_checkpoint_saves_back_with_the_same_config(algo: str, verifier: Verifier, tmp_path: Path) -> None:
+def test_fixture_checkpoint_saves_back_with_the_same_config(
+    algo: str, verifier: Verifier, tmp_path: Path
+) -> None:
     d = load_drafter(FIXTURES / algo, verifier)
     save_drafter(d, tmp_path)
     got = json.loads((tmp_path / "config.json").read_text())
@@ -124,11 +144,16 @@ def test_fixture_checkpoint_saves_back_with_the_same_config(algo: str, verifier:
     for volatile in ("transformers_version",):
         got.pop(volatile), want.pop(volatile)
     assert got == want
-    saved, orig = load_file(tmp_path / "model.safetensors"), load_file(FIXTURES / algo / "model.safetensors")
+    saved, orig = (
+        load_file(tmp_path / "model.safetensors"),
+        load_file(FIXTURES / algo / "model.safetensors"),
+    )
     assert saved.keys() == orig.keys() and all(torch.equal(saved[k], orig[k]) for k in orig)
 
 
-def test_bfloat16_checkpoint_records_its_dtype_and_loads_as_float32(verifier: Verifier, seq, tmp_path: Path) -> None:
+def test_bfloat16_checkpoint_records_its_dtype_and_loads_as_float32(
+    verifier: Verifier, seq, tmp_path: Path
+) -> None:
     d = create_drafter("dflash", verifier, seed=2)
     save_drafter(d, tmp_path, dtype="bfloat16")
     assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
@@ -138,7 +163,9 @@ def test_bfloat16_checkpoint_records_its_dtype_and_loads_as_float32(verifier: Ve
     assert torch.equal(loaded.model.fc.weight, d.model.fc.weight.to(torch.bfloat16).float())
 
 
-def test_failed_save_keeps_the_previous_checkpoint(verifier: Verifier, tmp_path: Path, monkeypatch) -> None:
+def test_failed_save_keeps_the_previous_checkpoint(
+    verifier: Verifier, tmp_path: Path, monkeypatch
+) -> None:
     import specui.algorithms.checkpoint as ckpt
 
     first = create_drafter("eagle3", verifier, seed=3)
@@ -173,7 +200,9 @@ DFLASH_VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", DFLASH_VARIANTS)
-def test_dflash_family_inference_matches_training_forward(variant: str, verifier: Verifier, seq) -> None:
+def test_dflash_family_inference_matches_training_forward(
+    variant: str, verifier: Verifier, seq
+) -> None:
     x, taps = seq
     algo = variant.split("-")[0]
     d = create_drafter(algo, verifier, seed=5, **DFLASH_VARIANTS[variant])
@@ -213,7 +242,9 @@ EAGLE_VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", EAGLE_VARIANTS)
-def test_eagle_family_inference_matches_training_forward(variant: str, verifier: Verifier, seq) -> None:
+def test_eagle_family_inference_matches_training_forward(
+    variant: str, verifier: Verifier, seq
+) -> None:
     x, taps = seq
     algo = variant.split("-")[0]
     d = create_drafter(algo, verifier, seed=6, **EAGLE_VARIANTS[variant])
@@ -225,20 +256,28 @@ def test_eagle_family_inference_matches_training_forward(variant: str, verifier:
         with torch.no_grad():
             out = m.forward_ttt(f[:T1], x[1:], K)
         for i in rows:
-            _, _, logits = d.draft_steps(ctx(x[: i + 2], f[: i + 1]), forced_tokens=x[i + 2 : i + 2 + K].tolist())
+            _, _, logits = d.draft_steps(
+                ctx(x[: i + 2], f[: i + 1]), forced_tokens=x[i + 2 : i + 2 + K].tolist()
+            )
             assert max_diff(logits, out.logits[:, i]) <= TOL, f"row {i}"
     else:
         anchors = torch.cat([torch.arange(T1)] + [torch.tensor(rows)] * (K - 1))
-        depths = torch.cat([torch.zeros(T1, dtype=torch.long)] + [torch.full((len(rows),), k) for k in range(1, K)])
+        depths = torch.cat(
+            [torch.zeros(T1, dtype=torch.long)] + [torch.full((len(rows),), k) for k in range(1, K)]
+        )
         with torch.no_grad():
             out = m.forward_rows(f[:T1], x[1:], anchors, depths)
         for n, i in enumerate(rows):
-            want = torch.stack([out.logits[i]] + [out.logits[T1 + k * len(rows) + n] for k in range(K - 1)])
+            want = torch.stack(
+                [out.logits[i]] + [out.logits[T1 + k * len(rows) + n] for k in range(K - 1)]
+            )
             assert max_diff(d.draft_rows(ctx(x[: i + 2], f[: i + 1])), want) <= TOL, f"anchor {i}"
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_training_forwards_train_the_drafter_and_never_the_verifier(algo: str, verifier: Verifier, seq) -> None:
+def test_training_forwards_train_the_drafter_and_never_the_verifier(
+    algo: str, verifier: Verifier, seq
+) -> None:
     x, taps = seq
     m = create_drafter(algo, verifier, seed=13).model
     f = features(taps, m.config.aux_layer_ids)
@@ -250,19 +289,25 @@ def test_training_forwards_train_the_drafter_and_never_the_verifier(algo: str, v
     elif algo == "eagle3":
         loss = m.forward_ttt(f[:-1], x[1:], 3).logits.logsumexp(-1).sum()
     else:
-        out = m.forward_rows(f[:-1], x[1:], torch.tensor([0, 1, 2, 3, 1, 2, 1]), torch.tensor([0, 0, 0, 0, 1, 1, 2]))
+        out = m.forward_rows(
+            f[:-1], x[1:], torch.tensor([0, 1, 2, 3, 1, 2, 1]), torch.tensor([0, 0, 0, 0, 1, 1, 2])
+        )
         loss = out.logits.logsumexp(-1).sum()
     loss.backward()
     trainable = {n for n, p in m.named_parameters() if p.requires_grad}
     assert {"fc.weight", "layers.0.self_attn.q_proj.weight"} <= trainable
     assert all(m.get_parameter(n).grad is not None for n in trainable)
-    assert ("embed_tokens.weight" in trainable) == (algo == "peagle")  # P-EAGLE trains its own embedding
+    assert ("embed_tokens.weight" in trainable) == (
+        algo == "peagle"
+    )  # P-EAGLE trains its own embedding
     assert "lm_head.weight" not in trainable
     assert all(p.grad is None for p in verifier.model.parameters())
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_asking_twice_or_restarting_gives_the_same_proposal(algo: str, verifier: Verifier, seq) -> None:
+def test_asking_twice_or_restarting_gives_the_same_proposal(
+    algo: str, verifier: Verifier, seq
+) -> None:
     x, taps = seq
     d = create_drafter(algo, verifier, seed=8)
     f = features(taps, d.aux_layer_ids)
@@ -280,7 +325,9 @@ def test_asking_twice_or_restarting_gives_the_same_proposal(algo: str, verifier:
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_proposal_probs_are_the_processed_draft_distribution(algo: str, verifier: Verifier, seq) -> None:
+def test_proposal_probs_are_the_processed_draft_distribution(
+    algo: str, verifier: Verifier, seq
+) -> None:
     x, taps = seq
     d = create_drafter(algo, verifier, seed=9)
     f = features(taps, d.aux_layer_ids)
@@ -288,11 +335,16 @@ def test_proposal_probs_are_the_processed_draft_distribution(algo: str, verifier
     # Greedy drafts are deterministic: no q (acceptance reads it as one-hot on the token), and
     # the tokens are the argmaxes, which a near-zero temperature draws as well.
     assert greedy.probs is None and len(greedy) == d.num_speculative_tokens
-    cold = d.propose(ctx(x[:20], f[:19], SamplingParams(temperature=1e-4), torch.Generator().manual_seed(0)))
+    cold = d.propose(
+        ctx(x[:20], f[:19], SamplingParams(temperature=1e-4), torch.Generator().manual_seed(0))
+    )
     assert cold.token_ids == greedy.token_ids
     assert torch.equal(cold.probs.argmax(-1), torch.tensor(greedy.token_ids))
     sampling = SamplingParams(temperature=1.3, top_k=50)
-    draws = [d.propose(ctx(x[:20], f[:19], sampling, torch.Generator().manual_seed(s))) for s in (1, 1, 2)]
+    draws = [
+        d.propose(ctx(x[:20], f[:19], sampling, torch.Generator().manual_seed(s)))
+        for s in (1, 1, 2)
+    ]
     assert draws[0].token_ids == draws[1].token_ids  # the generator decides
     for p in draws:
         assert torch.allclose(p.probs.sum(-1), torch.ones(len(p)))
@@ -300,19 +352,28 @@ def test_proposal_probs_are_the_processed_draft_distribution(algo: str, verifier
         assert all(p.probs[k, t] > 0 for k, t in enumerate(p.token_ids))
 
 
-def test_reduced_draft_vocabulary_drafts_only_kept_tokens(verifier: Verifier, seq, tmp_path: Path) -> None:
+def test_reduced_draft_vocabulary_drafts_only_kept_tokens(
+    verifier: Verifier, seq, tmp_path: Path
+) -> None:
     x, taps = seq
     kept = list(range(1, 512, 2))
     d = create_drafter("dspark", verifier, seed=10, markov_rank=4, draft_vocab=kept)
     f = features(taps, d.aux_layer_ids)
-    p = d.propose(ctx(x[:20], f[:19], SamplingParams(temperature=1.0), torch.Generator().manual_seed(0)))
+    p = d.propose(
+        ctx(x[:20], f[:19], SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    )
     assert set(p.token_ids) <= set(kept)
     assert p.probs[:, 0::2].sum() == 0
     save_drafter(d, tmp_path)
     stored = load_file(tmp_path / "model.safetensors")
     assert stored["t2d"].dtype == torch.bool and int(stored["t2d"].sum()) == len(kept)
-    assert "lm_head.weight" not in stored  # DFlash family: the verifier's head, draft rows picked at load
-    assert load_drafter(tmp_path, verifier).propose(ctx(x[:20], f[:19])).token_ids == d.propose(ctx(x[:20], f[:19])).token_ids
+    assert (
+        "lm_head.weight" not in stored
+    )  # DFlash family: the verifier's head, draft rows picked at load
+    assert (
+        load_drafter(tmp_path, verifier).propose(ctx(x[:20], f[:19])).token_ids
+        == d.propose(ctx(x[:20], f[:19])).token_ids
+    )
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -335,18 +396,29 @@ def test_load_drafter_overrides_k(verifier: Verifier, seq) -> None:
 
 
 def test_load_drafter_passes_options_to_the_drafter(verifier: Verifier) -> None:
-    d = load_drafter(FIXTURES / "dspark", verifier, confidence_policy={"mode": "threshold", "threshold": 0.4})
+    d = load_drafter(
+        FIXTURES / "dspark", verifier, confidence_policy={"mode": "threshold", "threshold": 0.4}
+    )
     assert d.confidence_policy == ConfidencePolicy(mode="threshold", threshold=0.4)
     with pytest.raises(SpecUIError, match="confidence_policy"):
         load_drafter(FIXTURES / "dflash", verifier, confidence_policy={"mode": "threshold"})
     with pytest.raises(SpecUIError, match="confidence policy"):
-        load_drafter(FIXTURES / "dspark", verifier, confidence_policy={"mode": "threshold", "cutoff": 1})
+        load_drafter(
+            FIXTURES / "dspark", verifier, confidence_policy={"mode": "threshold", "cutoff": 1}
+        )
 
 
 def test_create_sets_k_from_either_block_size_or_num_speculative_tokens(verifier: Verifier) -> None:
     assert create_drafter("dflash", verifier, num_speculative_tokens=5).model.config.block_size == 6
-    assert create_drafter("dspark", verifier, num_speculative_tokens=5, markov_rank=4).model.config.block_size == 5
-    assert create_drafter("dspark", verifier, block_size=7, markov_rank=4).num_speculative_tokens == 7
+    assert (
+        create_drafter(
+            "dspark", verifier, num_speculative_tokens=5, markov_rank=4
+        ).model.config.block_size
+        == 5
+    )
+    assert (
+        create_drafter("dspark", verifier, block_size=7, markov_rank=4).num_speculative_tokens == 7
+    )
     with pytest.raises(SpecUIError, match="block_size"):
         create_drafter("dflash", verifier, num_speculative_tokens=5, block_size=5)
 
@@ -370,7 +442,9 @@ def test_a_runs_confidence_policy_is_labelled_by_the_dspark_package() -> None:
     from specui.service import DecodeRequest, run_settings
 
     def label(mode: str) -> str | None:
-        request = DecodeRequest(drafter="dspark", drafter_options={"confidence_policy": policy_option(mode, 0.3)})
+        request = DecodeRequest(
+            drafter="dspark", drafter_options={"confidence_policy": policy_option(mode, 0.3)}
+        )
         return run_settings(request, 7).confidence_policy
 
     assert (label("threshold"), label("cost"), label("off")) == ("threshold:0.3", "cost:0.3", None)
@@ -390,21 +464,30 @@ def test_confidence_policy_cost_maximises_tokens_per_cost() -> None:
     conf = [0.9, 0.8, 0.9, 0.5, 0.99]
     survive = torch.tensor(conf).cumprod(0).tolist()
     for token_cost in (0.0, 0.05, 0.3, 2.0):
-        policy = ConfidencePolicy(mode="cost", draft_cost=0.2, verify_cost=1.0, verify_token_cost=token_cost)
+        policy = ConfidencePolicy(
+            mode="cost", draft_cost=0.2, verify_cost=1.0, verify_token_cost=token_cost
+        )
         rate = [(1 + sum(survive[:n])) / (0.2 + 1.0 + token_cost * n) for n in range(1, 6)]
         assert policy.keep(conf) == 1 + max(range(5), key=lambda n: (rate[n], -n))
-    assert ConfidencePolicy(mode="cost", verify_token_cost=0.0).keep(conf) == 5  # free tokens: send all
+    assert (
+        ConfidencePolicy(mode="cost", verify_token_cost=0.0).keep(conf) == 5
+    )  # free tokens: send all
     assert ConfidencePolicy(mode="cost", verify_token_cost=5.0).keep(conf) == 1
     with pytest.raises(SpecUIError):
         ConfidencePolicy(mode="sometimes")
 
 
-def test_dspark_policy_truncates_the_proposal_and_reports_dropped_scores(verifier: Verifier, seq) -> None:
+def test_dspark_policy_truncates_the_proposal_and_reports_dropped_scores(
+    verifier: Verifier, seq
+) -> None:
     x, taps = seq
     d = create_drafter("dspark", verifier, seed=12, markov_rank=8, block_size=6)
     f = features(taps, d.aux_layer_ids)
+
     def drafted():  # sampled, so the proposal carries q to cut as well
-        return d.propose(ctx(x[:20], f[:19], SamplingParams(temperature=1.0), torch.Generator().manual_seed(4)))
+        return d.propose(
+            ctx(x[:20], f[:19], SamplingParams(temperature=1.0), torch.Generator().manual_seed(4))
+        )
 
     full = drafted()
     assert len(full.confidences) == 6 and full.truncated_confidences is None
@@ -414,7 +497,10 @@ def test_dspark_policy_truncates_the_proposal_and_reports_dropped_scores(verifie
     cut = drafted()
     assert cut.token_ids == full.token_ids[:2]
     assert torch.equal(cut.probs, full.probs[:2])
-    assert cut.confidences == full.confidences[:2] and cut.truncated_confidences == full.confidences[2:]
+    assert (
+        cut.confidences == full.confidences[:2]
+        and cut.truncated_confidences == full.confidences[2:]
+    )
 
 
 # --- refusing checkpoints that do not fit ---------------------------------------------------
@@ -457,7 +543,9 @@ BAD = {
 
 
 @pytest.mark.parametrize("problem", BAD)
-def test_bad_checkpoint_is_refused_with_a_message_naming_it(problem: str, verifier: Verifier, tmp_path: Path) -> None:
+def test_bad_checkpoint_is_refused_with_a_message_naming_it(
+    problem: str, verifier: Verifier, tmp_path: Path
+) -> None:
     algo, break_it = BAD[problem]
     folder = _copy(tmp_path, algo)
     assert validate_checkpoint(folder, verifier) == []
@@ -474,7 +562,9 @@ def test_missing_folder_is_refused(verifier: Verifier, tmp_path: Path) -> None:
         load_drafter(tmp_path / "nowhere", verifier)
 
 
-def test_eagle3_checkpoint_without_embedding_borrows_the_verifiers(verifier: Verifier, tmp_path: Path) -> None:
+def test_eagle3_checkpoint_without_embedding_borrows_the_verifiers(
+    verifier: Verifier, tmp_path: Path
+) -> None:
     folder = _copy(tmp_path, "eagle3")
     _edit_tensors(folder, lambda t: (t.pop("embed_tokens.weight"), t.pop("lm_head.weight")))
     assert validate_checkpoint(folder, verifier) == []
@@ -489,6 +579,8 @@ def test_saved_checkpoint_files_are_readable_by_others(tmp_path, fixture_verifie
 
     from specui.algorithms import create_drafter, save_drafter
 
-    folder = save_drafter(create_drafter("dflash", fixture_verifier, num_layers=1).model, tmp_path / "d")
+    folder = save_drafter(
+        create_drafter("dflash", fixture_verifier, num_layers=1).model, tmp_path / "d"
+    )
     for name in ("config.json", "model.safetensors"):
         assert os.stat(folder / name).st_mode & stat.S_IROTH, name

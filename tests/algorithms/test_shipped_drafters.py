@@ -28,7 +28,10 @@ def test_shipped_folder_is_small_bf16_with_a_model_card(algo):
     config = json.loads((folder / "config.json").read_text())
     assert config["speculators_model_type"] == algo
     assert config["dtype"] == "bfloat16"
-    assert config["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert (
+        config["speculators_config"]["verifier"]["name_or_path"]
+        == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
     weights = folder / "model.safetensors"
     assert weights.stat().st_size < MAX_BYTES
     with safe_open(str(weights), "pt") as f:
@@ -37,7 +40,13 @@ def test_shipped_folder_is_small_bf16_with_a_model_card(algo):
     # The verifier's embedding is borrowed, not duplicated (vLLM and SpecUI share the verifier's).
     assert "embed_tokens.weight" not in names
     card = (folder / "README.md").read_text()
-    for needed in ("## Training", "## Held-out evaluation", "T=0: tau", "per-position acceptance", "why these sizes"):
+    for needed in (
+        "## Training",
+        "## Held-out evaluation",
+        "T=0: tau",
+        "per-position acceptance",
+        "why these sizes",
+    ):
         assert needed in card, f"{algo} model card lacks {needed!r}"
     if algo == "dspark":
         assert "ECE" in card and "AUROC" in card and "Brier" in card and "T = " in card
@@ -55,11 +64,15 @@ def heldout_prompt_ids(embedded_verifier):
 def plain_output(embedded_verifier, heldout_prompt_ids):
     from specui.algorithms.simple import PlainDrafter
 
-    return generate(embedded_verifier, PlainDrafter(), heldout_prompt_ids, max_new_tokens=48).output_token_ids
+    return generate(
+        embedded_verifier, PlainDrafter(), heldout_prompt_ids, max_new_tokens=48
+    ).output_token_ids
 
 
 @pytest.mark.parametrize("algo", ALGORITHMS)
-def test_shipped_drafter_by_name_is_lossless_and_drafts_well(algo, embedded_verifier, heldout_prompt_ids, plain_output):
+def test_shipped_drafter_by_name_is_lossless_and_drafts_well(
+    algo, embedded_verifier, heldout_prompt_ids, plain_output
+):
     drafter = resolve_drafter(algo, embedded_verifier)
     result = generate(embedded_verifier, drafter, heldout_prompt_ids, max_new_tokens=48)
     assert result.output_token_ids == plain_output  # greedy: identical to plain decoding
@@ -73,4 +86,16 @@ def test_new_checkpoints_of_the_embedded_verifier_record_its_hub_id(embedded_ver
     """Not the cache folder it was converted into (a path on one machine only)."""
     from specui.algorithms.base import verifier_identity
 
-    assert verifier_identity(embedded_verifier)["verifier_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert (
+        verifier_identity(embedded_verifier)["verifier_name_or_path"]
+        == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+    # and its architecture, which a config converted from the GGUF file (transformers 5.x) lacks
+    assert verifier_identity(embedded_verifier)["verifier_architectures"] == ["LlamaForCausalLM"]
+
+
+@pytest.mark.parametrize("algo", sorted(shipped_drafters()))
+def test_shipped_configs_name_the_verifiers_architecture(algo):
+    """What `specui doctor` and vLLM read a speculator's verifier by."""
+    cfg = json.loads((shipped_drafters()[algo] / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]

@@ -18,9 +18,20 @@ def db(tmp_path: Path) -> Path:
     path = tmp_path / "specui.db"
     with Store(path) as store:
         for algo, k in (("none", 0), ("dflash", 4)):
-            run = store.create_run(verifier="smollm2", prompt_set="humaneval:0-1", algorithm=algo,
-                                   owner="session-a" if k else None, settings=DecodingSettings(num_speculative_tokens=k))
-            record(store, run.id, [[make_trace(i, k, seed=p) for i in range(20)] for p in range(2)], [1.0, 1.2], k)
+            run = store.create_run(
+                verifier="smollm2",
+                prompt_set="humaneval:0-1",
+                algorithm=algo,
+                owner="session-a" if k else None,
+                settings=DecodingSettings(num_speculative_tokens=k),
+            )
+            record(
+                store,
+                run.id,
+                [[make_trace(i, k, seed=p) for i in range(20)] for p in range(2)],
+                [1.0, 1.2],
+                k,
+            )
     return path
 
 
@@ -34,22 +45,36 @@ def test_list_and_show(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "run 2: dflash  [done]" in out and "τ (acceptance length)" in out and "Speedup" in out
 
 
-def test_export_comparison_and_steps(db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_export_comparison_and_steps(
+    db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "cmp.csv"
     assert main(["runs", "--db", str(db), "export", "--csv", str(out)]) == 0
     rows = list(csv.DictReader(out.open(newline="", encoding="utf-8")))
     assert [r["run_id"] for r in rows] == ["1", "2"] and rows[1]["baseline_run_id"] == "1"
     steps = tmp_path / "steps.csv"
-    assert main(["runs", "--db", str(db), "export", "--csv", str(steps), "--runs", "2", "--steps"]) == 0
+    assert (
+        main(["runs", "--db", str(db), "export", "--csv", str(steps), "--runs", "2", "--steps"])
+        == 0
+    )
     assert len(list(csv.DictReader(steps.open(newline="", encoding="utf-8")))) == 40
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["runs", "show", "99"], ["runs", "delete", "99"], ["runs", "export", "--csv", "x.csv", "--runs", "1", "99"]],
+    [
+        ["runs", "show", "99"],
+        ["runs", "delete", "99"],
+        ["runs", "export", "--csv", "x.csv", "--runs", "1", "99"],
+    ],
 )
-def test_unknown_run_id_is_one_line_and_nonzero(db: Path, argv: list[str], capsys: pytest.CaptureFixture[str],
-                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_run_id_is_one_line_and_nonzero(
+    db: Path,
+    argv: list[str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert main([*argv, "--db", str(db)]) == 2
     err = capsys.readouterr().err
@@ -57,7 +82,9 @@ def test_unknown_run_id_is_one_line_and_nonzero(db: Path, argv: list[str], capsy
     assert not (tmp_path / "x.csv").exists()
 
 
-def test_delete_checks_the_owner_unless_forced(db: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_delete_checks_the_owner_unless_forced(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["runs", "--db", str(db), "delete", "2"]) == 2
     assert "another session" in capsys.readouterr().err
     assert main(["runs", "--db", str(db), "delete", "2", "--force"]) == 0
@@ -70,7 +97,10 @@ def test_not_a_store_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     bogus = tmp_path / "bogus.db"
     bogus.write_text("hello\n" * 50)
     assert main(["runs", "--db", str(bogus), "list"]) == 2
-    assert capsys.readouterr().err.startswith("specui: error: ") and bogus.read_text() == "hello\n" * 50
+    assert (
+        capsys.readouterr().err.startswith("specui: error: ")
+        and bogus.read_text() == "hello\n" * 50
+    )
 
 
 def test_jobs_list_show_cancel(db: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -38,7 +38,9 @@ def test_user_prefix_is_the_chat_template_up_to_the_user_text(embedded_verifier)
     prefix = embedded_verifier.tokenizer.decode(user_prefix_ids(embedded_verifier))
     assert prefix.endswith("<|im_start|>user\n")
     assert "system" in prefix  # the template's default system prompt stays
-    steered = embedded_verifier.tokenizer.decode(user_prefix_ids(embedded_verifier, "You are a math tutor."))
+    steered = embedded_verifier.tokenizer.decode(
+        user_prefix_ids(embedded_verifier, "You are a math tutor.")
+    )
     assert "You are a math tutor." in steered and steered.endswith("<|im_start|>user\n")
 
 
@@ -46,13 +48,17 @@ def test_user_prefix_is_the_chat_template_up_to_the_user_text(embedded_verifier)
 def test_magpie_sampling_resumes_to_the_same_samples(tmp_path, embedded_verifier):
     kinds = {"chat": None, "code": "You are a programming assistant."}
     path = tmp_path / "raw.jsonl"
-    first = sample_user_turns(embedded_verifier, 4, path, batch_size=2, max_new_tokens=6, kinds=kinds)
+    first = sample_user_turns(
+        embedded_verifier, 4, path, batch_size=2, max_new_tokens=6, kinds=kinds
+    )
     assert [r["batch"] for r in first] == [0, 0, 1, 1]
     assert [r["kind"] for r in first] == ["chat", "chat", "code", "code"]
     # A run killed during batch 1 (its lines lost, the last one torn) resumes with batch 1 again.
     lines = path.read_text().splitlines()
     path.write_text("\n".join(lines[:2]) + "\n" + lines[2][:10])
-    again = sample_user_turns(embedded_verifier, 4, path, batch_size=2, max_new_tokens=6, kinds=kinds)
+    again = sample_user_turns(
+        embedded_verifier, 4, path, batch_size=2, max_new_tokens=6, kinds=kinds
+    )
     assert [r["text"] for r in again] == [r["text"] for r in first]
     assert len(read_samples(path)) == 4
     with pytest.raises(SpecUIError, match="resume it with that batch size"):
@@ -75,7 +81,10 @@ def test_build_drops_duplicates_and_refuses_evaluation_prompts():
 
 
 def test_the_shipped_corpus_is_broad():
-    rows = [json.loads(line) for line in (REPO / "data" / "corpus" / "general.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (REPO / "data" / "corpus" / "general.jsonl").read_text().splitlines()
+    ]
     assert len({r["prompt"] for r in rows}) == len(rows)
     kinds = Counter(r["kind"] for r in rows)
     # At least five kinds of task, none of them most of the corpus.
@@ -93,7 +102,10 @@ def test_shipped_responses_are_read_first_and_nothing_is_generated_again(tmp_pat
     assert all(len(s.response_ids) == 4 for s in first)
     shipped = tmp_path / "shipped"
     [gz] = export_cache(tmp_path / "run1", shipped / "corpus")
-    assert export_cache(tmp_path / "run1", tmp_path / "again") and (tmp_path / "again" / gz.name).read_bytes() == gz.read_bytes()
+    assert (
+        export_cache(tmp_path / "run1", tmp_path / "again")
+        and (tmp_path / "again" / gz.name).read_bytes() == gz.read_bytes()
+    )
     monkeypatch.setenv("SPECUI_SHIPPED_DIR", str(shipped))
     totals: list[int] = []
     second = self_distill(verifier, prompts, 4, batch_size=2, cache_dir=tmp_path / "run2",
@@ -101,7 +113,9 @@ def test_shipped_responses_are_read_first_and_nothing_is_generated_again(tmp_pat
     assert totals == [0]  # every response came from the shipped file
     assert [s.response_ids for s in second] == [s.response_ids for s in first]
     # Only the kept prompts are exported.
-    [part] = export_cache(tmp_path / "run1", tmp_path / "part", keep={prompt_key(first[0].prompt_ids)})
+    [part] = export_cache(
+        tmp_path / "run1", tmp_path / "part", keep={prompt_key(first[0].prompt_ids)}
+    )
     assert len(gzip.decompress(part.read_bytes()).decode().splitlines()) == 1
 
 
@@ -114,12 +128,19 @@ def test_response_cache_key_follows_the_weights_not_the_folder(tmp_path, fixture
     from specui.verifier.model import Verifier
 
     shutil.copytree(fixture_dir / "verifier", tmp_path / "elsewhere")
-    here, there = Verifier.load(str(fixture_dir / "verifier")), Verifier.load(str(tmp_path / "elsewhere"))
-    assert verifier_fingerprint(here) == verifier_fingerprint(there)  # shipped caches work on any machine
+    here, there = (
+        Verifier.load(str(fixture_dir / "verifier")),
+        Verifier.load(str(tmp_path / "elsewhere")),
+    )
+    assert verifier_fingerprint(here) == verifier_fingerprint(
+        there
+    )  # shipped caches work on any machine
     changed = Verifier.load(str(tmp_path / "elsewhere"))
     with torch.no_grad():
         changed.lm_head.weight[0, 0] += 1.0
-    changed.__dict__.pop("fingerprint", None)  # computed once per load; this load's weights changed after
+    changed.__dict__.pop(
+        "fingerprint", None
+    )  # computed once per load; this load's weights changed after
     assert verifier_fingerprint(changed) != verifier_fingerprint(here)
 
 
@@ -151,7 +172,9 @@ def test_the_cache_key_reads_the_architecture_not_the_config_json():
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=100, hidden_act="silu",
                   tie_word_embeddings=True, rms_norm_eps=1e-5)  # fmt: skip
     rope = {"rope_theta": 10000.0, "rope_type": "default"}
-    older = SimpleNamespace(**common, rope_theta=10000, rope_scaling=None, transformers_version="4.56")
+    older = SimpleNamespace(
+        **common, rope_theta=10000, rope_scaling=None, transformers_version="4.56"
+    )
     newer = SimpleNamespace(**common, head_dim=16, rope_parameters=rope, transformers_version="5.24",
                             id2label={0: "LABEL_0"})  # fmt: skip
     assert architecture(older) == architecture(newer)

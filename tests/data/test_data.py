@@ -22,14 +22,19 @@ def test_builtin_sets_are_registered():
     assert {"humaneval", "gsm-symbolic", "rg-math", "demo"} <= set(prompt_sets())
 
 
-@pytest.mark.parametrize(("name", "limit"), [("humaneval", None), ("gsm-symbolic", 300), ("rg-math", 300), ("demo", None)])
+@pytest.mark.parametrize(
+    ("name", "limit"),
+    [("humaneval", None), ("gsm-symbolic", 300), ("rg-math", 300), ("demo", None)],
+)
 def test_train_and_eval_splits_never_share_content(name, limit):
     train = load_prompts(name, split="train", limit=limit)
     held_out = load_prompts(name, split="eval", limit=limit)
     assert train and held_out
     assert not {p.content_hash for p in train} & {p.content_hash for p in held_out}
     # Deterministic: the same call gives the same prompts in the same order.
-    assert [p.content_hash for p in load_prompts(name, split="eval", limit=limit)] == [p.content_hash for p in held_out]
+    assert [p.content_hash for p in load_prompts(name, split="eval", limit=limit)] == [
+        p.content_hash for p in held_out
+    ]
 
 
 def test_humaneval_split_covers_every_problem():
@@ -55,14 +60,18 @@ def test_rg_math_mixes_its_tasks_and_leaves_gsm_symbolic_out():
 
     prompts = load_prompts("rg-math", "train", limit=200)
     assert len(prompts) == 200 and all(p.text for p in prompts)
-    assert {p.meta["task"] for p in prompts} == set(RG_MATH_TASKS)  # every task within a short prefix
+    assert {p.meta["task"] for p in prompts} == set(
+        RG_MATH_TASKS
+    )  # every task within a short prefix
     assert "gsm_symbolic" not in RG_MATH_TASKS
 
 
 def test_a_mix_alternates_its_sets_within_one_split():
     mixed = load_prompts("gsm-symbolic,rg-math", "train", limit=100)
     assert [p.source for p in mixed[:4]] == ["gsm-symbolic", "rg-math", "gsm-symbolic", "rg-math"]
-    assert [p for p in mixed if p.source == "gsm-symbolic"] == load_prompts("gsm-symbolic", "train", limit=50)
+    assert [p for p in mixed if p.source == "gsm-symbolic"] == load_prompts(
+        "gsm-symbolic", "train", limit=50
+    )
     held_out = {p.content_hash for p in load_prompts("gsm-symbolic,rg-math", "eval", limit=100)}
     assert not held_out & {p.content_hash for p in mixed}
 
@@ -80,7 +89,9 @@ def test_bench_scores_a_sets_held_out_split_and_a_file_whole(tmp_path):
 
 
 def test_user_jsonl_split_is_disjoint_and_covers_the_file(tmp_path):
-    path = write_prompt_file(tmp_path / "p.jsonl", [Prompt(f"q{i}", "t", text=f"question number {i}") for i in range(60)])
+    path = write_prompt_file(
+        tmp_path / "p.jsonl", [Prompt(f"q{i}", "t", text=f"question number {i}") for i in range(60)]
+    )
     train, held_out = load_prompts(path, "train"), load_prompts(path, "eval")
     assert len(train) + len(held_out) == 60 and held_out
     assert not {p.content_hash for p in train} & {p.content_hash for p in held_out}
@@ -118,7 +129,10 @@ def test_broken_jsonl_line_is_reported_with_its_number_and_good_lines_kept(tmp_p
     assert "line 2" in caplog.text and "line 3" in caplog.text
 
 
-@pytest.mark.parametrize("content", ["", "\n\n", "not json\n[1, 2]\n", '{"text": "wrong field"}\n', '{"prompt_ids": [-1]}\n'])
+@pytest.mark.parametrize(
+    "content",
+    ["", "\n\n", "not json\n[1, 2]\n", '{"text": "wrong field"}\n', '{"prompt_ids": [-1]}\n'],
+)
 def test_file_without_usable_rows_is_a_clear_error(tmp_path, content):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
@@ -142,7 +156,9 @@ def test_unknown_split_is_an_error():
 @pytest.fixture(scope="module")
 def id_prompts(fixture_verifier):
     # Never the fixture's mask token (the last id).
-    return synthetic_prompts(5, fixture_verifier.vocab_size, seed=3, exclude=[fixture_verifier.vocab_size - 1])
+    return synthetic_prompts(
+        5, fixture_verifier.vocab_size, seed=3, exclude=[fixture_verifier.vocab_size - 1]
+    )
 
 
 def test_batched_greedy_generation_equals_one_by_one(fixture_verifier, id_prompts):
@@ -172,16 +188,25 @@ def test_generation_stops_after_eos(fixture_verifier, id_prompts):
 
 
 def test_responses_are_cached_on_disk(fixture_verifier, id_prompts, tmp_path, monkeypatch):
-    first = self_distill(fixture_verifier, id_prompts, max_new_tokens=8, batch_size=2, cache_dir=tmp_path)
+    first = self_distill(
+        fixture_verifier, id_prompts, max_new_tokens=8, batch_size=2, cache_dir=tmp_path
+    )
     assert [s.prompt_ids for s in first] == [p.token_ids for p in id_prompts]
-    assert all(len(s.response_ids) == 8 and s.loss_mask == [0] * len(s.prompt_ids) + [1] * 8 for s in first)
+    assert all(
+        len(s.response_ids) == 8 and s.loss_mask == [0] * len(s.prompt_ids) + [1] * 8 for s in first
+    )
 
     def no_generation(*a, **k):
         raise AssertionError("generated although cached")
 
     monkeypatch.setattr("specui.data.distill.generate_greedy", no_generation)
     monkeypatch.setattr("specui.data.generate.generate_responses", no_generation)
-    assert self_distill(fixture_verifier, id_prompts, max_new_tokens=8, batch_size=2, cache_dir=tmp_path) == first
+    assert (
+        self_distill(
+            fixture_verifier, id_prompts, max_new_tokens=8, batch_size=2, cache_dir=tmp_path
+        )
+        == first
+    )
 
 
 def test_torn_cache_line_is_regenerated(fixture_verifier, id_prompts, tmp_path):
@@ -189,7 +214,10 @@ def test_torn_cache_line_is_regenerated(fixture_verifier, id_prompts, tmp_path):
     (cache,) = tmp_path.glob("responses-*.jsonl")
     lines = cache.read_text().splitlines()
     cache.write_text(lines[0] + "\n" + lines[1][:10])  # a crash mid-append
-    assert self_distill(fixture_verifier, id_prompts[:2], max_new_tokens=4, cache_dir=tmp_path) == first
+    assert (
+        self_distill(fixture_verifier, id_prompts[:2], max_new_tokens=4, cache_dir=tmp_path)
+        == first
+    )
 
 
 def _distill(verifier, prompts, n, cache_dir):
@@ -318,7 +346,10 @@ def test_extracted_file_has_the_speculators_layout(fixture_verifier, samples, tm
     (path,) = ex.extract(samples[:1], tmp_path)
     t = load_file(str(path))
     T, N, H = len(samples[0]), fixture_verifier.num_layers, fixture_verifier.hidden_size
-    assert t["hidden_states"].shape == (T, len(AUX) + 1, H) and t["hidden_states"].dtype == torch.bfloat16
+    assert (
+        t["hidden_states"].shape == (T, len(AUX) + 1, H)
+        and t["hidden_states"].dtype == torch.bfloat16
+    )
     assert t["token_ids"].tolist() == samples[0].input_ids
     assert t["loss_mask"].tolist() == samples[0].loss_mask
     taps = fixture_verifier.taps(torch.tensor(samples[0].input_ids), [*AUX, N])
@@ -326,10 +357,14 @@ def test_extracted_file_has_the_speculators_layout(fixture_verifier, samples, tm
     # The targets are the verifier's own next-token distribution after each position.
     ref = fixture_verifier.forward(torch.tensor(samples[0].input_ids)).logits
     assert t["target_ids"].shape == (T, 16) and t["target_logprobs"].dtype == torch.float32
-    P = len(samples[0].prompt_ids) - 1  # targets from the last prompt token on: none scores earlier ones
+    P = (
+        len(samples[0].prompt_ids) - 1
+    )  # targets from the last prompt token on: none scores earlier ones
     assert (t["target_ids"][:P] == -1).all()
     assert torch.equal(t["target_ids"][P:, 0], ref[P:].argmax(-1))
-    torch.testing.assert_close(t["target_logprobs"][P:], ref[P:].log_softmax(-1).topk(16).values, atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        t["target_logprobs"][P:], ref[P:].log_softmax(-1).topk(16).values, atol=1e-4, rtol=0
+    )
     s = read_sample(path, len(AUX))
     assert s.hidden_states.shape == (T, len(AUX) * H)
     assert torch.equal(s.target_ids, t["target_ids"])
@@ -339,9 +374,15 @@ def test_batched_extraction_equals_one_sample_at_a_time(fixture_verifier, sample
     """Right-padded batches: padding never reaches a real position."""
     one = LocalExtractor(fixture_verifier, AUX, dtype=torch.float32, batch_tokens=1)
     many = LocalExtractor(fixture_verifier, AUX, dtype=torch.float32, batch_tokens=4096)
-    for a, b in zip(one.extract(samples, tmp_path / "one"), many.extract(samples, tmp_path / "many"), strict=True):
+    for a, b in zip(
+        one.extract(samples, tmp_path / "one"),
+        many.extract(samples, tmp_path / "many"),
+        strict=True,
+    ):
         ta, tb = load_file(str(a)), load_file(str(b))
-        torch.testing.assert_close(ta["hidden_states"].float(), tb["hidden_states"].float(), atol=2e-2, rtol=0)
+        torch.testing.assert_close(
+            ta["hidden_states"].float(), tb["hidden_states"].float(), atol=2e-2, rtol=0
+        )
         assert torch.equal(ta["target_ids"][:, 0], tb["target_ids"][:, 0])
 
 
@@ -364,7 +405,9 @@ def test_a_file_without_targets_gets_them_once(fixture_verifier, samples, tmp_pa
     # From the bf16-stored tap[N]: the same best token, log-probs within its rounding.
     P = len(samples[0].prompt_ids) - 1
     assert torch.equal(s.target_ids[P:, 0], t["target_ids"][P:, 0]) and calls == [len(samples[0])]
-    torch.testing.assert_close(s.target_logprobs[P:, 0], t["target_logprobs"][P:, 0], atol=0.05, rtol=0)
+    torch.testing.assert_close(
+        s.target_logprobs[P:, 0], t["target_logprobs"][P:, 0], atol=0.05, rtol=0
+    )
     again = read_sample(path, len(AUX), head)
     assert torch.equal(again.target_ids, s.target_ids) and len(calls) == 1  # stored, not recomputed
 
@@ -373,7 +416,9 @@ def test_extraction_refuses_a_disk_too_small(fixture_verifier, samples, tmp_path
     import shutil
     from collections import namedtuple
 
-    store = HiddenStateStore(LocalExtractor(fixture_verifier, AUX), samples, "offline", tmp_path / "hidden")
+    store = HiddenStateStore(
+        LocalExtractor(fixture_verifier, AUX), samples, "offline", tmp_path / "hidden"
+    )
     need = store.bytes_needed(range(len(samples)), fixture_verifier.hidden_size)
     assert need == sum(len(s) for s in samples) * (4 * 64 * 2 + 16 * 12 + 16)
     usage = namedtuple("usage", "total used free")
@@ -384,7 +429,9 @@ def test_extraction_refuses_a_disk_too_small(fixture_verifier, samples, tmp_path
 
 
 def test_online_mode_leaves_nothing_on_disk(fixture_verifier, samples, tmp_path):
-    store = HiddenStateStore(LocalExtractor(fixture_verifier, AUX), samples, "online", tmp_path / "hidden")
+    store = HiddenStateStore(
+        LocalExtractor(fixture_verifier, AUX), samples, "online", tmp_path / "hidden"
+    )
     got = store.get([0, 2])
     assert [g.input_ids.tolist() for g in got] == [samples[0].input_ids, samples[2].input_ids]
     assert not (tmp_path / "hidden").exists() or not any((tmp_path / "hidden").iterdir())

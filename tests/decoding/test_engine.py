@@ -48,7 +48,9 @@ def test_greedy_output_equals_plain_decoding_on_embedded_verifier(embedded_verif
 def test_greedy_output_equals_plain_decoding_for_many_prompts_and_k(tiny):
     gen = torch.Generator().manual_seed(7)
     for trial in range(12):
-        prompt = torch.randint(0, 64, (int(torch.randint(1, 9, (1,), generator=gen)),), generator=gen).tolist()
+        prompt = torch.randint(
+            0, 64, (int(torch.randint(1, 9, (1,), generator=gen)),), generator=gen
+        ).tolist()
         plain = generate(tiny, PlainDrafter(), prompt, max_new_tokens=24, stop_on_eos=False)
         for k in (1, 3, 7):
             for drafter in (RandomDrafter(64, k=k, seed=trial, sharpness=0.5), NgramDrafter(k)):
@@ -88,7 +90,9 @@ def _sampled_pvalue(v, prompt, sampling, n: int, k: int) -> float:
     drafter = RandomDrafter(v.vocab_size, k=k, seed=11, sharpness=2.0)
     V = v.vocab_size
     for seed in range(n):
-        out = generate(v, drafter, prompt, max_new_tokens=2, sampling=sampling, seed=seed, stop_on_eos=False)
+        out = generate(
+            v, drafter, prompt, max_new_tokens=2, sampling=sampling, seed=seed, stop_on_eos=False
+        )
         x1, x2 = out.output_token_ids
         counts[x1 * V + x2] += 1
     # Pool cells with small expectation so the chi-square approximation holds.
@@ -198,9 +202,13 @@ def test_stop_string_cuts_output(embedded_verifier):
 
 
 def test_trace_metrics_follow_reference_definitions(tiny):
-    out = generate(tiny, RandomDrafter(64, k=4, sharpness=0.1), [1, 2, 3], max_new_tokens=30, stop_on_eos=False)
+    out = generate(
+        tiny, RandomDrafter(64, k=4, sharpness=0.1), [1, 2, 3], max_new_tokens=30, stop_on_eos=False
+    )
     drafts = [s for s in out.steps if s.num_drafted]
-    assert out.acceptance_length == pytest.approx(1 + sum(s.num_accepted for s in drafts) / len(drafts))
+    assert out.acceptance_length == pytest.approx(
+        1 + sum(s.num_accepted for s in drafts) / len(drafts)
+    )
     a = out.per_position_acceptance
     assert len(a) == 4 and all(x >= y for x, y in itertools.pairwise(a))
     for s in out.steps:
@@ -243,8 +251,15 @@ def test_greedy_output_with_random_learned_drafter_equals_plain(fixture_verifier
         spec = generate(v, drafter, prompt, max_new_tokens=30, stop_on_eos=False)
         assert spec.output_token_ids == plain.output_token_ids, (algorithm, seed)
         assert all(s.num_drafted > 0 for s in spec.steps[:-1])
-        sampled = generate(v, drafter, prompt, max_new_tokens=20, sampling=SamplingParams(temperature=1.0), seed=seed,
-                           stop_on_eos=False)
+        sampled = generate(
+            v,
+            drafter,
+            prompt,
+            max_new_tokens=20,
+            sampling=SamplingParams(temperature=1.0),
+            seed=seed,
+            stop_on_eos=False,
+        )
         assert len(sampled.output_token_ids) == 20
 
 

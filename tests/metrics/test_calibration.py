@@ -131,8 +131,10 @@ def test_tau_difference_interval_agrees_with_scipy_bootstrap() -> None:
         rng=np.random.default_rng(12),
     ).confidence_interval
     got = tau_difference_interval(
-        list(zip(drafts_new, acc_new, strict=True)), list(zip(drafts_old, acc_old, strict=True)),
-        resamples=RESAMPLES, seed=4,
+        list(zip(drafts_new, acc_new, strict=True)),
+        list(zip(drafts_old, acc_old, strict=True)),
+        resamples=RESAMPLES,
+        seed=4,
     )
     assert got is not None
     point = acc_new.sum() / drafts_new.sum() - acc_old.sum() / drafts_old.sum()

@@ -24,7 +24,9 @@ def test_equal_steps_agree_and_a_different_count_is_named_with_its_drafts():
     # ends with 7, so its next step starts at 7, a position a has no step at.
     b = [[_step([], 0, 1), _step([2, 3], 2, 4), _step([5, 6], 2, 7), _step([8], 0, 8)]]
     got = step_agreement(a, b)
-    assert got.steps == 2 and got.share == pytest.approx(0.5)  # positions 1 and 4 (0 is the prefill)
+    assert got.steps == 2 and got.share == pytest.approx(
+        0.5
+    )  # positions 1 and 4 (0 is the prefill)
     (d,) = got.disagreements
     assert (d.prompt, d.position, d.accepted_a, d.accepted_b, d.drafts_a) == (0, 4, 1, 2, [5, 9])
     assert d.output == [5, 6, 7]
@@ -32,9 +34,15 @@ def test_equal_steps_agree_and_a_different_count_is_named_with_its_drafts():
 
 def test_steps_after_the_outputs_part_or_past_the_last_full_block_are_not_compared():
     a = [[_step([], 0, 1), _step([2], 1, 3), _step([4], 0, 5), _step([6], 0, 7)]]
-    b = [[_step([], 0, 1), _step([2], 1, 3), _step([4], 1, 9), _step([6], 1, 7)]]  # outputs part at position 4
-    got = step_agreement(a, b)  # positions 1 and 3 (where the outputs part: same context); 4, 5 follow others
+    b = [
+        [_step([], 0, 1), _step([2], 1, 3), _step([4], 1, 9), _step([6], 1, 7)]
+    ]  # outputs part at position 4
+    got = step_agreement(
+        a, b
+    )  # positions 1 and 3 (where the outputs part: same context); 4, 5 follow others
     assert got.steps == 2 and [d.position for d in got.disagreements] == [3]
-    assert step_agreement(a, b, max_new_tokens=4, num_speculative_tokens=1).steps == 1  # a block from 3 would not fit
+    assert (
+        step_agreement(a, b, max_new_tokens=4, num_speculative_tokens=1).steps == 1
+    )  # a block from 3 would not fit
     with pytest.raises(ValueError, match="prompts"):
         step_agreement(a, [])

@@ -17,8 +17,17 @@ def test_confine_accepts_paths_inside_and_refuses_escapes(tmp_path, monkeypatch)
     monkeypatch.setenv("SPECUI_EXTRA_ROOTS", "")
     roots = [root]
     assert confine("speculators/mine", roots) == (root / "speculators" / "mine").resolve()
-    assert confine(str(root / "speculators" / "mine"), roots) == (root / "speculators" / "mine").resolve()
-    for bad in ("../secret", str(outside), "speculators/link-out", "speculators/../../secret", "/etc/passwd"):
+    assert (
+        confine(str(root / "speculators" / "mine"), roots)
+        == (root / "speculators" / "mine").resolve()
+    )
+    for bad in (
+        "../secret",
+        str(outside),
+        "speculators/link-out",
+        "speculators/../../secret",
+        "/etc/passwd",
+    ):
         with pytest.raises(SpecUIError, match="outside"):
             confine(bad, roots)
 

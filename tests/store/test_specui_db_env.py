@@ -22,12 +22,16 @@ def chosen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "elsewhere" / "chosen.db"
     monkeypatch.setenv("SPECUI_DB", str(path))
     with Store(path) as store:
-        run = store.create_run(verifier="v", prompt_set="only-in-the-chosen-store", label="chosen-run")
+        run = store.create_run(
+            verifier="v", prompt_set="only-in-the-chosen-store", label="chosen-run"
+        )
         store.finish_run(run.id, "done")
     return path
 
 
-def test_default_db_path_prefers_specui_db(chosen: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_db_path_prefers_specui_db(
+    chosen: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert default_db_path() == chosen
     with Store() as store:
         assert store.path == chosen
@@ -37,7 +41,9 @@ def test_default_db_path_prefers_specui_db(chosen: Path, tmp_path: Path, monkeyp
     assert default_db_path() == tmp_path / "data" / "specui.db"
 
 
-def test_cli_commands_open_the_store_specui_db_names(chosen: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_commands_open_the_store_specui_db_names(
+    chosen: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["runs", "list"]) == 0
     out = capsys.readouterr().out
     assert "chosen-run" in out and "only-in-the-chosen-store" in out
@@ -54,8 +60,14 @@ def test_cli_commands_open_the_store_specui_db_names(chosen: Path, tmp_path: Pat
 
 def test_specui_db_in_a_real_cli_process(chosen: Path, tmp_path: Path) -> None:
     env = {**os.environ, "SPECUI_DB": str(chosen), "SPECUI_DATA_DIR": str(tmp_path / "data")}
-    out = subprocess.run([sys.executable, "-m", "specui", "runs", "list"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "specui", "runs", "list"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "chosen-run" in out.stdout
     assert not (tmp_path / "data").exists()

@@ -41,8 +41,15 @@ def _sha(path: Path) -> str:
 
 def test_run_with_10000_steps_round_trips_exactly(store: Store) -> None:
     run = store.create_run(
-        verifier="smollm2", prompt_set="humaneval:0-9", algorithm="dflash", drafter="dflash-2l",
-        settings=DecodingSettings(num_speculative_tokens=4, temperature=0.7, extra={"stop": ["\n\n"]}), seed=3, label="first",
+        verifier="smollm2",
+        prompt_set="humaneval:0-9",
+        algorithm="dflash",
+        drafter="dflash-2l",
+        settings=DecodingSettings(
+            num_speculative_tokens=4, temperature=0.7, extra={"stop": ["\n\n"]}
+        ),
+        seed=3,
+        label="first",
     )
     prompts = [[make_trace(i, seed=p) for i in range(1000)] for p in range(10)]
     t0 = time.perf_counter()
@@ -91,7 +98,9 @@ def test_recorder_end_states(store: Store) -> None:
         raise RuntimeError("verifier exploded")
     got = store.get_run(failed.id)
     assert got.status == RunStatus.FAILED and "verifier exploded" in got.error
-    assert store.count_results([failed.id]) == {failed.id: (0, 1)}  # the step before the failure is kept
+    assert store.count_results([failed.id]) == {
+        failed.id: (0, 1)
+    }  # the step before the failure is kept
 
     stopped = store.create_run(verifier="v", prompt_set="ps")
     with RunRecorder(store, stopped.id) as rec:
@@ -120,8 +129,14 @@ def _schema_of(path: Path) -> dict[str, object]:
     """Everything SQLite knows about a file's tables but their DDL text: columns (order,
     type, NOT NULL, default, key), foreign keys, indexes, AUTOINCREMENT."""
     conn = sqlite3.connect(path)
-    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
-    out: dict[str, object] = {"tables": tables, "version": conn.execute("PRAGMA user_version").fetchone()[0]}
+    tables = [
+        r[0]
+        for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")
+    ]
+    out: dict[str, object] = {
+        "tables": tables,
+        "version": conn.execute("PRAGMA user_version").fetchone()[0],
+    }
     for t in tables:
         if t == "sqlite_sequence":
             continue
@@ -130,7 +145,9 @@ def _schema_of(path: Path) -> dict[str, object]:
         out[t] = {
             "columns": conn.execute(f"PRAGMA table_info({t})").fetchall(),
             "foreign_keys": sorted(r[2:] for r in conn.execute(f"PRAGMA foreign_key_list({t})")),
-            "indexes": [(r[1:], conn.execute(f"PRAGMA index_info({r[1]})").fetchall()) for r in indexes],
+            "indexes": [
+                (r[1:], conn.execute(f"PRAGMA index_info({r[1]})").fetchall()) for r in indexes
+            ],
             "autoincrement": "AUTOINCREMENT" in sql.upper(),
         }
     conn.close()
@@ -158,7 +175,9 @@ def test_v1_file_is_migrated_forward_keeping_its_data(tmp_path: Path) -> None:
         "INSERT INTO runs (drafter, algorithm, verifier, backend, prompt_set, status, started_at) "
         "VALUES ('ngram', 'ngram', 'v', 'local', 'ps', 'done', 1.0)"
     )
-    conn.execute("INSERT INTO results (run_id, prompt_index, prompt_text, started_at, ended_at) VALUES (1, 0, 'p', 1.0, 2.0)")
+    conn.execute(
+        "INSERT INTO results (run_id, prompt_index, prompt_text, started_at, ended_at) VALUES (1, 0, 'p', 1.0, 2.0)"
+    )
     conn.commit()
     conn.close()
 
@@ -177,8 +196,12 @@ def test_v1_file_is_migrated_forward_keeping_its_data(tmp_path: Path) -> None:
 
 
 def test_unknown_run_id_is_a_clear_error(store: Store) -> None:
-    for call in (lambda: store.get_run(99), lambda: store.delete_run(99), lambda: store.get_results(99),
-                 lambda: store.finish_run(99, "done")):
+    for call in (
+        lambda: store.get_run(99),
+        lambda: store.delete_run(99),
+        lambda: store.get_results(99),
+        lambda: store.finish_run(99, "done"),
+    ):
         with pytest.raises(SpecUIError, match="unknown run id 99"):
             call()
 
@@ -218,7 +241,12 @@ for path in sys.argv[1:]:
     except SpecUIError as e:
         print("SpecUIError:", e)
 """
-_DROP_DAC = ["setpriv", "--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search", "--"]
+_DROP_DAC = [
+    "setpriv",
+    "--inh-caps=-dac_override,-dac_read_search",
+    "--bounding-set=-dac_override,-dac_read_search",
+    "--",
+]
 
 
 def test_read_only_folder_is_a_clear_error(tmp_path: Path) -> None:
@@ -234,7 +262,12 @@ def test_read_only_folder_is_a_clear_error(tmp_path: Path) -> None:
     targets = [folder / "new.db", folder / "existing.db"]
     try:
         if as_root:  # one child for both: each start imports torch (via SpecUIError)
-            p = subprocess.run([*_DROP_DAC, sys.executable, "-c", _OPEN, *map(str, targets)], capture_output=True, text=True, timeout=60)
+            p = subprocess.run(
+                [*_DROP_DAC, sys.executable, "-c", _OPEN, *map(str, targets)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             messages = p.stdout.splitlines()
             assert p.returncode == 0 and len(messages) == 2, p.stdout + p.stderr
         else:
@@ -251,7 +284,9 @@ def test_read_only_folder_is_a_clear_error(tmp_path: Path) -> None:
         os.chmod(folder, 0o755)
 
 
-def test_data_dir_comes_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_data_dir_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SPECUI_DATA_DIR", str(tmp_path / "data"))
     assert default_db_path() == tmp_path / "data" / "specui.db"
     with Store() as s:

@@ -21,7 +21,10 @@ REPO = Path(__file__).resolve().parents[2]
 def _start_writer(db: Path, *args: object) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.support.store_writer", str(db), *map(str, args)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -65,7 +68,9 @@ def test_writer_process_and_readers_here_never_see_database_locked(tmp_path: Pat
     store.close()
 
 
-def test_writer_killed_with_sigkill_leaves_an_incomplete_run_with_every_committed_step(tmp_path: Path) -> None:
+def test_writer_killed_with_sigkill_leaves_an_incomplete_run_with_every_committed_step(
+    tmp_path: Path,
+) -> None:
     db = tmp_path / "specui.db"
     # Endless for this test's purposes: 3 prompts x 1e6 steps, batches of 64.
     proc, run_id = _start_writer(db, 3, 1_000_000, 64, 64, 0.001)

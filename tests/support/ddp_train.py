@@ -21,7 +21,10 @@ build = loop.StepModule.__init__
 
 def record_init(self, model, objective):  # the weights every rank starts from
     os.makedirs(out, exist_ok=True)  # the run makes --out only when it first writes there
-    save_file({k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}, f"{out}/rank{rank}-init.safetensors")
+    save_file(
+        {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
+        f"{out}/rank{rank}-init.safetensors",
+    )
     build(self, model, objective)
 
 
@@ -31,4 +34,7 @@ cfg = TrainConfig(
     max_new_tokens=40, aux_layer_ids=[1, 3, 4], lr=3e-3, warmup_steps=1, log_every=2, checkpoint_every=100,
 )  # fmt: skip
 result = loop.train(cfg)
-save_file({k: v.contiguous() for k, v in result.model.state_dict().items()}, f"{out}/rank{rank}.safetensors")
+save_file(
+    {k: v.contiguous() for k, v in result.model.state_dict().items()},
+    f"{out}/rank{rank}.safetensors",
+)

@@ -82,8 +82,14 @@ class StoreCheck:
 
     @property
     def clean(self) -> bool:
-        return not (self.missing or self.not_done or self.wrong_output or self.wrong_owner
-                    or self.left_running or self.extra)
+        return not (
+            self.missing
+            or self.not_done
+            or self.wrong_output
+            or self.wrong_owner
+            or self.left_running
+            or self.extra
+        )
 
 
 # ---------------------------------------------------------------- the app process
@@ -96,8 +102,16 @@ class App:
     the whole environment; ``wrap``: Python code run as ``python -c WRAP app.py ARGS``
     that runs app.py itself (``bench/soak.py`` starts tracemalloc first)."""
 
-    def __init__(self, data_dir: Path, *, queue_size: int, timeout_s: float = 180.0, python: str | None = None,
-                 env: dict[str, str] | None = None, wrap: str | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        queue_size: int,
+        timeout_s: float = 180.0,
+        python: str | None = None,
+        env: dict[str, str] | None = None,
+        wrap: str | None = None,
+    ) -> None:
         self.data_dir, self.queue_size, self.timeout_s = data_dir, queue_size, timeout_s
         self.python, self.base_env, self.wrap = python or sys.executable, env, wrap
         self.db = data_dir / "specui.db"
@@ -108,13 +122,32 @@ class App:
     def __enter__(self) -> App:
         import httpx
 
-        env = {**(os.environ if self.base_env is None else self.base_env), "PYTHONUNBUFFERED": "1",
-               "GRADIO_ANALYTICS_ENABLED": "False"}
+        env = {
+            **(os.environ if self.base_env is None else self.base_env),
+            "PYTHONUNBUFFERED": "1",
+            "GRADIO_ANALYTICS_ENABLED": "False",
+        }
         self._log = open(self.data_dir / "app.log", "wb")  # noqa: SIM115 - closed in __exit__
         self.proc = subprocess.Popen(
-            [self.python, *(["-c", self.wrap] if self.wrap else []), "app.py", "--port", str(self.port),
-             "--data-dir", str(self.data_dir), "--db", str(self.db), "--queue-size", str(self.queue_size)],
-            cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                self.python,
+                *(["-c", self.wrap] if self.wrap else []),
+                "app.py",
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(self.data_dir),
+                "--db",
+                str(self.db),
+                "--queue-size",
+                str(self.queue_size),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + self.timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -127,7 +160,9 @@ class App:
                 pass
             if time.monotonic() > deadline:
                 self.__exit__(None, None, None)
-                raise RuntimeError(f"app did not start in {self.timeout_s:.0f} s: {self.log_tail()}")
+                raise RuntimeError(
+                    f"app did not start in {self.timeout_s:.0f} s: {self.log_tail()}"
+                )
             time.sleep(0.5)
 
     def log_tail(self, n: int = 3000) -> str:
@@ -217,8 +252,9 @@ class RssSampler(threading.Thread):
 # ---------------------------------------------------------------- the load
 
 
-def decode_call(client, session: int, i: int, max_new_tokens: int, drafter: str = "ngram",
-                k: int = 4) -> Call:
+def decode_call(
+    client, session: int, i: int, max_new_tokens: int, drafter: str = "ngram", k: int = 4
+) -> Call:
     """One ``/decode`` call with the embedded default and ``drafter`` (K ``k``, 0: its own),
     classified."""
     from gradio_client.exceptions import AppError
@@ -227,21 +263,44 @@ def decode_call(client, session: int, i: int, max_new_tokens: int, drafter: str 
     prompt = PROMPTS[(session + i) % len(PROMPTS)]
     t0 = time.perf_counter()
     try:
-        out = client.predict(prompt, drafter, "embedded", k, max_new_tokens, 0.0, session * 1000 + i, True,
-                             api_name="/decode")
+        out = client.predict(
+            prompt,
+            drafter,
+            "embedded",
+            k,
+            max_new_tokens,
+            0.0,
+            session * 1000 + i,
+            True,
+            api_name="/decode",
+        )
     except QueueError as e:
         return Call(session, "queue_full", time.perf_counter() - t0, message=str(e))
     except AppError as e:
         return Call(session, "error", time.perf_counter() - t0, message=f"AppError: {e}")
     except Exception as e:  # anything else is an error the load test must report, not hide
         return Call(session, "error", time.perf_counter() - t0, message=f"{type(e).__name__}: {e}")
-    return Call(session, "ok", time.perf_counter() - t0, run_id=int(out["run_id"]),
-                num_output_tokens=int(out["num_output_tokens"]), output_token_ids=list(out["output_token_ids"]))
+    return Call(
+        session,
+        "ok",
+        time.perf_counter() - t0,
+        run_id=int(out["run_id"]),
+        num_output_tokens=int(out["num_output_tokens"]),
+        output_token_ids=list(out["output_token_ids"]),
+    )
 
 
-def run_load(url: str, app_pid: int, sessions: int, *, duration_s: float | None = None,
-             calls_per_session: int | None = None, max_new_tokens: int = 24, backoff_s: float = 0.5,
-             progress: Callable[[str], None] | None = None) -> LoadResult:
+def run_load(
+    url: str,
+    app_pid: int,
+    sessions: int,
+    *,
+    duration_s: float | None = None,
+    calls_per_session: int | None = None,
+    max_new_tokens: int = 24,
+    backoff_s: float = 0.5,
+    progress: Callable[[str], None] | None = None,
+) -> LoadResult:
     """``sessions`` concurrent clients, each calling ``/decode`` until ``duration_s`` has
     passed or it has made ``calls_per_session`` calls (queue-full refusals count as calls).
 
@@ -273,7 +332,9 @@ def run_load(url: str, app_pid: int, sessions: int, *, duration_s: float | None 
             return
         deadline = t_start[0] + duration_s if duration_s is not None else None
         i = 0
-        while (deadline is None and i < calls_per_session) or (deadline is not None and time.monotonic() < deadline):
+        while (deadline is None and i < calls_per_session) or (
+            deadline is not None and time.monotonic() < deadline
+        ):
             c = decode_call(client, s, i, max_new_tokens)
             with lock:
                 calls.append(c)
@@ -284,16 +345,24 @@ def run_load(url: str, app_pid: int, sessions: int, *, duration_s: float | None 
 
     sampler = RssSampler(app_pid)
     sampler.start()
-    threads = [threading.Thread(target=session_main, args=(s,), daemon=True) for s in range(sessions)]
+    threads = [
+        threading.Thread(target=session_main, args=(s,), daemon=True) for s in range(sessions)
+    ]
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
         time.sleep(2.0)
         if progress is not None and t_start:
             with lock:
-                n, ok, full = len(calls), sum(c.outcome == "ok" for c in calls), sum(c.outcome == "queue_full" for c in calls)
-            progress(f"t={time.monotonic() - t_start[0]:5.0f}s calls={n} ok={ok} queue_full={full} "
-                     f"errors={n - ok - full} rss={sampler.last / 2**20:.0f} MiB (peak {sampler.peak / 2**20:.0f})")
+                n, ok, full = (
+                    len(calls),
+                    sum(c.outcome == "ok" for c in calls),
+                    sum(c.outcome == "queue_full" for c in calls),
+                )
+            progress(
+                f"t={time.monotonic() - t_start[0]:5.0f}s calls={n} ok={ok} queue_full={full} "
+                f"errors={n - ok - full} rss={sampler.last / 2**20:.0f} MiB (peak {sampler.peak / 2**20:.0f})"
+            )
     for t in threads:
         t.join()
     wall = time.monotonic() - t_start[0] if t_start else 0.0
@@ -310,15 +379,29 @@ def check_store(db: Path, result: LoadResult, known: set[int] = frozenset()) -> 
     ``known``: run ids of calls made outside the load (a warm-up), not counted as extra."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        runs = {rid: (status, owner) for rid, status, owner in con.execute("SELECT id, status, owner FROM runs")}
-        outputs = {rid: json.loads(ids or "null") for rid, ids in
-                   con.execute("SELECT run_id, output_token_ids_json FROM results WHERE prompt_index = 0")}
+        runs = {
+            rid: (status, owner)
+            for rid, status, owner in con.execute("SELECT id, status, owner FROM runs")
+        }
+        outputs = {
+            rid: json.loads(ids or "null")
+            for rid, ids in con.execute(
+                "SELECT run_id, output_token_ids_json FROM results WHERE prompt_index = 0"
+            )
+        }
     finally:
         con.close()
     ok = result.ok
     ok_ids = {c.run_id for c in ok}
-    check = StoreCheck(0, [], {}, [], [], [rid for rid, (st, _) in runs.items() if st == "running"],
-                       sorted(set(runs) - ok_ids - set(known)))
+    check = StoreCheck(
+        0,
+        [],
+        {},
+        [],
+        [],
+        [rid for rid, (st, _) in runs.items() if st == "running"],
+        sorted(set(runs) - ok_ids - set(known)),
+    )
     for c in ok:
         if c.run_id not in runs:
             check.missing.append(c.run_id)
@@ -341,5 +424,8 @@ def percentile(xs: list[float], q: float) -> float:
         return float("nan")
     if len(xs) == 1:
         return xs[0]
-    return statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1] if 1 <= q <= 99 else (
-        min(xs) if q <= 0 else max(xs))
+    return (
+        statistics.quantiles(xs, n=100, method="inclusive")[int(q) - 1]
+        if 1 <= q <= 99
+        else (min(xs) if q <= 0 else max(xs))
+    )

@@ -8,7 +8,7 @@ import random
 from specui.store import RunRecorder, Store
 from specui.trace import FinalTokenKind, GenerationResult, StepTrace
 
-TEXTS = ["é", "\n", "=SUM(A1)", "def", " ", "日本", "\"q\"", "a,b"]
+TEXTS = ["é", "\n", "=SUM(A1)", "def", " ", "日本", '"q"', "a,b"]
 
 
 def make_trace(step: int, k: int = 4, *, seed: int = 0, confidences: bool = True) -> StepTrace:
@@ -41,7 +41,9 @@ def make_trace(step: int, k: int = 4, *, seed: int = 0, confidences: bool = True
     )
 
 
-def make_result(steps: list[StepTrace], wall_time_s: float, k: int, stop_reason: str = "max_tokens") -> GenerationResult:
+def make_result(
+    steps: list[StepTrace], wall_time_s: float, k: int, stop_reason: str = "max_tokens"
+) -> GenerationResult:
     out = [t for s in steps for t in s.emitted_token_ids]
     return GenerationResult(
         prompt_token_ids=[1, 2, 3],
@@ -54,7 +56,9 @@ def make_result(steps: list[StepTrace], wall_time_s: float, k: int, stop_reason:
     )
 
 
-def record(store: Store, run_id: int, prompts: list[list[StepTrace]], walls: list[float], k: int, **rec_kw) -> None:
+def record(
+    store: Store, run_id: int, prompts: list[list[StepTrace]], walls: list[float], k: int, **rec_kw
+) -> None:
     """Record hand-built generations the way the benchmark does (streamed steps)."""
     with RunRecorder(store, run_id, **rec_kw) as rec:
         for i, (steps, wall) in enumerate(zip(prompts, walls, strict=True)):

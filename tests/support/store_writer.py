@@ -16,13 +16,23 @@ from tests.support.store_helpers import make_result, make_trace
 
 
 def main() -> None:
-    db, n_prompts, n_steps, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    db, n_prompts, n_steps, batch = (
+        sys.argv[1],
+        int(sys.argv[2]),
+        int(sys.argv[3]),
+        int(sys.argv[4]),
+    )
     pause_every = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     pause_s = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0
     gate = Path(sys.argv[7]) if len(sys.argv) > 7 else None
     store = Store(db)
-    run = store.create_run(verifier="v", prompt_set="ps", algorithm="dflash", drafter="writer",
-                           settings=DecodingSettings(num_speculative_tokens=4))
+    run = store.create_run(
+        verifier="v",
+        prompt_set="ps",
+        algorithm="dflash",
+        drafter="writer",
+        settings=DecodingSettings(num_speculative_tokens=4),
+    )
     print(f"RUN {run.id}", flush=True)
     with RunRecorder(store, run.id, batch_steps=batch, flush_interval_s=0.05) as rec:
         for p in range(n_prompts):

@@ -12,6 +12,8 @@ def launch(request, work: Path, name: str, **kw):
     finalizer so a failed test never leaves one running."""
     from specui.vllm.server import VLLMServer
 
-    server = VLLMServer.launch(ServerConfig(log_path=str(work / f"{name}.log"), startup_timeout_s=420, **kw))
+    server = VLLMServer.launch(
+        ServerConfig(log_path=str(work / f"{name}.log"), startup_timeout_s=420, **kw)
+    )
     request.addfinalizer(server.stop)
     return server

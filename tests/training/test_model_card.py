@@ -19,7 +19,14 @@ TOOLS = REPO / "scripts" / "train_shipped_tools.py"
 SHIPPED = REPO / "data" / "drafters" / "dspark"
 
 
-def _run_folder(path: Path, algorithm: str, steps: int, num_prompts: int, step_time_s: float, init_from: Path | None) -> None:
+def _run_folder(
+    path: Path,
+    algorithm: str,
+    steps: int,
+    num_prompts: int,
+    step_time_s: float,
+    init_from: Path | None,
+) -> None:
     path.mkdir(parents=True)
     cfg = {
         "algorithm": algorithm, "prompts": "gsm-symbolic", "num_prompts": num_prompts, "max_new_tokens": 256,
@@ -28,7 +35,9 @@ def _run_folder(path: Path, algorithm: str, steps: int, num_prompts: int, step_t
         "log_every": 10, "threads": 1, "init_from": str(init_from) if init_from else None,
         "confidence_temperature": 0.0, "confidence_weight": 4.0,
     }  # fmt: skip
-    (path / "train_run.json").write_text(json.dumps({"config": cfg, "status": "finished", "step": steps}))
+    (path / "train_run.json").write_text(
+        json.dumps({"config": cfg, "status": "finished", "step": steps})
+    )
     rows = [{"step": s, "step_time_s": step_time_s} for s in range(10, steps + 1, 10)]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -72,7 +81,9 @@ def test_card_of_a_drafter_that_meets_the_bar_reports_its_whole_training(tmp_pat
     assert done.returncode == 0, done.stderr + done.stdout
     card = (shipped_copy / "README.md").read_text()
     assert "Misses the acceptance bar" not in card
-    assert "- T=0: tau 2.400 [2.25-2.60], 20.00 tok/s, speedup 1.60x [1.50x-1.70x], K 8" in card  # bootstrap intervals
+    assert (
+        "- T=0: tau 2.400 [2.25-2.60], 20.00 tok/s, speedup 1.60x [1.50x-1.70x], K 8" in card
+    )  # bootstrap intervals
     assert "Verifier precision: bf16, batch-invariant" in card  # what the bench row recorded
     assert "- optimisation: 1500 steps, batch 4" in card
     assert "- warm-started from: a dflash run on the first 1000 prompts, 2400 steps" in card
@@ -80,10 +91,18 @@ def test_card_of_a_drafter_that_meets_the_bar_reports_its_whole_training(tmp_pat
     assert "about 4.5 h of training steps in all" in card
     assert "| calibrated | 0.1000 | 0.8000 | 0.2000 |" in card
     # The AUROC's context: the slot index alone, and the prefix-survival view serving uses.
-    assert "The slot index alone (each slot scored by its slot's acceptance rate) gives AUROC 0.6000" in card
-    assert "over all 400 drafted slots" in card and "| calibrated | 0.0300 | 0.8800 | 0.0700 |" in card
+    assert (
+        "The slot index alone (each slot scored by its slot's acceptance rate) gives AUROC 0.6000"
+        in card
+    )
+    assert (
+        "over all 400 drafted slots" in card and "| calibrated | 0.0300 | 0.8800 | 0.0700 |" in card
+    )
     assert "| slot index alone | - | 0.8500 | - |" in card
-    assert "confidence head trained on the acceptance chance at temperature 0 (0: greedy" in card and "BCE weight 4" in card
+    assert (
+        "confidence head trained on the acceptance chance at temperature 0 (0: greedy" in card
+        and "BCE weight 4" in card
+    )
     assert "Why the head stays below the bar" not in card
 
 
@@ -99,5 +118,6 @@ def test_card_refuses_a_drafter_below_the_bar(tmp_path, shipped_copy, tau, speed
     assert missed in done.stdout
     card = (shipped_copy / "README.md").read_text()
     assert f"**Misses the acceptance bar: {missed}.**" in card
-    assert ("Why the head stays below the bar" in card) == ("AUROC" in missed)  # points to what was tried
-
+    assert ("Why the head stays below the bar" in card) == (
+        "AUROC" in missed
+    )  # points to what was tried

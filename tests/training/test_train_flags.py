@@ -76,7 +76,11 @@ def test_speculators_spellings_build_the_same_config_as_specui_names() -> None:
         "freeze_embeddings", "lr", "seed", "block_size", "max_anchors", "weight_decay", "ttt_steps",
         "draft_vocab_size", "mask_token_id", "markov_rank",
     }  # fmt: skip
-    assert ours.aux_layer_ids == [1, 3, 4] and ours.extra == {"loss": "kl"} and ours.schedule == "linear"
+    assert (
+        ours.aux_layer_ids == [1, 3, 4]
+        and ours.extra == {"loss": "kl"}
+        and ours.schedule == "linear"
+    )
 
 
 @pytest.mark.parametrize("algorithm", algorithm_names(trainable=True))
@@ -93,7 +97,9 @@ def test_the_table_is_what_the_parser_does() -> None:
         assert _action(parser, theirs) is _action(parser, ours), theirs  # one argument, two names
     for theirs, ours in SPECULATORS_FLAG_REWRITES.items():
         assert _action(parser, theirs).dest == _action(parser, ours).dest, theirs
-        assert _action(parser, theirs).default is argparse.SUPPRESS  # never overrides SpecUI's default
+        assert (
+            _action(parser, theirs).default is argparse.SUPPRESS
+        )  # never overrides SpecUI's default
     for flag in SPECULATORS_SHARED_FLAGS:
         assert flag in parser._option_string_actions, flag
     for flag in SPECULATORS_FLAGS_WITHOUT_EQUIVALENT:
@@ -101,7 +107,9 @@ def test_the_table_is_what_the_parser_does() -> None:
 
 
 @pytest.mark.parametrize("flag", sorted(SPECULATORS_FLAGS_WITHOUT_EQUIVALENT))
-def test_a_flag_without_equivalent_is_refused_not_ignored(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_flag_without_equivalent_is_refused_not_ignored(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Also checks argparse's prefix matching does not take it for one of SpecUI's flags.
     with pytest.raises(SystemExit) as e:
         _parse("--algorithm", "dflash", "--out", "x", flag, "1")
@@ -127,16 +135,26 @@ def test_values_map_where_the_two_differ() -> None:
     assert _config(*base, "--aux-layers", "2,15", "27").aux_layer_ids == [2, 15, 27]
     # Not given: SpecUI's defaults, whatever speculators' are.
     plain = _config(*base)
-    assert (plain.resume, plain.freeze_embeddings, plain.dpace, plain.schedule, plain.extra) == (False, False, False, "cosine", {})
+    assert (plain.resume, plain.freeze_embeddings, plain.dpace, plain.schedule, plain.extra) == (
+        False,
+        False,
+        False,
+        "cosine",
+        {},
+    )
 
 
-def test_unsupported_values_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unsupported_values_are_clear_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as e:
         _parse("--speculator-type", "mtp", "--save-path", str(out))
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "speculators' 'mtp' has no SpecUI trainer; use one of eagle3, dflash, dspark, peagle" in err
+    assert (
+        "speculators' 'mtp' has no SpecUI trainer; use one of eagle3, dflash, dspark, peagle" in err
+    )
     assert err.count("\n") == 1
     with pytest.raises(SystemExit):
         _parse("--algorithm", "dflash", "--out", str(out), "--per-position-loss-weight", "linear")
@@ -154,8 +172,13 @@ def test_help_shows_both_spellings(capsys: pytest.CaptureFixture[str]) -> None:
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     for theirs, ours in SPECULATORS_FLAG_ALIASES.items():
-        metavar = _action(_train_parser(), ours).metavar or _action(_train_parser(), ours).dest.upper()
+        metavar = (
+            _action(_train_parser(), ours).metavar or _action(_train_parser(), ours).dest.upper()
+        )
         assert f"{ours} {metavar}" in text and f"{theirs} {metavar}" in text, theirs
     for theirs in SPECULATORS_FLAG_REWRITES:
         assert theirs in text
-    assert "--layers LAYERS, --num-layers LAYERS" in text and "--algorithm ALGORITHM, --speculator-type ALGORITHM" in text
+    assert (
+        "--layers LAYERS, --num-layers LAYERS" in text
+        and "--algorithm ALGORITHM, --speculator-type ALGORITHM" in text
+    )

@@ -136,7 +136,9 @@ def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(
     targets[0, :2] = logits[0, :2]  # some slots agree, so a greedy target has both outcomes
     tv1 = 1 - torch.minimum(logits.softmax(-1), targets.softmax(-1)).sum(-1)
     hit = logits.argmax(-1) == targets.argmax(-1)
-    got = objective.acceptance_target(logits, Targets.from_logits(targets, 50), tv1, hit)  # k = V: exact
+    got = objective.acceptance_target(
+        logits, Targets.from_logits(targets, 50), tv1, hit
+    )  # k = V: exact
     if temperature == 0:
         expected = hit.float()
         assert 0 < expected.mean() < 1

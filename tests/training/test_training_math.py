@@ -90,7 +90,11 @@ def test_bf16_extraction_matches_float32(embedded_verifier, tmp_path):
     fast = LocalExtractor(embedded_verifier, aux, dtype=torch.bfloat16)
     exact = LocalExtractor(embedded_verifier, aux, dtype=torch.float32, batch_tokens=1)
     agree = total = 0
-    for a, b in zip(fast.extract(samples, tmp_path / "bf16"), exact.extract(samples, tmp_path / "fp32"), strict=True):
+    for a, b in zip(
+        fast.extract(samples, tmp_path / "bf16"),
+        exact.extract(samples, tmp_path / "fp32"),
+        strict=True,
+    ):
         ta, tb = load_file(str(a)), load_file(str(b))
         x, y = ta["hidden_states"].float(), tb["hidden_states"].float()
         cos = torch.nn.functional.cosine_similarity(x, y, dim=-1)  # [T, taps]

@@ -36,13 +36,23 @@ def ref(fixture_dir, algo: str) -> dict[str, torch.Tensor]:
 def with_targets(verifier, input_ids, hidden_states, last_hidden, loss_mask) -> SampleTensors:
     """A sample as the extraction writes it: the verifier's top-k after each position."""
     ids, logprobs = topk_targets(verifier, last_hidden)
-    return SampleTensors(input_ids=input_ids, hidden_states=hidden_states, target_ids=ids,
-                         target_logprobs=logprobs, loss_mask=loss_mask)
+    return SampleTensors(
+        input_ids=input_ids,
+        hidden_states=hidden_states,
+        target_ids=ids,
+        target_logprobs=logprobs,
+        loss_mask=loss_mask,
+    )
 
 
 def unshifted_sample(r: dict[str, torch.Tensor], verifier) -> SampleTensors:
-    return with_targets(verifier, r["input_ids"][0], r["hidden_states"][0],
-                        r["verifier_last_hidden_states"][0], r["loss_mask"][0])
+    return with_targets(
+        verifier,
+        r["input_ids"][0],
+        r["hidden_states"][0],
+        r["verifier_last_hidden_states"][0],
+        r["loss_mask"][0],
+    )
 
 
 def objective(algo: str, verifier, **kw):
@@ -78,8 +88,13 @@ def test_block_layout_matches_the_speculators_reference(algo, fixture_dir, fixtu
 def verifier_sample(fixture_dir, verifier) -> SampleTensors:
     v = load_file(str(fixture_dir / "verifier" / "reference.safetensors"))
     taps = v["taps"]  # [N+1, T, H]
-    return with_targets(verifier, v["input_ids"], torch.cat([taps[i] for i in (1, 3, 4)], -1), taps[-1],
-                        torch.ones_like(v["input_ids"]))
+    return with_targets(
+        verifier,
+        v["input_ids"],
+        torch.cat([taps[i] for i in (1, 3, 4)], -1),
+        taps[-1],
+        torch.ones_like(v["input_ids"]),
+    )
 
 
 @pytest.mark.parametrize("algo", eagle_family())
@@ -107,7 +122,11 @@ def test_loss_is_finite_and_reaches_every_trainable_parameter(algo, fixture_dir,
     loss, metrics = obj.loss(model, [s, s], torch.Generator().manual_seed(0))
     assert torch.isfinite(loss)
     loss.backward()
-    no_grad = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)]
+    no_grad = [
+        n
+        for n, p in model.named_parameters()
+        if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)
+    ]
     assert no_grad == []
     assert 1.0 <= float(metrics["accept_len"]) <= 1 + obj.num_positions
 
@@ -118,7 +137,9 @@ def test_kl_loss_option_changes_the_loss(fixture_dir, fixture_verifier):
     kl = objective("dflash", fixture_verifier, max_anchors=8, extra={"loss": "kl"})
     model = ce.build()
     g = torch.Generator
-    assert not torch.isclose(ce.loss(model, [s], g().manual_seed(0))[0], kl.loss(model, [s], g().manual_seed(0))[0])
+    assert not torch.isclose(
+        ce.loss(model, [s], g().manual_seed(0))[0], kl.loss(model, [s], g().manual_seed(0))[0]
+    )
 
 
 def test_unknown_loss_is_refused():
@@ -160,7 +181,9 @@ def test_anchors_are_response_positions_away_from_each_documents_end():
         mask = torch.zeros(n, dtype=torch.long)
         mask[prompt:] = 1
         k = torch.zeros(n, 4, dtype=torch.long)
-        return SampleTensors(torch.zeros(n, dtype=torch.long), torch.zeros(n, 2), k, k.float(), mask)
+        return SampleTensors(
+            torch.zeros(n, dtype=torch.long), torch.zeros(n, 2), k, k.float(), mask
+        )
 
     p = pack([sample(20, 5), sample(12, 2)])
     anchors = select_anchors(p, block_size=4, max_anchors=100, gen=torch.Generator())
@@ -174,7 +197,9 @@ def test_schedule_warms_up_then_decays_to_the_floor():
     assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
     assert lr_at(60, cfg) == pytest.approx(0.55)
     assert lr_at(110, cfg) == pytest.approx(0.1)
-    lin = TrainConfig(algorithm="dflash", lr=1.0, warmup_steps=0, steps=100, min_lr_ratio=0.0, schedule="linear")
+    lin = TrainConfig(
+        algorithm="dflash", lr=1.0, warmup_steps=0, steps=100, min_lr_ratio=0.0, schedule="linear"
+    )
     assert lr_at(25, lin) == pytest.approx(0.75)
 
 
@@ -189,8 +214,19 @@ def test_draft_vocabulary_is_the_most_frequent_response_tokens():
     from specui.data.distill import TokenSample
 
     samples = [TokenSample("a", (9, 9, 9), (5, 5, 5, 7, 7, 1)), TokenSample("b", (9,), (7, 3))]
-    assert most_frequent_tokens(samples, 10, 3).tolist() == [1, 5, 7]  # 7x3, 5x3, then ids 1 and 3 once: 1 first
-    assert most_frequent_tokens(samples, 10, 6).tolist() == [0, 1, 2, 3, 5, 7]  # padded with the lowest ids
+    assert most_frequent_tokens(samples, 10, 3).tolist() == [
+        1,
+        5,
+        7,
+    ]  # 7x3, 5x3, then ids 1 and 3 once: 1 first
+    assert most_frequent_tokens(samples, 10, 6).tolist() == [
+        0,
+        1,
+        2,
+        3,
+        5,
+        7,
+    ]  # padded with the lowest ids
 
 
 # --- per-document attention ------------------------------------------------------------------
@@ -205,7 +241,9 @@ def two_documents(fixture_dir, verifier) -> list[SampleTensors]:
 
 
 @pytest.mark.parametrize("algo", algorithm_names(trainable=True))
-def test_per_document_attention_gives_the_packed_loss_and_gradients(algo, fixture_dir, fixture_verifier):
+def test_per_document_attention_gives_the_packed_loss_and_gradients(
+    algo, fixture_dir, fixture_verifier
+):
     """One pass per document computes what the packed pass under its document mask did
     (to 1e-5 in float32), without the scores across documents."""
     obj = objective(algo, fixture_verifier, markov_rank=16, max_anchors=8)
@@ -254,7 +292,9 @@ def test_metrics_are_computed_only_when_asked(fixture_dir, fixture_verifier):
 def test_targets_outside_the_draft_vocabulary_are_dropped():
     """A reduced draft vocabulary keeps the best kept token as the target; a position
     whose top-k holds none is no target at all."""
-    t = Targets(torch.tensor([[5, 2, 9], [7, 8, 4]]), torch.tensor([[-0.1, -2.0, -3.0], [-0.5, -1.0, -4.0]]))
+    t = Targets(
+        torch.tensor([[5, 2, 9], [7, 8, 4]]), torch.tensor([[-0.1, -2.0, -3.0], [-0.5, -1.0, -4.0]])
+    )
     from specui.algorithms.objective import draft_index
 
     d = t.to_draft(draft_index(torch.tensor([2, 9]), 10))

@@ -31,7 +31,9 @@ def loaded(tmp_path_factory):
     # most three are admitted, so refusals are certain, not a matter of timing.
     data = tmp_path_factory.mktemp("loaddata")
     with App(data, queue_size=1) as app:
-        res = run_load(app.url, app.proc.pid, SESSIONS, calls_per_session=CALLS_PER_SESSION, max_new_tokens=12)
+        res = run_load(
+            app.url, app.proc.pid, SESSIONS, calls_per_session=CALLS_PER_SESSION, max_new_tokens=12
+        )
         yield app, res
 
 
@@ -65,7 +67,12 @@ def test_app_still_answers_and_memory_is_bounded(loaded):
 
 
 def test_queue_size_must_be_positive():
-    p = subprocess.run([sys.executable, "app.py", "--queue-size", "0"], cwd=REPO, capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "app.py", "--queue-size", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2
     assert "--queue-size must be at least 1" in p.stderr

@@ -10,10 +10,20 @@ from specui.ui.render import output_html, stats_markdown, step_html
 
 def _step(num_accepted, kind, emitted, texts=("a", " b", "\n", "<script>")):
     return StepTrace(
-        step=0, context_len=5, draft_token_ids=[1, 2, 3, 4], draft_texts=list(texts),
-        draft_probs=[0.9, 0.8, 0.7, 0.6], target_probs=[0.9, 0.7, 0.1, 0.2], confidences=[0.95, 0.8, 0.4, 0.1],
-        num_accepted=num_accepted, final_token_id=9, final_token_text="Z", final_token_kind=kind,
-        emitted_token_ids=emitted, draft_time_s=0.01, verify_time_s=0.1,
+        step=0,
+        context_len=5,
+        draft_token_ids=[1, 2, 3, 4],
+        draft_texts=list(texts),
+        draft_probs=[0.9, 0.8, 0.7, 0.6],
+        target_probs=[0.9, 0.7, 0.1, 0.2],
+        confidences=[0.95, 0.8, 0.4, 0.1],
+        num_accepted=num_accepted,
+        final_token_id=9,
+        final_token_text="Z",
+        final_token_kind=kind,
+        emitted_token_ids=emitted,
+        draft_time_s=0.01,
+        verify_time_s=0.1,
     )
 
 
@@ -45,9 +55,19 @@ def test_live_stats_show_tokens_per_step_beside_tau():
     """Two steps that drafted (2 of 4 accepted: 3 tokens each) and two that did not (1 each):
     tau 3.00 over the drafts, tokens per step 2.00 over every step."""
     plain = StepTrace(
-        step=1, context_len=8, draft_token_ids=[], draft_texts=[], draft_probs=[], target_probs=[],
-        confidences=None, num_accepted=0, final_token_id=9, final_token_text="Z",
-        final_token_kind=FinalTokenKind.BONUS, emitted_token_ids=[9], draft_time_s=0.0,
+        step=1,
+        context_len=8,
+        draft_token_ids=[],
+        draft_texts=[],
+        draft_probs=[],
+        target_probs=[],
+        confidences=None,
+        num_accepted=0,
+        final_token_id=9,
+        final_token_text="Z",
+        final_token_kind=FinalTokenKind.BONUS,
+        emitted_token_ids=[9],
+        draft_time_s=0.0,
         verify_time_s=0.1,
     )
     drafted = _step(2, FinalTokenKind.CORRECTED, [1, 2, 9])

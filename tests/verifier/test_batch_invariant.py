@@ -43,7 +43,9 @@ def test_bf16_keeps_the_residual_stream_and_what_drafters_borrow_in_float32(bf16
     # Each layer keeps one copy of its weight (packed for oneDNN or SpecUI's AMX kernel), not the float32 one too.
     if v.precision == "bf16":
         one_copy = [(m.weight_packed is None) != (m.weight_kernel is None) for m in layer_linears]
-        assert all(one_copy) and all(m.weight.is_meta and m.weight_bf16 is None for m in layer_linears)
+        assert all(one_copy) and all(
+            m.weight.is_meta and m.weight_bf16 is None for m in layer_linears
+        )
     else:
         kind = batch_invariant.Int8Linear if v.precision == "int8" else batch_invariant.GGUFLinear
         assert all(m.weight.is_meta and isinstance(m, kind) for m in layer_linears)
@@ -87,7 +89,9 @@ def test_check_catches_a_verifier_whose_blocks_differ():
 
 
 @pytest.mark.parametrize("drafter", [*algorithm_names(), "ngram"])
-def test_greedy_speculation_in_bf16_is_identical_to_plain_bf16_decoding(bf16_verifier, heldout, drafter):
+def test_greedy_speculation_in_bf16_is_identical_to_plain_bf16_decoding(
+    bf16_verifier, heldout, drafter
+):
     d = resolve_drafter(drafter, bf16_verifier)
     if drafter != "ngram":  # beside a bf16 (int8) verifier the drafter's matmuls are bf16
         linears = [m for m in d.model.modules() if isinstance(m, torch.nn.Linear)]
@@ -103,7 +107,11 @@ def test_auto_verifies_in_float32_where_rowwise_attention_would_be_wrong(tmp_pat
     folder = tmp_path / "windowed"
     shutil.copytree(fixture_dir / "verifier", folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {**config, "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0}
+        )
+    )
     assert Verifier.load(str(folder), precision="auto").precision == "fp32"
     with pytest.raises(SpecUIError, match="sliding-window"):
         Verifier.load(str(folder), precision="bf16")
@@ -115,16 +123,25 @@ def test_int8_rows_are_quantized_each_on_its_own_scale():
     x = torch.tensor([[1.0, -2.0, 0.5], [100.0, 3.0, -50.0]])
     q, scale = batch_invariant.quantize_rows(x)
     alone = batch_invariant.quantize_rows(x[:1])
-    assert torch.equal(q[:1], alone[0]) and torch.equal(scale[:1], alone[1])  # row 0 ignores row 1's range
-    assert q.dtype == torch.uint8 and ((q.float() - 128) * scale - x).abs().le(scale / 2 + 1e-6).all()  # rounding error only
+    assert torch.equal(q[:1], alone[0]) and torch.equal(
+        scale[:1], alone[1]
+    )  # row 0 ignores row 1's range
+    assert (
+        q.dtype == torch.uint8 and ((q.float() - 128) * scale - x).abs().le(scale / 2 + 1e-6).all()
+    )  # rounding error only
 
 
 def test_int8_is_never_autos_choice_and_stays_close_to_bf16():
     # auto never requantizes: the embedded GGUF in its own blocks where SpecUI's kernel runs, else bf16
     from specui.verifier import cpu_kernels
 
-    assert Verifier.load("embedded", precision="auto").precision == ("gguf" if cpu_kernels.gguf_available() else "bf16")
-    bf16, int8 = Verifier.load("embedded", precision="bf16"), Verifier.load("embedded", precision="int8")
+    assert Verifier.load("embedded", precision="auto").precision == (
+        "gguf" if cpu_kernels.gguf_available() else "bf16"
+    )
+    bf16, int8 = (
+        Verifier.load("embedded", precision="bf16"),
+        Verifier.load("embedded", precision="int8"),
+    )
     ids = torch.tensor(load_prompts("gsm-symbolic", split="eval", limit=1)[0].encode(bf16))
     a = bf16.forward(ids, bf16.new_cache()).logits.log_softmax(-1)
     b = int8.forward(ids, int8.new_cache()).logits.log_softmax(-1)
@@ -135,5 +152,7 @@ def test_int8_is_never_autos_choice_and_stays_close_to_bf16():
 
 def test_auto_uses_bf16_for_the_fixture_verifier_and_blocks_match(fixture_dir):
     v = Verifier.load(str(fixture_dir / "verifier"), precision="auto")
-    assert v.precision == "bf16"  # this machine's kernels pass check(); a float32 fallback would say fp32
+    assert (
+        v.precision == "bf16"
+    )  # this machine's kernels pass check(); a float32 fallback would say fp32
     assert batch_invariant.check(v, block=5, context=7)

@@ -14,10 +14,14 @@ def _runnable() -> bool:
     return cpu_kernels.cpu_reason() is None and cpu_kernels.compiler() is not None
 
 
-needs_kernel = pytest.mark.skipif(not _runnable(), reason="no AVX512-VNNI CPU or no C compiler here")
+needs_kernel = pytest.mark.skipif(
+    not _runnable(), reason="no AVX512-VNNI CPU or no C compiler here"
+)
 
 
-def _weight(n: int, k: int, gen: torch.Generator, bias: bool = False) -> tuple[torch.Tensor, Int8Weight, Int8Weight]:
+def _weight(
+    n: int, k: int, gen: torch.Generator, bias: bool = False
+) -> tuple[torch.Tensor, Int8Weight, Int8Weight]:
     """int8 weights, as the verifier packs them, and packed for oneDNN alone (the reference)."""
     wq = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
     scale = torch.rand(n, generator=gen) / 50 + 1e-5
@@ -32,7 +36,9 @@ def test_the_kernel_is_built_and_used_where_the_cpu_and_a_compiler_allow():
 
 
 @needs_kernel
-@pytest.mark.parametrize("k, n", [(576, 960), (1536, 576), (576, 49), (130, 33), (67, 16), (5, 7), (3000, 40)])
+@pytest.mark.parametrize(
+    "k, n", [(576, 960), (1536, 576), (576, 49), (130, 33), (67, 16), (5, 7), (3000, 40)]
+)
 def test_the_kernel_returns_onednns_bits_for_every_row_count(k, n):
     gen = torch.Generator().manual_seed(k * 1000 + n)
     wq, w, ref = _weight(n, k, gen)
@@ -40,12 +46,34 @@ def test_the_kernel_returns_onednns_bits_for_every_row_count(k, n):
     layouts = [cpu_kernels.pack(wq, amx=False)]  # AVX512-VNNI's, and AMX's where it runs
     if cpu_kernels.amx_available():
         layouts.append(cpu_kernels.pack(wq, amx=True))
-    for rows in (1, 2, 3, 8, 9, 12, 13, 16, 17, 25, 33, 40):  # past a pass's rows the kernels pass again
+    for rows in (
+        1,
+        2,
+        3,
+        8,
+        9,
+        12,
+        13,
+        16,
+        17,
+        25,
+        33,
+        40,
+    ):  # past a pass's rows the kernels pass again
         q = torch.randint(0, 256, (rows, k), generator=gen, dtype=torch.uint8)
         want = cpu_kernels.onednn_matmul(q, ref)
         for packed in layouts:
-            assert torch.equal(kernel.matmul(q, packed, w.scale), want), (rows, k, n, packed.sums is not None)
-        assert torch.equal(cpu_kernels.matmul(q, w), want), (rows, k, n)  # the dispatch, both sides of max_rows
+            assert torch.equal(kernel.matmul(q, packed, w.scale), want), (
+                rows,
+                k,
+                n,
+                packed.sums is not None,
+            )
+        assert torch.equal(cpu_kernels.matmul(q, w), want), (
+            rows,
+            k,
+            n,
+        )  # the dispatch, both sides of max_rows
 
 
 @needs_kernel
@@ -55,7 +83,9 @@ def test_extreme_activations_and_weights_sum_exactly():
     wq = torch.full((n, k), 127, dtype=torch.int8)
     wq[::2] = -127
     ref = cpu_kernels.onednn_int8_weight(wq, torch.ones(n))
-    layouts = [cpu_kernels.pack(wq, amx=False)] + ([cpu_kernels.pack(wq, amx=True)] if cpu_kernels.amx_available() else [])
+    layouts = [cpu_kernels.pack(wq, amx=False)] + (
+        [cpu_kernels.pack(wq, amx=True)] if cpu_kernels.amx_available() else []
+    )
     for value in (0, 1, 255):
         q = torch.full((3, k), value, dtype=torch.uint8)
         for packed in layouts:
@@ -81,7 +111,11 @@ def test_the_verifiers_own_int8_weights_give_onednns_bits():
                        ([layer.mlp.down_proj], torch.randn(len(ids), layer.mlp.down_proj.in_features))):  # fmt: skip
         w = int8_weight(linears)
         assert w.kernel is not None
-        wq = torch.round(torch.cat([m.weight.detach() for m in linears]) / w.scale[:, None]).clamp(-127, 127).to(torch.int8)
+        wq = (
+            torch.round(torch.cat([m.weight.detach() for m in linears]) / w.scale[:, None])
+            .clamp(-127, 127)
+            .to(torch.int8)
+        )
         onednn = cpu_kernels.onednn_int8_weight(wq, w.scale)
         for rows in (1, 9, len(ids)):
             q, _ = quantize_rows(x[:rows].float())
@@ -141,7 +175,9 @@ def test_attention_gives_a_row_the_same_bits_in_any_block_and_stays_near_sdpa(he
         q = torch.randn(9, heads, d, generator=gen) * 2
         block = kernel.attention(q, keys, values, start, d**-0.5)
         for r in range(9):  # alone, and as row 0 or 2 of other blocks
-            assert torch.equal(kernel.attention(q[r : r + 1], keys, values, start + r, d**-0.5), block[r : r + 1])
+            assert torch.equal(
+                kernel.attention(q[r : r + 1], keys, values, start + r, d**-0.5), block[r : r + 1]
+            )
         assert torch.equal(kernel.attention(q[2:5], keys, values, start + 2, d**-0.5), block[2:5])
         sdpa = torch.cat([
             torch.nn.functional.scaled_dot_product_attention(
@@ -160,11 +196,17 @@ def test_attention_refuses_what_it_cannot_read():
     with pytest.raises(ValueError, match="keys"):
         kernel.attention(torch.randn(3, 4, 16), keys, keys, 8, 0.25)  # 8 + 3 > 10 keys
     with pytest.raises(ValueError, match="head size"):
-        kernel.attention(torch.randn(1, 4, 12), torch.randn(2, 10, 12), torch.randn(2, 10, 12), 0, 0.25)
-    assert not cpu_kernels.attention_supported(4, 2, 12) and not cpu_kernels.attention_supported(6, 4, 64)
+        kernel.attention(
+            torch.randn(1, 4, 12), torch.randn(2, 10, 12), torch.randn(2, 10, 12), 0, 0.25
+        )
+    assert not cpu_kernels.attention_supported(4, 2, 12) and not cpu_kernels.attention_supported(
+        6, 4, 64
+    )
 
 
-needs_amx = pytest.mark.skipif(not (_runnable() and {"amx_tile", "amx_bf16"} <= cpu_kernels._cpu_flags()), reason="no AMX here")
+needs_amx = pytest.mark.skipif(
+    not (_runnable() and {"amx_tile", "amx_bf16"} <= cpu_kernels._cpu_flags()), reason="no AMX here"
+)
 
 
 @needs_amx
@@ -180,7 +222,9 @@ def test_the_bf16_matmul_sums_a_row_alike_at_any_row_count(k, n):
         assert torch.equal(cpu_kernels.bf16_matmul(x[:rows], packed, bias), block[:rows])
     assert torch.equal(cpu_kernels.bf16_matmul(x[20:21], packed, None) + bias, block[20:21])
     exact = (x.double() @ w.double().T + bias.double()).float()
-    torch.testing.assert_close(block, exact, atol=1e-4, rtol=1e-4)  # float32 sums of exact bf16 products
+    torch.testing.assert_close(
+        block, exact, atol=1e-4, rtol=1e-4
+    )  # float32 sums of exact bf16 products
 
 
 @needs_amx

@@ -21,7 +21,9 @@ def _steps(v: Verifier, cache, ids: torch.Tensor, layers: list[int]):
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])  # int8: q/k/v and gate/up fused, same bits
-def test_the_fast_decoder_gives_the_transformers_logits_and_taps_bit_for_bit(fixture_dir, precision):
+def test_the_fast_decoder_gives_the_transformers_logits_and_taps_bit_for_bit(
+    fixture_dir, precision
+):
     v = Verifier.load(str(fixture_dir / "verifier"), precision=precision)
     assert v._fast is not None and isinstance(v.new_cache(), KVBuffer)
     ids = torch.randint(0, v.vocab_size, (30,), generator=torch.Generator().manual_seed(0))

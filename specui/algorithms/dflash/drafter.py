@@ -80,5 +80,7 @@ class DFlashDrafter(LearnedDrafter):
         if not self.model.config.sample_from_anchor:
             logits = logits[1:]  # slot 0 would predict the anchor itself
         m = self.model
-        tokens, q = pick_draft_tokens(logits, m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator)
+        tokens, q = pick_draft_tokens(
+            logits, m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator
+        )
         return Proposal(token_ids=tokens.tolist(), probs=q)

@@ -61,7 +61,9 @@ class DFlashModel(DraftModel):
         self.fc = nn.Linear(len(config.aux_layer_ids) * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         # Qwen3DFlashDecoderLayer always has q_norm/k_norm, whatever model_type says.
-        self.layers = nn.ModuleList(DecoderLayer(cfg, qk_norm=True) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, qk_norm=True) for _ in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
         register_vocab_map(self, cfg.vocab_size, config.draft_vocab_size)
@@ -101,19 +103,25 @@ class DFlashModel(DraftModel):
         """
         unknown = set(options) - set(cls.config_class.create_options)
         if unknown:
-            raise SpecUIError(f"unknown {cls.config_class.model_type} option(s): {', '.join(sorted(unknown))}")
+            raise SpecUIError(
+                f"unknown {cls.config_class.model_type} option(s): {', '.join(sorted(unknown))}"
+            )
         from_anchor = options.get("sample_from_anchor", cls.config_class.sample_from_anchor)
         if num_speculative_tokens is not None:
             implied = num_speculative_tokens + (0 if from_anchor else 1)
             if block_size is not None and block_size != implied:
-                raise SpecUIError(f"block_size {block_size} does not give {num_speculative_tokens} speculative tokens")
+                raise SpecUIError(
+                    f"block_size {block_size} does not give {num_speculative_tokens} speculative tokens"
+                )
             block_size = implied
         block_size = block_size or 8
         aux = list(aux_layer_ids) if aux_layer_ids is not None else verifier.default_aux_layer_ids()
         verifier.check_aux_layer_ids(aux)
         mask = verifier.default_mask_token_id() if mask_token_id is None else mask_token_id
         if mask in verifier.eos_token_ids:
-            raise SpecUIError(f"mask_token_id {mask} is an end-of-sequence token; choose an unused token")
+            raise SpecUIError(
+                f"mask_token_id {mask} is an end-of-sequence token; choose an unused token"
+            )
         layer = LayerConfig.like_verifier(
             verifier.config, "qwen3", num_layers,
             layer_types=layer_types or ["full_attention"] * num_layers, sliding_window=sliding_window,
@@ -139,8 +147,13 @@ class DFlashModel(DraftModel):
     def bind_verifier(self, verifier: Any) -> None:
         lm_head = verifier.lm_head
         if self.d2t is not None:  # reduced vocabulary: the verifier head's rows for kept tokens
-            lm_head = nn.Linear(self.config.layer.hidden_size, self.config.draft_vocab_size, bias=False)
-            lm_head.weight = nn.Parameter(draft_vocab_rows(verifier.lm_head.weight, self.d2t).detach().clone(), requires_grad=False)
+            lm_head = nn.Linear(
+                self.config.layer.hidden_size, self.config.draft_vocab_size, bias=False
+            )
+            lm_head.weight = nn.Parameter(
+                draft_vocab_rows(verifier.lm_head.weight, self.d2t).detach().clone(),
+                requires_grad=False,
+            )
         self.borrowed = Borrowed(embed_tokens=verifier.embed_tokens, lm_head=lm_head)
 
     # --- the pieces ----------------------------------------------------------------------
@@ -173,12 +186,19 @@ class DFlashModel(DraftModel):
 
     def block_mask(self, layer_idx: int, B: int) -> torch.Tensor:
         """[B, B] which block slots a slot sees: all (bidirectional) or k' <= k (causal)."""
-        causal = self.config.layer.window(layer_idx) is not None and not self.config.sliding_window_non_causal
+        causal = (
+            self.config.layer.window(layer_idx) is not None
+            and not self.config.sliding_window_non_causal
+        )
         full = torch.ones(B, B, dtype=torch.bool, device=self.fc.weight.device)
         return full.tril() if causal else full
 
     def run_block(
-        self, h: torch.Tensor, block_pos: torch.Tensor, ctx_kv: list[KV], ctx_visible: list[torch.Tensor]
+        self,
+        h: torch.Tensor,
+        block_pos: torch.Tensor,
+        ctx_kv: list[KV],
+        ctx_visible: list[torch.Tensor],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """h [N, A, B, H] slot embeddings at ``block_pos`` [N|1, A, B]; per layer context K/V and
         visibility [N|1, A, B, T]  ->  (normed hidden [N, A, B, H], per-layer outputs)."""
@@ -219,7 +239,11 @@ class DFlashModel(DraftModel):
         feats = features.reshape(T, -1)
         dev = feats.device
         pos = position_ids.reshape(T) if position_ids is not None else torch.arange(T, device=dev)
-        doc = document_ids.reshape(T) if document_ids is not None else torch.zeros(T, dtype=torch.long, device=dev)
+        doc = (
+            document_ids.reshape(T)
+            if document_ids is not None
+            else torch.zeros(T, dtype=torch.long, device=dev)
+        )
         anchors = anchors.reshape(-1).to(dev)
         A, B = anchors.numel(), self.config.block_size
 
@@ -229,7 +253,11 @@ class DFlashModel(DraftModel):
 
         C = self.context(feats)[None]  # [1, T, H]
         j = torch.arange(T, device=dev)
-        sees = (j[None] < anchors[:, None]) & (doc[None] == doc[anchors][:, None]) & (doc[anchors][:, None] >= 0)  # [A, T]
+        sees = (
+            (j[None] < anchors[:, None])
+            & (doc[None] == doc[anchors][:, None])
+            & (doc[anchors][:, None] >= 0)
+        )  # [A, T]
         ctx_kv, ctx_vis = [], []
         for i, layer in enumerate(self.layers):
             ctx_kv.append(self.context_kv(layer, C, pos[None]))
@@ -242,9 +270,13 @@ class DFlashModel(DraftModel):
         h = self.embed(block_ids)[None]  # [1, A, B, H]
         hidden, outs = self.run_block(h, block_pos[None], ctx_kv, ctx_vis)
         hidden = hidden[0]
-        return BlockOutput(hidden=hidden, logits=self.lm_head(hidden), layer_outputs=[o[0] for o in outs])
+        return BlockOutput(
+            hidden=hidden, logits=self.lm_head(hidden), layer_outputs=[o[0] for o in outs]
+        )
 
-    def target_positions(self, anchors: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def target_positions(
+        self, anchors: torch.Tensor, seq_len: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """([A, B] position whose verifier logits are slot k's target, [A, B] bool trainable).
 
         Slot k predicts x[p+k] (target: verifier logits at p+k-1), or x[p+k+1]
@@ -254,7 +286,9 @@ class DFlashModel(DraftModel):
         k = torch.arange(self.config.block_size, device=anchors.device)
         shift = 0 if self.config.sample_from_anchor else -1
         tgt = anchors.reshape(-1, 1) + k + shift
-        valid = (tgt >= 0) & (tgt < seq_len - 1)  # logits at seq_len-1 predict a token not in the data
+        valid = (tgt >= 0) & (
+            tgt < seq_len - 1
+        )  # logits at seq_len-1 predict a token not in the data
         if not self.config.sample_from_anchor:
             valid[:, 0] = False
         return tgt.clamp(0, seq_len - 1), valid

@@ -35,7 +35,9 @@ from specui.algorithms.objective import (
 # --- anchors and position weights ---------------------------------------------------------
 
 
-def select_anchors(packed: Packed, block_size: int, max_anchors: int, gen: torch.Generator) -> torch.Tensor:
+def select_anchors(
+    packed: Packed, block_size: int, max_anchors: int, gen: torch.Generator
+) -> torch.Tensor:
     """Sorted anchor positions: up to ``max_anchors`` per document, drawn at random among
     response positions, leaving out each document's last ``block_size`` positions
     (a block there would run past the data), as speculators' ``select_anchors``."""
@@ -109,14 +111,27 @@ class DFlashObjective(Objective):
     def forward(self, model: DFlashModel, packed: Packed, anchors: torch.Tensor):
         """The model's blocks for ``anchors``: one pass per document (or one packed pass)."""
         if self.packed_attention:
-            return model.forward_blocks(packed.hidden_states, packed.input_ids, anchors, packed.position_ids,
-                                        packed.document_ids)
+            return model.forward_blocks(
+                packed.hidden_states,
+                packed.input_ids,
+                anchors,
+                packed.position_ids,
+                packed.document_ids,
+            )
         outs = []
         for doc in packed.documents():
-            mine = anchors[(anchors >= doc.start) & (anchors < doc.stop)]  # sorted: documents in order
+            mine = anchors[
+                (anchors >= doc.start) & (anchors < doc.stop)
+            ]  # sorted: documents in order
             if mine.numel():
-                outs.append(model.forward_blocks(packed.hidden_states[doc], packed.input_ids[doc],
-                                                 mine - doc.start, packed.position_ids[doc]))
+                outs.append(
+                    model.forward_blocks(
+                        packed.hidden_states[doc],
+                        packed.input_ids[doc],
+                        mine - doc.start,
+                        packed.position_ids[doc],
+                    )
+                )
         return cat_outputs(outs)
 
     def blocks(self, model: DFlashModel, batch, gen: torch.Generator):
@@ -133,10 +148,14 @@ class DFlashObjective(Objective):
         # predicted token; DSpark: the token before it, as EAGLE masks by input token).
         slot_pos = (anchors[:, None] + torch.arange(B, device=anchors.device)).clamp(max=T - 1)
         valid = valid & packed.loss_mask[slot_pos].bool()
-        targets = self.targets(packed.target_ids[tgt_pos], packed.target_logprobs[tgt_pos])  # [A, B, k]
+        targets = self.targets(
+            packed.target_ids[tgt_pos], packed.target_logprobs[tgt_pos]
+        )  # [A, B, k]
         return packed, anchors, out, targets, valid & targets.valid
 
-    def slot_loss(self, logits: torch.Tensor, targets: Targets, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def slot_loss(
+        self, logits: torch.Tensor, targets: Targets, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(weighted mean loss, position weights [A|1, S]) over drafted slots."""
         S = logits.shape[1]
         per_slot = slot_loss_fn(self.cfg, "ce")(logits, targets)  # [A, S]
@@ -146,7 +165,9 @@ class DFlashObjective(Objective):
             w = decay_weights(S, self.cfg.gamma, logits.device)[None]
         return weighted_mean(per_slot, w, valid), w
 
-    def loss(self, model: DFlashModel, batch, gen: torch.Generator, metrics: bool = True) -> tuple[torch.Tensor, Metrics]:
+    def loss(
+        self, model: DFlashModel, batch, gen: torch.Generator, metrics: bool = True
+    ) -> tuple[torch.Tensor, Metrics]:
         _, _, out, targets, valid = self.blocks(model, batch, gen)
         f = self.first_slot
         logits, targets, valid = out.logits[:, f:], targets[:, f:], valid[:, f:]

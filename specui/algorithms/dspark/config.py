@@ -30,9 +30,15 @@ class DSparkConfig(DFlashConfig):
     def problems(self, verifier: Any) -> list[str]:
         out = super().problems(verifier)
         if self.markov_head_type not in MARKOV_HEAD_TYPES:
-            out.append(f"markov_head_type {self.markov_head_type!r} is not one of {', '.join(MARKOV_HEAD_TYPES)}")
+            out.append(
+                f"markov_head_type {self.markov_head_type!r} is not one of {', '.join(MARKOV_HEAD_TYPES)}"
+            )
         if self.markov_rank < 0:
             out.append(f"markov_rank must be >= 0, got {self.markov_rank}")
-        if self.enable_confidence_head and self.confidence_head_with_markov and self.markov_rank == 0:
+        if (
+            self.enable_confidence_head
+            and self.confidence_head_with_markov
+            and self.markov_rank == 0
+        ):
             out.append("confidence_head_with_markov needs markov_rank > 0")
         return out

@@ -37,8 +37,13 @@ class ConfidencePolicy:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise SpecUIError(f"confidence policy mode must be off, threshold or cost, got {self.mode!r}")
-        if min(self.draft_cost, self.verify_cost, self.verify_token_cost) < 0 or self.min_tokens < 0:
+            raise SpecUIError(
+                f"confidence policy mode must be off, threshold or cost, got {self.mode!r}"
+            )
+        if (
+            min(self.draft_cost, self.verify_cost, self.verify_token_cost) < 0
+            or self.min_tokens < 0
+        ):
             raise SpecUIError("confidence policy costs and min_tokens must be >= 0")
 
     def keep(self, confidences: list[float]) -> int:
@@ -91,7 +96,9 @@ class DSparkDrafter(DFlashDrafter):
         m = self.model
         hidden, base = self.draft_block(ctx)  # [B, H], [B, Vd]
         anchor = ctx.token_ids.reshape(-1)[-1].to(hidden.device)
-        first = 0 if m.config.sample_from_anchor else 1  # DFlash-style slot 0 predicts the anchor: skipped
+        first = (
+            0 if m.config.sample_from_anchor else 1
+        )  # DFlash-style slot 0 predicts the anchor: skipped
         prev, state = anchor, None
         tokens, qs, logits_out, confs = [], [], [], []
         for k in range(hidden.shape[0]):
@@ -99,13 +106,17 @@ class DSparkDrafter(DFlashDrafter):
             if k < first:  # runs only to advance an rnn state the way training does
                 continue
             logits = base[k] + bias if bias is not None else base[k]
-            token, q = pick_draft_tokens(logits[None], m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator)
+            token, q = pick_draft_tokens(
+                logits[None], m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator
+            )
             if forced_tokens is not None:
                 token = torch.tensor([forced_tokens[len(tokens)]], device=hidden.device)
             tokens.append(token[0])
             qs.append(None if q is None else q[0])
             logits_out.append(logits)
-            confs.append(conf if conf is not None else torch.tensor(float("nan"), device=hidden.device))
+            confs.append(
+                conf if conf is not None else torch.tensor(float("nan"), device=hidden.device)
+            )
             prev = token[0]
         q_all = None if qs[0] is None else torch.stack(qs)  # None: greedy, deterministic drafts
         return torch.stack(tokens), q_all, torch.stack(logits_out), torch.stack(confs)

@@ -35,7 +35,9 @@ class MarkovHead(nn.Module):
     ``rnn``: a gated recurrent state over the block's slots feeds W2.
     """
 
-    def __init__(self, vocab_size: int, draft_vocab_size: int, rank: int, hidden_size: int, head_type: str) -> None:
+    def __init__(
+        self, vocab_size: int, draft_vocab_size: int, rank: int, hidden_size: int, head_type: str
+    ) -> None:
         super().__init__()
         self.head_type, self.rank = head_type, rank
         self.markov_w1 = nn.Embedding(vocab_size, rank)
@@ -43,7 +45,9 @@ class MarkovHead(nn.Module):
         if head_type == "gated":
             self.gate_proj = nn.Linear(hidden_size + rank, rank)
         elif head_type == "rnn":
-            self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)  # [gate; candidate; output]
+            self.joint_proj = nn.Linear(
+                2 * rank + hidden_size, 3 * rank
+            )  # [gate; candidate; output]
 
     def step(
         self, e: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None
@@ -100,23 +104,35 @@ class DSparkModel(DFlashModel):
         super().__init__(config)
         H, r = config.layer.hidden_size, config.markov_rank
         self.markov_head = (
-            MarkovHead(config.layer.vocab_size, config.draft_vocab_size, r, H, config.markov_head_type) if r > 0 else None
+            MarkovHead(
+                config.layer.vocab_size, config.draft_vocab_size, r, H, config.markov_head_type
+            )
+            if r > 0
+            else None
         )
         self.confidence_head = (
-            ConfidenceHead(H + (r if config.confidence_head_with_markov else 0)) if config.enable_confidence_head else None
+            ConfidenceHead(H + (r if config.confidence_head_with_markov else 0))
+            if config.enable_confidence_head
+            else None
         )
 
     @classmethod
     def create(cls, verifier: Any, **sizes: Any) -> DSparkModel:
         """DFlashModel.create; options add markov_rank (0 = none), markov_head_type, the confidence head."""
-        if sizes.get("markov_rank", 256) == 0:  # no Markov head: the confidence head reads h_k alone
+        if (
+            sizes.get("markov_rank", 256) == 0
+        ):  # no Markov head: the confidence head reads h_k alone
             sizes.setdefault("confidence_head_with_markov", False)
         return super().create(verifier, **sizes)  # type: ignore[return-value]
 
     def init_extra(self) -> None:
         if self.markov_head is not None:
-            nn.init.normal_(self.markov_head.markov_w1.weight, std=1.0)  # an embedding table (nn.Embedding's scale)
-            nn.init.zeros_(self.markov_head.markov_w2.weight)  # bias 0: training starts from plain DFlash
+            nn.init.normal_(
+                self.markov_head.markov_w1.weight, std=1.0
+            )  # an embedding table (nn.Embedding's scale)
+            nn.init.zeros_(
+                self.markov_head.markov_w2.weight
+            )  # bias 0: training starts from plain DFlash
 
     def heads(
         self, hidden: torch.Tensor, prev_ids: torch.Tensor, state: torch.Tensor | None = None
@@ -153,13 +169,19 @@ class DSparkModel(DFlashModel):
             k = torch.arange(self.config.block_size, device=ids.device)
             if not self.config.sample_from_anchor:
                 k = (k - 1).clamp(min=0)
-            prev_token_ids = ids[(anchors.reshape(-1, 1).to(ids.device) + k).clamp(max=ids.numel() - 1)]
+            prev_token_ids = ids[
+                (anchors.reshape(-1, 1).to(ids.device) + k).clamp(max=ids.numel() - 1)
+            ]
         logits, conf, e = out.logits, None, None
         if self.markov_head is not None:
             e = self.markov_head.markov_w1(prev_token_ids)  # [A, B, r]
             logits = logits + self.markov_head.block_bias(e, out.hidden)
         if self.confidence_head is not None:
-            x = torch.cat([out.hidden, e], -1) if self.config.confidence_head_with_markov else out.hidden
+            x = (
+                torch.cat([out.hidden, e], -1)
+                if self.config.confidence_head_with_markov
+                else out.hidden
+            )
             conf = self.confidence_head(x)  # [A, B]
         return SparkBlockOutput(
             hidden=out.hidden, logits=out.logits, layer_outputs=out.layer_outputs,

@@ -30,7 +30,9 @@ class DSparkObjective(DFlashObjective):
     def create_options(self) -> dict:
         return {"markov_rank": self.cfg.markov_rank}
 
-    def loss(self, model: DSparkModel, batch, gen: torch.Generator, metrics: bool = True) -> tuple[torch.Tensor, Metrics]:
+    def loss(
+        self, model: DSparkModel, batch, gen: torch.Generator, metrics: bool = True
+    ) -> tuple[torch.Tensor, Metrics]:
         _, _, out, targets, valid = self.blocks(model, batch, gen)
         logits = out.markov_logits  # [A, B, Vd]; all B slots are drafted
         ce, w = self.slot_loss(logits, targets, valid)
@@ -38,7 +40,9 @@ class DSparkObjective(DFlashObjective):
         needs_tv = tw > 0 or metrics or out.confidence_logits is not None
         tv = None
         if needs_tv:
-            with torch.set_grad_enabled(tw > 0 and torch.is_grad_enabled()):  # no graph for an unused TV
+            with torch.set_grad_enabled(
+                tw > 0 and torch.is_grad_enabled()
+            ):  # no graph for an unused TV
                 tv = tv_distance(logits, targets)
         loss = (1 - tw) * ce + tw * weighted_mean(tv, w, valid) if tw > 0 else ce
         stats: Metrics = {}
@@ -49,7 +53,9 @@ class DSparkObjective(DFlashObjective):
             stats["tv"] = weighted_mean(tv.detach(), torch.ones_like(w), valid)
         if out.confidence_logits is not None:
             accept = self.acceptance_target(logits.detach(), targets, tv.detach(), hit)
-            bce = F.binary_cross_entropy_with_logits(out.confidence_logits.float(), accept, reduction="none")
+            bce = F.binary_cross_entropy_with_logits(
+                out.confidence_logits.float(), accept, reduction="none"
+            )
             conf_loss = weighted_mean(bce, w, valid)
             loss = loss + self.cfg.confidence_weight * conf_loss
             if metrics:
@@ -57,12 +63,16 @@ class DSparkObjective(DFlashObjective):
                     m = valid.float()
                     prob = torch.sigmoid(out.confidence_logits.float())
                     stats["confidence_loss"] = conf_loss.detach()
-                    stats["confidence_abs_error"] = ((prob - accept).abs() * m).sum() / m.sum().clamp_min(1)
+                    stats["confidence_abs_error"] = (
+                        (prob - accept).abs() * m
+                    ).sum() / m.sum().clamp_min(1)
                     stats["confidence_mean"] = (prob * m).sum() / m.sum().clamp_min(1)
                     stats["accept_rate"] = (accept * m).sum() / m.sum().clamp_min(1)
         return loss, stats
 
-    def acceptance_target(self, logits: torch.Tensor, targets: Targets, tv: torch.Tensor, hit: torch.Tensor) -> torch.Tensor:
+    def acceptance_target(
+        self, logits: torch.Tensor, targets: Targets, tv: torch.Tensor, hit: torch.Tensor
+    ) -> torch.Tensor:
         """Each slot's analytic acceptance probability at ``confidence_temperature`` [A, B]."""
         t = self.cfg.confidence_temperature
         if t == 0:

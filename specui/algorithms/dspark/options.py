@@ -20,11 +20,16 @@ class DSparkOptions(DFlashOptions):
     # The sampling temperature whose acceptance the head learns: 1 - TV of the draft and
     # target distributions at that temperature; 0 is greedy, where that is "the argmaxes agree".
     confidence_temperature: float = knob(
-        1.0, "the head learns the acceptance chance at this sampling temperature (0: greedy)", group="loss")
+        1.0,
+        "the head learns the acceptance chance at this sampling temperature (0: greedy)",
+        group="loss",
+    )
 
     def check(self) -> None:
         super().check()
         if not 0 <= self.tv_weight <= 1:
             raise SpecUIError(f"tv-weight must be in [0, 1], got {self.tv_weight}")
         if not self.confidence_temperature >= 0:
-            raise SpecUIError(f"confidence-temperature must be >= 0, got {self.confidence_temperature}")
+            raise SpecUIError(
+                f"confidence-temperature must be >= 0, got {self.confidence_temperature}"
+            )

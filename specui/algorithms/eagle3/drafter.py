@@ -26,7 +26,9 @@ class EagleRowCache:
         """Rows still valid for committed ``ids`` (row i used tokens up to x[i+1]), at most ``max_rows``."""
         if self.prefix.valid_length(ids, self.rows + 1) == 0:
             self.kv, self.rows = None, 0
-        if self.rows > max_rows and self.kv is not None:  # asked again for the same anchor: redo its row
+        if (
+            self.rows > max_rows and self.kv is not None
+        ):  # asked again for the same anchor: redo its row
             self.kv = [(k[..., :max_rows, :], v[..., :max_rows, :]) for k, v in self.kv]
             self.rows = max_rows
         return self.rows
@@ -60,7 +62,9 @@ class Eagle3Drafter(LearnedDrafter):
         the token fed to the next step."""
         m = self.model
         ids, feats = self.inputs(ctx)
-        a = ids.numel() - 2  # the anchor row: verifier processed position a, emitted x[a+1] = ids[-1]
+        a = (
+            ids.numel() - 2
+        )  # the anchor row: verifier processed position a, emitted x[a+1] = ids[-1]
         dev = ids.device
         have = self._cache.valid_rows(ids, max_rows=a)  # the anchor row is always recomputed
         past = self._cache.kv or self._cache.empty(m, dev)
@@ -80,7 +84,9 @@ class Eagle3Drafter(LearnedDrafter):
         spec: list[KV] | None = None  # this block's speculative rows, per layer; dropped at the end
         for s in range(self.num_speculative_tokens):
             logits = step_logits.reshape(-1)
-            token, q = pick_draft_tokens(logits[None], m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator)
+            token, q = pick_draft_tokens(
+                logits[None], m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator
+            )
             if forced_tokens is not None:
                 token = torch.tensor([forced_tokens[s]], device=dev)
             tokens.append(token[0])
@@ -92,14 +98,23 @@ class Eagle3Drafter(LearnedDrafter):
             # keys: every step-0 row (cached), this block's earlier speculative rows, this row
             past_s = extend_kv(self._cache.kv, spec) if spec is not None else self._cache.kv
             anchor = torch.tensor([a], device=dev)
-            vis = [self._visible(li, anchor, keys, extra=s + 1)[None, None] for li in range(len(m.layers))]
+            vis = [
+                self._visible(li, anchor, keys, extra=s + 1)[None, None]
+                for li in range(len(m.layers))
+            ]
             pos = torch.tensor([[[a + 2 + s]]], device=dev)
             h, kv = m.run_layers(m.embed_tokens(token)[None, None], g, pos, vis, past_s)
             spec = extend_kv(spec, kv)
             step_logits, g = m.output(h)
-        return torch.stack(tokens), (None if qs[0] is None else torch.stack(qs)), torch.stack(logits_out)
+        return (
+            torch.stack(tokens),
+            (None if qs[0] is None else torch.stack(qs)),
+            torch.stack(logits_out),
+        )
 
-    def _visible(self, layer_idx: int, rows: torch.Tensor, keys: torch.Tensor, extra: int = 0) -> torch.Tensor:
+    def _visible(
+        self, layer_idx: int, rows: torch.Tensor, keys: torch.Tensor, extra: int = 0
+    ) -> torch.Tensor:
         """[len(rows), len(keys) + extra]: step-0 keys j <= row (within the window) plus ``extra``
         speculative keys of the same row, all visible."""
         vis = keys[None] <= rows[:, None]
@@ -109,7 +124,9 @@ class Eagle3Drafter(LearnedDrafter):
         return torch.cat([vis, vis.new_ones(rows.numel(), extra)], dim=-1)
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        if ctx.token_ids.numel() < 2:  # the anchor row needs the verifier feature of the position before it
+        if (
+            ctx.token_ids.numel() < 2
+        ):  # the anchor row needs the verifier feature of the position before it
             return self.empty_proposal()
         tokens, q, _ = self.draft_steps(ctx)
         return Proposal(token_ids=tokens.tolist(), probs=q)

@@ -51,7 +51,9 @@ from specui.errors import SpecUIError
 class TTTOutput:
     """Training-layout result of S TTT steps over T' rows."""
 
-    logits: torch.Tensor  # [S, T', Vd]; logits[s, i] predicts x[i+s+2] (target: verifier logits at i+s+1)
+    logits: (
+        torch.Tensor
+    )  # [S, T', Vd]; logits[s, i] predicts x[i+s+2] (target: verifier logits at i+s+1)
     hidden: torch.Tensor  # [S, T', H] last-layer output of each step (normed when norm_output)
 
 
@@ -90,7 +92,11 @@ class Eagle3Model(DraftModel):
         self.embed_tokens.weight.requires_grad_(config.embed_requires_grad)
         self.fc = nn.Linear(n_aux * H, H, bias=False)
         self.input_norm = RMSNorm(n_aux * H, cfg.rms_norm_eps) if config.norm_before_fc else None
-        self.fc_norm = nn.ModuleList(RMSNorm(H, cfg.rms_norm_eps) for _ in range(n_aux)) if config.fc_norm else None
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm(H, cfg.rms_norm_eps) for _ in range(n_aux))
+            if config.fc_norm
+            else None
+        )
         self.layers = nn.ModuleList(
             [Eagle3FirstLayer(cfg, cfg.qk_norm, config.norm_before_residual)]
             + [DecoderLayer(cfg, cfg.qk_norm) for _ in range(cfg.num_hidden_layers - 1)]
@@ -134,7 +140,9 @@ class Eagle3Model(DraftModel):
         """
         unknown = set(options) - set(cls.config_class.create_options)
         if unknown:
-            raise SpecUIError(f"unknown {cls.config_class.model_type} option(s): {', '.join(sorted(unknown))}")
+            raise SpecUIError(
+                f"unknown {cls.config_class.model_type} option(s): {', '.join(sorted(unknown))}"
+            )
         aux = list(aux_layer_ids) if aux_layer_ids is not None else verifier.default_aux_layer_ids()
         verifier.check_aux_layer_ids(aux)
         n = num_layers or cls.default_layers
@@ -231,11 +239,21 @@ class Eagle3Model(DraftModel):
         taps = features.reshape(T, -1)
         dev = taps.device
         S = ttt_steps or self.config.num_speculative_tokens
-        pos0 = position_ids.reshape(T) if position_ids is not None else torch.arange(1, T + 1, device=dev)
-        doc = document_ids.reshape(T) if document_ids is not None else torch.zeros(T, dtype=torch.long, device=dev)
+        pos0 = (
+            position_ids.reshape(T)
+            if position_ids is not None
+            else torch.arange(1, T + 1, device=dev)
+        )
+        doc = (
+            document_ids.reshape(T)
+            if document_ids is not None
+            else torch.zeros(T, dtype=torch.long, device=dev)
+        )
 
         i = torch.arange(T, device=dev)
-        base = (i[None] <= i[:, None]) & (doc[None] == doc[:, None]) & (doc[:, None] >= 0)  # [T', T'] step-0 keys
+        base = (
+            (i[None] <= i[:, None]) & (doc[None] == doc[:, None]) & (doc[:, None] >= 0)
+        )  # [T', T'] step-0 keys
         diag = torch.eye(T, dtype=torch.bool, device=dev)
         step0_vis = []
         for li in range(len(self.layers)):
@@ -253,7 +271,9 @@ class Eagle3Model(DraftModel):
                 tok = torch.cat([ids[s:], ids.new_zeros(s)])
             # keys: step-0 rows (causal), then one diagonal block per earlier step and this one
             visible = [torch.cat([v] + [diag] * s, dim=-1)[None, None] for v in step0_vis]
-            h, kv = self.run_layers(self.embed_tokens(tok)[None, None], g, (pos0 + s)[None, None], visible, past)
+            h, kv = self.run_layers(
+                self.embed_tokens(tok)[None, None], g, (pos0 + s)[None, None], visible, past
+            )
             past = extend_kv(past, kv)
             step_logits, g = self.output(h)
             logits.append(step_logits[0, 0])

@@ -34,8 +34,11 @@ def pack_shifted(batch: list[SampleTensors]) -> Packed:
     (rows whose input token is a response token: the rows drafting starts from)."""
     shifted = [
         SampleTensors(
-            input_ids=s.input_ids[1:], hidden_states=s.hidden_states[:-1],
-            target_ids=s.target_ids[1:], target_logprobs=s.target_logprobs[1:], loss_mask=s.loss_mask[1:],
+            input_ids=s.input_ids[1:],
+            hidden_states=s.hidden_states[:-1],
+            target_ids=s.target_ids[1:],
+            target_logprobs=s.target_logprobs[1:],
+            loss_mask=s.loss_mask[1:],
         )  # fmt: skip
         for s in batch
     ]
@@ -62,12 +65,16 @@ class Eagle3Objective(Objective):
         """TTT logits [S, T', Vd]: one pass per document, whose keys are only its own rows
         (``packed_attention``: the whole packed batch in one masked pass, the old path)."""
         if self.packed_attention:
-            return model.forward_ttt(p.hidden_states, p.input_ids, S, p.position_ids + 1, p.document_ids).logits
+            return model.forward_ttt(
+                p.hidden_states, p.input_ids, S, p.position_ids + 1, p.document_ids
+            ).logits
         outs = [model.forward_ttt(p.hidden_states[doc], p.input_ids[doc], S, p.position_ids[doc] + 1).logits
                 for doc in p.documents()]  # fmt: skip
         return torch.cat(outs, dim=1)
 
-    def loss(self, model: Eagle3Model, batch, gen: torch.Generator, metrics: bool = True) -> tuple[torch.Tensor, Metrics]:
+    def loss(
+        self, model: Eagle3Model, batch, gen: torch.Generator, metrics: bool = True
+    ) -> tuple[torch.Tensor, Metrics]:
         p = pack_shifted(batch)
         T, S = len(p), self.cfg.ttt_steps
         logits = self.forward(model, p, S)
@@ -75,7 +82,9 @@ class Eagle3Objective(Objective):
         # Step s of row i is scored against row i+s's target: one gather of all steps' targets.
         j = (i[None] + torch.arange(S, device=i.device)[:, None]).clamp(max=T - 1)  # [S, T']
         targets = self.targets(p.target_ids[j], p.target_logprobs[j])  # [S, T', k]
-        valid = (i[None] + torch.arange(S, device=i.device)[:, None] < T) & (p.document_ids[j] == p.document_ids[None])
+        valid = (i[None] + torch.arange(S, device=i.device)[:, None] < T) & (
+            p.document_ids[j] == p.document_ids[None]
+        )
         valid = valid & p.loss_mask[j].bool() & targets.valid
         per_row = slot_loss_fn(self.cfg, "kl")(logits, targets)  # [S, T']
         loss = ((per_row * valid).sum(-1) / valid.sum(-1).clamp_min(1)).mean()

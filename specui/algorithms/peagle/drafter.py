@@ -36,7 +36,9 @@ class PEagleDrafter(Eagle3Drafter):
         pos = torch.cat([new, a + depth])  # [R]
 
         # Queries: new depth-0 rows, then mask rows.  Keys: cached depth-0 rows 0..have-1, then the queries.
-        key_row = torch.cat([torch.arange(a + 1, device=dev), torch.full_like(depth, a)])  # anchor of each key
+        key_row = torch.cat(
+            [torch.arange(a + 1, device=dev), torch.full_like(depth, a)]
+        )  # anchor of each key
         key_depth = torch.cat([torch.zeros(a + 1, dtype=torch.long, device=dev), depth])
         q_row = torch.cat([new, torch.full_like(depth, a)])
         q_depth = torch.cat([torch.zeros(n, dtype=torch.long, device=dev), depth])
@@ -48,7 +50,13 @@ class PEagleDrafter(Eagle3Drafter):
             ctx_li = context & (key_row[None] > (pos - w)[:, None]) if w is not None else context
             visible.append((ctx_li | own)[None, None])
         assert visible[0].shape == (1, 1, R, have + R)
-        h, kv = m.run_layers(m.embed_tokens(tokens)[None, None], m.features(feats_in)[None, None], pos[None, None], visible, past)
+        h, kv = m.run_layers(
+            m.embed_tokens(tokens)[None, None],
+            m.features(feats_in)[None, None],
+            pos[None, None],
+            visible,
+            past,
+        )
         self._cache.append(ids, kv, n)  # depth-0 rows only: mask rows depend on this anchor
         h = h[0, 0, n - 1 :]  # the anchor row and its mask rows
         return m.lm_head(m.norm(h))
@@ -57,5 +65,7 @@ class PEagleDrafter(Eagle3Drafter):
         if ctx.token_ids.numel() < 2:
             return self.empty_proposal()
         m = self.model
-        tokens, q = pick_draft_tokens(self.draft_rows(ctx), m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator)
+        tokens, q = pick_draft_tokens(
+            self.draft_rows(ctx), m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator
+        )
         return Proposal(token_ids=tokens.tolist(), probs=q)

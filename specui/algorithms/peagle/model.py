@@ -50,7 +50,9 @@ class PEagleModel(Eagle3Model):
     def __init__(self, config: PEagleConfig) -> None:
         super().__init__(config)
         width = len(config.aux_layer_ids) * config.layer.hidden_size
-        self.mask_hidden = nn.Parameter(torch.zeros(1, 1, width))  # stands in for the missing verifier feature
+        self.mask_hidden = nn.Parameter(
+            torch.zeros(1, 1, width)
+        )  # stands in for the missing verifier feature
 
     @classmethod
     def create_defaults(cls, verifier: Any) -> dict[str, Any]:
@@ -87,7 +89,11 @@ class PEagleModel(Eagle3Model):
         ids, taps = input_ids.reshape(T), features.reshape(T, -1)
         dev = taps.device
         a, d = row_anchor.reshape(-1).to(dev), row_depth.reshape(-1).to(dev)
-        doc = document_ids.reshape(T) if document_ids is not None else torch.zeros(T, dtype=torch.long, device=dev)
+        doc = (
+            document_ids.reshape(T)
+            if document_ids is not None
+            else torch.zeros(T, dtype=torch.long, device=dev)
+        )
         q = a + d  # [R] position of each row (shifted index)
         first = d == 0
         tokens = torch.where(first, ids[q], self.config.mask_token_id)
@@ -102,6 +108,11 @@ class PEagleModel(Eagle3Model):
             w = self.config.layer.window(li)
             ctx_li = context & (a[None] > (q - w)[:, None]) if w is not None else context
             visible.append((same_doc & (ctx_li | own_rollout))[None, None])
-        h, _ = self.run_layers(self.embed_tokens(tokens)[None, None], self.features(feats)[None, None], q[None, None], visible)
+        h, _ = self.run_layers(
+            self.embed_tokens(tokens)[None, None],
+            self.features(feats)[None, None],
+            q[None, None],
+            visible,
+        )
         h = h[0, 0]
         return RowsOutput(hidden=h, logits=self.lm_head(self.norm(h)))

@@ -66,7 +66,9 @@ class PEagleObjective(Objective):
 
     def build(self) -> PEagleModel:
         cfg = self.cfg
-        options: dict = {"mask_token_id": cfg.mask_token_id} if cfg.mask_token_id is not None else {}
+        options: dict = (
+            {"mask_token_id": cfg.mask_token_id} if cfg.mask_token_id is not None else {}
+        )
         if cfg.freeze_embeddings:
             options["embed_requires_grad"] = False
         return PEagleModel.create(
@@ -79,7 +81,9 @@ class PEagleObjective(Objective):
             **options,
         )
 
-    def loss(self, model: PEagleModel, batch, gen: torch.Generator, metrics: bool = True) -> tuple[torch.Tensor, Metrics]:
+    def loss(
+        self, model: PEagleModel, batch, gen: torch.Generator, metrics: bool = True
+    ) -> tuple[torch.Tensor, Metrics]:
         p = pack_shifted(batch)
         K, dev = self.cfg.num_depths, p.input_ids.device
         anchors, depths, outs = [], [], []
