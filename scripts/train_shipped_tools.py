@@ -160,12 +160,17 @@ def convert(a: argparse.Namespace) -> None:
     if not (run / "config.json").is_file():
         sys.exit(f"ship {a.algo}: {run} holds no finished drafter")
     _threads()
+    from specui.algorithms.base import verifier_identity
     from specui.algorithms.checkpoint import load_model, save_drafter
     from specui.verifier.embedded import EMBEDDED_HUB_ID
     from specui.verifier.model import Verifier
 
-    model = load_model(run, Verifier.load("embedded"))
+    verifier = Verifier.load("embedded")
+    model = load_model(run, verifier)
     model.config.verifier_name_or_path = EMBEDDED_HUB_ID  # not this machine's cache path
+    # A run trained before the GGUF-config fix recorded no verifier architecture: name it.
+    arch = verifier_identity(verifier)["verifier_architectures"]
+    model.config.verifier_architectures = model.config.verifier_architectures or arch
     if (
         a.num_speculative_tokens
     ):  # EAGLE-3 trains 4 TTT steps but ships drafting K 8, like the others
