@@ -51,21 +51,9 @@ def resolve_drafter(choice: str, verifier: Verifier, num_speculative_tokens: int
     )
     options = {k: v for k, v in options.items() if not (k in others and v is not None)}
     drafter = load_drafter(path, verifier, num_speculative_tokens=num_speculative_tokens, **options)
-    if getattr(verifier, "precision", "fp32") in (
-        "bf16",
-        "int8",
-        "gguf",
-    ):  # int8, gguf: drafters stay bf16 (small, not worth the error)
-        from specui.verifier.batch_invariant import bf16_matmuls
-
-        bf16_matmuls(
-            drafter.model
-        )  # drafts in bf16 too: ~1/3 less drafting time, and the verifier decides
-        borrowed = getattr(drafter.model, "borrowed", None)
-        if borrowed is not None and borrowed.lm_head is not verifier.lm_head:
-            # A draft vocabulary's copy of the verifier's head rows (DFlash, DSpark) is the
-            # drafter's own: outside its modules (so out of its checkpoint), in bf16 as well.
-            bf16_matmuls(borrowed.lm_head)
+    # Beside an int8 or GGUF verifier too the drafter stays bf16: small, not worth the error.
+    if getattr(verifier, "precision", "fp32") in ("bf16", "int8", "gguf"):
+        drafter.matmuls_in_bf16()
     return drafter
 
 

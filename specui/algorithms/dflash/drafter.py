@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, pick_draft_tokens
+from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache
 from specui.algorithms.dflash.model import DFlashModel
 from specui.algorithms.layers import KV, extend_kv
 from specui.trace import Proposal
@@ -79,8 +79,5 @@ class DFlashDrafter(LearnedDrafter):
         _, logits = self.draft_block(ctx)
         if not self.model.config.sample_from_anchor:
             logits = logits[1:]  # slot 0 would predict the anchor itself
-        m = self.model
-        tokens, q = pick_draft_tokens(
-            logits, m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator
-        )
+        tokens, q = self.pick(logits, ctx)
         return Proposal(token_ids=tokens.tolist(), probs=q)

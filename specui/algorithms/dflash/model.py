@@ -156,6 +156,13 @@ class DFlashModel(DraftModel):
             )
         self.borrowed = Borrowed(embed_tokens=verifier.embed_tokens, lm_head=lm_head)
 
+    def own_matmuls_outside(self) -> list[nn.Module]:
+        """A draft vocabulary's copy of the verifier's head rows: the drafter's own, but outside
+        its modules (so out of its checkpoint).  The full head is the verifier's, left alone."""
+        if self.d2t is None or self.borrowed is None:
+            return []
+        return [self.borrowed.lm_head]
+
     # --- the pieces ----------------------------------------------------------------------
 
     # The verifier's weights are frozen here: detached, so training never
@@ -167,7 +174,7 @@ class DFlashModel(DraftModel):
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         assert self.borrowed is not None, "bind_verifier() first"
         head = self.borrowed.lm_head
-        if type(head) is not nn.Linear:  # switched to a kernel's layer (resolve: bf16_matmuls)
+        if type(head) is not nn.Linear:  # switched to a kernel's layer (matmuls_in_bf16)
             return head(hidden)
         w = head.weight.detach()
         return F.linear(hidden, w if w.dtype == hidden.dtype else w.to(hidden.dtype))

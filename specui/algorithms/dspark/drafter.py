@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from specui.algorithms.base import DraftContext, pick_draft_tokens
+from specui.algorithms.base import DraftContext, stack_probs
 from specui.algorithms.dflash.drafter import DFlashDrafter
 from specui.algorithms.dspark.model import DSparkModel
 from specui.algorithms.dspark.policy import MODES
@@ -106,9 +106,7 @@ class DSparkDrafter(DFlashDrafter):
             if k < first:  # runs only to advance an rnn state the way training does
                 continue
             logits = base[k] + bias if bias is not None else base[k]
-            token, q = pick_draft_tokens(
-                logits[None], m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator
-            )
+            token, q = self.pick(logits[None], ctx)
             if forced_tokens is not None:
                 token = torch.tensor([forced_tokens[len(tokens)]], device=hidden.device)
             tokens.append(token[0])
@@ -118,8 +116,7 @@ class DSparkDrafter(DFlashDrafter):
                 conf if conf is not None else torch.tensor(float("nan"), device=hidden.device)
             )
             prev = token[0]
-        q_all = None if qs[0] is None else torch.stack(qs)  # None: greedy, deterministic drafts
-        return torch.stack(tokens), q_all, torch.stack(logits_out), torch.stack(confs)
+        return torch.stack(tokens), stack_probs(qs), torch.stack(logits_out), torch.stack(confs)
 
     def propose(self, ctx: DraftContext) -> Proposal:
         tokens, q, _, conf_logits = self.draft_chain(ctx)

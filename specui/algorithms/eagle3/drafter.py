@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, pick_draft_tokens
+from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, stack_probs
 from specui.algorithms.eagle3.model import Eagle3Model
 from specui.algorithms.layers import KV, extend_kv
 from specui.trace import Proposal
@@ -84,9 +84,7 @@ class Eagle3Drafter(LearnedDrafter):
         spec: list[KV] | None = None  # this block's speculative rows, per layer; dropped at the end
         for s in range(self.num_speculative_tokens):
             logits = step_logits.reshape(-1)
-            token, q = pick_draft_tokens(
-                logits[None], m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator
-            )
+            token, q = self.pick(logits[None], ctx)
             if forced_tokens is not None:
                 token = torch.tensor([forced_tokens[s]], device=dev)
             tokens.append(token[0])
@@ -106,11 +104,7 @@ class Eagle3Drafter(LearnedDrafter):
             h, kv = m.run_layers(m.embed_tokens(token)[None, None], g, pos, vis, past_s)
             spec = extend_kv(spec, kv)
             step_logits, g = m.output(h)
-        return (
-            torch.stack(tokens),
-            (None if qs[0] is None else torch.stack(qs)),
-            torch.stack(logits_out),
-        )
+        return torch.stack(tokens), stack_probs(qs), torch.stack(logits_out)
 
     def _visible(
         self, layer_idx: int, rows: torch.Tensor, keys: torch.Tensor, extra: int = 0

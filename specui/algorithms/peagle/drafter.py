@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import torch
 
-from specui.algorithms.base import DraftContext, pick_draft_tokens
+from specui.algorithms.base import DraftContext
 from specui.algorithms.eagle3.drafter import Eagle3Drafter
 from specui.algorithms.peagle.model import PEagleModel
 from specui.trace import Proposal
@@ -64,8 +64,5 @@ class PEagleDrafter(Eagle3Drafter):
     def propose(self, ctx: DraftContext) -> Proposal:
         if ctx.token_ids.numel() < 2:
             return self.empty_proposal()
-        m = self.model
-        tokens, q = pick_draft_tokens(
-            self.draft_rows(ctx), m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator
-        )
+        tokens, q = self.pick(self.draft_rows(ctx), ctx)
         return Proposal(token_ids=tokens.tolist(), probs=q)
