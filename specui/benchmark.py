@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from specui.data import Prompt, bench_split, load_prompts
@@ -30,7 +31,9 @@ def bench_prompts(prompts: str, limit: int | None = None) -> list[Prompt]:
     return prompt_list
 
 
-def group_comparisons(store: Store, run_ids: Sequence[int], prompt_list: Sequence[Prompt]) -> dict[str, Comparison]:
+def group_comparisons(
+    store: Store, run_ids: Sequence[int], prompt_list: Sequence[Prompt]
+) -> dict[str, Comparison]:
     """The comparison of the runs on each task group of their prompts (Spec-Bench's six), in
     the order the groups first appear; empty when the prompts carry no group."""
     groups: dict[str, list[int]] = {}
@@ -77,7 +80,9 @@ def bench(
 
     ``progress(message, fraction done)`` after each prompt (decoded by every run)."""
     # Settings first: a bad one must fail before prompts and models load, and store nothing.
-    check_decode_settings(max_new_tokens=max_new_tokens, seed=seed, num_speculative_tokens=num_speculative_tokens)
+    check_decode_settings(
+        max_new_tokens=max_new_tokens, seed=seed, num_speculative_tokens=num_speculative_tokens
+    )
     prompt_list = bench_prompts(prompts, limit)
     v = WORKBENCH.verifier(verifier, precision)
     names = ["none", *[d for d in drafters if d not in ("none", "plain")]]
@@ -85,21 +90,40 @@ def bench(
         # Every drafter loads before any run starts: a broken folder fails the bench at once,
         # not after the baseline has decoded every prompt.
         runs = []
+        # What every run shares; each adds its drafter and K.
+        request = partial(
+            DecodeRequest, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed
+        )
         for name in names:
             k = None if name == "none" else num_speculative_tokens
             d = loaded.enter_context(WORKBENCH.drafter(name, v, k, **(drafter_options or {})))
-            runs.append((d, DecodeRequest(drafter=name, num_speculative_tokens=k, sampling=sampling,
-                                          max_new_tokens=max_new_tokens, seed=seed,
-                                          drafter_options=drafter_options)))
+            runs.append(
+                (
+                    d,
+                    request(
+                        drafter=name, num_speculative_tokens=k, drafter_options=drafter_options
+                    ),
+                )
+            )
         t0 = time.perf_counter()
 
         def report(done: int, total: int) -> None:
             if progress is not None:
-                progress(f"prompt {done}/{total} decoded by {len(runs)} runs ({', '.join(names)}), "
-                         f"{time.perf_counter() - t0:.1f} s", done / total)
+                progress(
+                    f"prompt {done}/{total} decoded by {len(runs)} runs ({', '.join(names)}), "
+                    f"{time.perf_counter() - t0:.1f} s",
+                    done / total,
+                )
 
-        recorded = record_runs(store, v, runs, prompt_list, prompt_set=prompts, owner=owner,
-                               should_stop=should_stop, progress=report)
+        recorded = record_runs(
+            store,
+            v,
+            runs,
+            prompt_list,
+            prompt_set=prompts,
+            owner=owner,
+            should_stop=should_stop,
+            progress=report,
+        )
     run_ids = [r.run_id for r in recorded]
     return BenchResult(run_ids, compare(store, run_ids), prompt_list)
-

@@ -14,10 +14,21 @@ from specui.trace import SamplingParams, check_decode_settings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="run the baseline and drafters on a prompt set and compare them")
-    p.add_argument("--drafter", action="append", default=[], help="none | ngram | shipped name | folder (repeatable)")
+    p = sub.add_parser(
+        "bench", help="run the baseline and drafters on a prompt set and compare them"
+    )
+    p.add_argument(
+        "--drafter",
+        action="append",
+        default=[],
+        help="none | ngram | shipped name | folder (repeatable)",
+    )
     p.add_argument("--shipped", action="store_true", help="every drafter shipped in data/drafters")
-    p.add_argument("--prompts", default="demo", help="a prompt set name or a FILE.jsonl (prompt or messages per line)")
+    p.add_argument(
+        "--prompts",
+        default="demo",
+        help="a prompt set name or a FILE.jsonl (prompt or messages per line)",
+    )
     p.add_argument("--verifier", default="embedded")
     add_precision_argument(p)
     p.add_argument("--limit", type=int, default=None, help="first N prompts of the held-out split")
@@ -28,8 +39,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None)
     add_ngram_arguments(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 gives stable timings)")
-    p.add_argument("--db", default=None, metavar="PATH", help="store file (default: $SPECUI_DB, else $SPECUI_DATA_DIR/specui.db)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (1 gives stable timings)"
+    )
+    p.add_argument(
+        "--db",
+        default=None,
+        metavar="PATH",
+        help="store file (default: $SPECUI_DB, else $SPECUI_DATA_DIR/specui.db)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON object with a `runs` list")
     p.set_defaults(func=run)
 
@@ -51,27 +69,53 @@ def run(args: argparse.Namespace) -> int:
         raise SpecUIError(f"--limit must be >= 1, got {args.limit}")
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     # Before the store opens: a bad setting must not even create the database file.
-    check_decode_settings(max_new_tokens=args.max_new_tokens, seed=args.seed,
-                          num_speculative_tokens=args.num_speculative_tokens)
+    check_decode_settings(
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
     ngram = ngram_options(args)
     if args.threads < 1:
         raise SpecUIError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     store = Store(args.db)
-    log = (lambda m, _: None) if args.json else (lambda m, _: print(f"bench: {m}", file=sys.stderr, flush=True))
+    log = (
+        (lambda m, _: None)
+        if args.json
+        else (lambda m, _: print(f"bench: {m}", file=sys.stderr, flush=True))
+    )
     result = bench(
-        store, verifier=args.verifier, drafters=drafters, prompts=args.prompts, limit=args.limit,
-        max_new_tokens=args.max_new_tokens, sampling=sampling, num_speculative_tokens=args.num_speculative_tokens,
-        seed=args.seed, progress=log, precision=args.precision, drafter_options=ngram,
+        store,
+        verifier=args.verifier,
+        drafters=drafters,
+        prompts=args.prompts,
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        sampling=sampling,
+        num_speculative_tokens=args.num_speculative_tokens,
+        seed=args.seed,
+        progress=log,
+        precision=args.precision,
+        drafter_options=ngram,
     )
     run_ids, comparison = result.run_ids, result.comparison
     # Every metric per task group too (Spec-Bench's six), as the field reports it.
     groups = result.groups(store)
     if args.json:
-        print(json.dumps({"run_ids": run_ids, "runs": comparison.rows,
-                          "groups": {g: c.rows for g, c in groups.items()},
-                          "columns": {c.key: {"label": c.label, "definition": c.definition, "unit": c.unit}
-                                      for c in comparison.columns}}, default=str))
+        print(
+            json.dumps(
+                {
+                    "run_ids": run_ids,
+                    "runs": comparison.rows,
+                    "groups": {g: c.rows for g, c in groups.items()},
+                    "columns": {
+                        c.key: {"label": c.label, "definition": c.definition, "unit": c.unit}
+                        for c in comparison.columns
+                    },
+                },
+                default=str,
+            )
+        )
         return 0
     _print_table(comparison, None if not groups else "all")
     for group, comp in groups.items():
@@ -81,18 +125,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_table(comparison, group: str | None) -> None:
-    keys = ["run_id", "drafter", "algorithm", "acceptance_length", "acceptance_length_95ci",
-            "tokens_per_step", "draft_acceptance_rate", "tokens_per_s", "speedup", "speedup_95ci"]
+    keys = [
+        "run_id",
+        "drafter",
+        "algorithm",
+        "acceptance_length",
+        "acceptance_length_95ci",
+        "tokens_per_step",
+        "draft_acceptance_rate",
+        "tokens_per_s",
+        "speedup",
+        "speedup_95ci",
+    ]
     pos = [c.key for c in comparison.columns if c.key.startswith("acceptance_pos_")][:8]
     header = (["group", "num_prompts"] if group else []) + keys + pos
     print("\t".join(header))
     for row in comparison.rows:
         cells = [group, str(row.get("num_prompts"))] if group else []
-        for k in header[len(cells):]:
+        for k in header[len(cells) :]:
             if k.endswith("_95ci"):  # the interval's two bounds in one cell
-                lo, hi = row.get(k.removesuffix("_95ci") + "_ci_low"), row.get(k.removesuffix("_95ci") + "_ci_high")
+                lo, hi = (
+                    row.get(k.removesuffix("_95ci") + "_ci_low"),
+                    row.get(k.removesuffix("_95ci") + "_ci_high"),
+                )
                 cells.append("-" if lo is None or hi is None else f"{lo:.2f}-{hi:.2f}")
                 continue
             val = row.get(k)
-            cells.append(f"{val:.3f}" if isinstance(val, float) else ("-" if val is None else str(val)))
+            cells.append(
+                f"{val:.3f}" if isinstance(val, float) else ("-" if val is None else str(val))
+            )
         print("\t".join(cells))

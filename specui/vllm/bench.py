@@ -106,8 +106,9 @@ class BenchSettings:
         from specui.service import DecodeRequest
 
         sampling = SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
-        return DecodeRequest(drafter=drafter, sampling=sampling, max_new_tokens=self.max_new_tokens,
-                             seed=self.seed)
+        return DecodeRequest(
+            drafter=drafter, sampling=sampling, max_new_tokens=self.max_new_tokens, seed=self.seed
+        )
 
 
 @dataclass
@@ -187,7 +188,10 @@ class SpecCounters:
             drafts=self.drafts - before.drafts,
             draft_tokens=self.draft_tokens - before.draft_tokens,
             accepted=self.accepted - before.accepted,
-            per_position={k: self.per_position.get(k, 0.0) - before.per_position.get(k, 0.0) for k in sorted(keys)},
+            per_position={
+                k: self.per_position.get(k, 0.0) - before.per_position.get(k, 0.0)
+                for k in sorted(keys)
+            },
             present=self.present or before.present,
         )
 
@@ -200,7 +204,9 @@ class SpecCounters:
     @property
     def per_position_acceptance(self) -> list[float]:
         """a_k, k = 1..K (``specui.acceptance``); [] without drafts."""
-        return per_position_acceptance([self.per_position[k] for k in sorted(self.per_position)], self.drafts)
+        return per_position_acceptance(
+            [self.per_position[k] for k in sorted(self.per_position)], self.drafts
+        )
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -240,7 +246,9 @@ def _server_error(server: VLLMServer, doing: str, exc: BaseException) -> SpecUIE
         while server.state != "exited" and time.monotonic() < deadline:
             time.sleep(0.1)
         if server.state == "exited":
-            return SpecUIError(f"{msg}\nThe server process has exited (code {server.returncode}); last log lines:\n{server.log_tail(15)}")
+            return SpecUIError(
+                f"{msg}\nThe server process has exited (code {server.returncode}); last log lines:\n{server.log_tail(15)}"
+            )
     return SpecUIError(msg)
 
 
@@ -248,10 +256,18 @@ def tokenize_prompt(client: httpx.Client, model: str, prompt: Prompt) -> list[in
     """The prompt's token ids as the server tokenizes it (chat template applied)."""
     if prompt.token_ids is not None:
         return list(prompt.token_ids)
-    messages = list(prompt.messages) if prompt.messages is not None else [{"role": "user", "content": prompt.text}]
-    r = client.post("/tokenize", json={"model": model, "messages": messages, "add_generation_prompt": True})
+    messages = (
+        list(prompt.messages)
+        if prompt.messages is not None
+        else [{"role": "user", "content": prompt.text}]
+    )
+    r = client.post(
+        "/tokenize", json={"model": model, "messages": messages, "add_generation_prompt": True}
+    )
     if r.status_code != 200:
-        raise SpecUIError(f"the server could not tokenize prompt {prompt.id} ({r.status_code}): {_error_text(r)}")
+        raise SpecUIError(
+            f"the server could not tokenize prompt {prompt.id} ({r.status_code}): {_error_text(r)}"
+        )
     return [int(t) for t in r.json()["tokens"]]
 
 
@@ -264,7 +280,9 @@ def _error_text(r: httpx.Response) -> str:
         return r.text[:500]
 
 
-def _request_body(model: str, prompt: Prompt, ids: list[int], s: BenchSettings, index: int) -> tuple[str, dict[str, Any]]:
+def _request_body(
+    model: str, prompt: Prompt, ids: list[int], s: BenchSettings, index: int
+) -> tuple[str, dict[str, Any]]:
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": s.max_new_tokens,
@@ -282,21 +300,34 @@ def _request_body(model: str, prompt: Prompt, ids: list[int], s: BenchSettings, 
         body["seed"] = s.seed + index  # one stream per prompt, as the local benchmark does
     if s.api == "chat":
         if prompt.token_ids is not None:
-            raise SpecUIError(f"prompt {prompt.id} is token ids; the chat API needs text (use --api completions)")
-        body["messages"] = list(prompt.messages) if prompt.messages is not None else [{"role": "user", "content": prompt.text}]
+            raise SpecUIError(
+                f"prompt {prompt.id} is token ids; the chat API needs text (use --api completions)"
+            )
+        body["messages"] = (
+            list(prompt.messages)
+            if prompt.messages is not None
+            else [{"role": "user", "content": prompt.text}]
+        )
         return "/v1/chat/completions", body
     body["prompt"] = ids
     return "/v1/completions", body
 
 
-def stream_request(client: httpx.Client, path: str, body: dict[str, Any], result: RequestResult,
-                   should_stop: Callable[[], bool] | None = None) -> RequestResult:
+def stream_request(
+    client: httpx.Client,
+    path: str,
+    body: dict[str, Any],
+    result: RequestResult,
+    should_stop: Callable[[], bool] | None = None,
+) -> RequestResult:
     """Send one streamed request and fill ``result`` from its server-sent events."""
     result.sent_at = time.monotonic()
     with client.stream("POST", path, json=body) as r:
         if r.status_code != 200:
             r.read()
-            raise SpecUIError(f"the server refused prompt {result.index} ({r.status_code}): {_error_text(r)}")
+            raise SpecUIError(
+                f"the server refused prompt {result.index} ({r.status_code}): {_error_text(r)}"
+            )
         for line in r.iter_lines():
             if not line.startswith("data:"):
                 continue
@@ -306,9 +337,11 @@ def stream_request(client: httpx.Client, path: str, body: dict[str, Any], result
             chunk = json.loads(data)
             if "error" in chunk:
                 err = chunk["error"]
-                raise SpecUIError(f"the server failed on prompt {result.index}: "
-                                  f"{err.get('message', err) if isinstance(err, dict) else err}")
-            spec = ((chunk.get("metrics") or {}).get("speculative_decoding"))
+                raise SpecUIError(
+                    f"the server failed on prompt {result.index}: "
+                    f"{err.get('message', err) if isinstance(err, dict) else err}"
+                )
+            spec = (chunk.get("metrics") or {}).get("speculative_decoding")
             if spec:
                 result.spec = spec
             for choice in chunk.get("choices") or []:
@@ -353,12 +386,18 @@ class TokenTexts:
             return UNKNOWN_TEXT
         text = self._cache.get(token_id)
         if text is None:
-            text = self._tok.decode([token_id], skip_special_tokens=False) if self._tok is not None else f"<{token_id}>"
+            text = (
+                self._tok.decode([token_id], skip_special_tokens=False)
+                if self._tok is not None
+                else f"<{token_id}>"
+            )
             self._cache[token_id] = text
         return text
 
 
-def _step(step: int, context_len: int, accepted: int, drafted: int, emitted: list[int], text: TokenTexts) -> StepTrace:
+def _step(
+    step: int, context_len: int, accepted: int, drafted: int, emitted: list[int], text: TokenTexts
+) -> StepTrace:
     nan = math.nan
     drafts = emitted[: min(accepted, len(emitted))]
     drafts = drafts + [UNKNOWN_TOKEN] * (drafted - len(drafts))
@@ -424,7 +463,11 @@ def _stop_reason(res: RequestResult, eos_ids: set[int]) -> str:
     if res.finish_reason == "abort":
         return "cancelled"
     if res.finish_reason == "stop":
-        return "eos" if res.output_token_ids and (not eos_ids or res.output_token_ids[-1] in eos_ids) else "stop_string"
+        return (
+            "eos"
+            if res.output_token_ids and (not eos_ids or res.output_token_ids[-1] in eos_ids)
+            else "stop_string"
+        )
     return res.finish_reason or "unknown"
 
 
@@ -451,7 +494,11 @@ def _dist_ms(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"mean": None, "p50": None, "p90": None}
     ms = sorted(1000.0 * v for v in values)
-    return {"mean": statistics.fmean(ms), "p50": ms[len(ms) // 2], "p90": ms[min(len(ms) - 1, int(0.9 * len(ms)))]}
+    return {
+        "mean": statistics.fmean(ms),
+        "p50": ms[len(ms) // 2],
+        "p90": ms[min(len(ms) - 1, int(0.9 * len(ms)))],
+    }
 
 
 def verifier_label(verifier: str | None, model: str | None) -> str:
@@ -531,7 +578,9 @@ def run_benchmark(
     texts = TokenTexts(source_model)
     eos = _eos_ids(source_model)
 
-    with server.client(settings.request_timeout_s, limits=httpx.Limits(max_connections=settings.concurrency + 4)) as client:
+    with server.client(
+        settings.request_timeout_s, limits=httpx.Limits(max_connections=settings.concurrency + 4)
+    ) as client:
         try:
             ids = [tokenize_prompt(client, model, p) for p in prompts]
             version = _server_version(client)
@@ -558,7 +607,11 @@ def run_benchmark(
 
         request = settings.request(drafter)
         # concurrency at the top level too: a baseline should match it (metrics.find_baseline)
-        extra = {"vllm": vllm_info, "concurrency": settings.concurrency, **_ngram_settings(spec_cfg)}
+        extra = {
+            "vllm": vllm_info,
+            "concurrency": settings.concurrency,
+            **_ngram_settings(spec_cfg),
+        }
         run = store.create_run(
             verifier=verifier_label(verifier, model),
             verifier_fingerprint=served_weights_fingerprint(source_model),
@@ -572,7 +625,22 @@ def run_benchmark(
         sources: set[str] = set()
         t0 = time.monotonic()
         with RunRecorder(store, run.id) as rec:
-            done = _send_all(client, server, model, prompts, ids, settings, should_stop, progress, rec, texts, eos, k, results, sources)
+            done = _send_all(
+                client,
+                server,
+                model,
+                prompts,
+                ids,
+                settings,
+                should_stop,
+                progress,
+                rec,
+                texts,
+                eos,
+                k,
+                results,
+                sources,
+            )
             if done < len(prompts):
                 rec.stop()
             elapsed = time.monotonic() - t0
@@ -597,9 +665,20 @@ def run_benchmark(
 
 
 def _send_all(
-    client: httpx.Client, server: VLLMServer, model: str, prompts: Sequence[Prompt], ids: list[list[int]],
-    settings: BenchSettings, should_stop: Callable[[], bool] | None, progress: Progress | None, rec: RunRecorder,
-    texts: TokenTexts, eos: set[int], k: int, results: list[RequestResult], sources: set[str],
+    client: httpx.Client,
+    server: VLLMServer,
+    model: str,
+    prompts: Sequence[Prompt],
+    ids: list[list[int]],
+    settings: BenchSettings,
+    should_stop: Callable[[], bool] | None,
+    progress: Progress | None,
+    rec: RunRecorder,
+    texts: TokenTexts,
+    eos: set[int],
+    k: int,
+    results: list[RequestResult],
+    sources: set[str],
 ) -> int:
     """Keep ``concurrency`` requests in flight; record each as it finishes (in
     this thread: RunRecorder is not thread-safe).  Returns the prompts finished."""
@@ -613,13 +692,21 @@ def _send_all(
             stop_flag.set()
         return stop_flag.is_set()
 
-    with ThreadPoolExecutor(max_workers=settings.concurrency, thread_name_prefix="specui-vllm-bench") as pool:
+    with ThreadPoolExecutor(
+        max_workers=settings.concurrency, thread_name_prefix="specui-vllm-bench"
+    ) as pool:
         try:
             while next_index < len(prompts) or pending:
-                while next_index < len(prompts) and len(pending) < settings.concurrency and not stopping():
+                while (
+                    next_index < len(prompts)
+                    and len(pending) < settings.concurrency
+                    and not stopping()
+                ):
                     i = next_index
                     path, body = _request_body(model, prompts[i], ids[i], settings, i)
-                    fut = pool.submit(stream_request, client, path, body, RequestResult(i, ids[i]), stopping)
+                    fut = pool.submit(
+                        stream_request, client, path, body, RequestResult(i, ids[i]), stopping
+                    )
                     pending[fut] = i
                     next_index += 1
                 if not pending:
@@ -630,18 +717,30 @@ def _send_all(
                     try:
                         res = fut.result()
                     except httpx.HTTPError as e:
-                        raise _server_error(server, f"generating prompt {i} ({done} of {len(prompts)} prompts finished)", e) from None
+                        raise _server_error(
+                            server,
+                            f"generating prompt {i} ({done} of {len(prompts)} prompts finished)",
+                            e,
+                        ) from None
                     if res.finish_reason == "abort":
                         continue  # stopped by the user: not a finished prompt
                     if not res.prompt_token_ids and res.output_token_ids:
                         res.prompt_token_ids = ids[i]
                     steps, source = steps_from_request(res, texts)
                     sources.add(source if k else "plain")
-                    rec.add_result(i, prompts[i].preview(10_000), GenerationResult(
-                        prompt_token_ids=res.prompt_token_ids, output_token_ids=res.output_token_ids,
-                        output_text=res.output_text, steps=steps, stop_reason=_stop_reason(res, eos),
-                        wall_time_s=res.wall_time_s, num_speculative_tokens=k,
-                    ))
+                    rec.add_result(
+                        i,
+                        prompts[i].preview(10_000),
+                        GenerationResult(
+                            prompt_token_ids=res.prompt_token_ids,
+                            output_token_ids=res.output_token_ids,
+                            output_text=res.output_text,
+                            steps=steps,
+                            stop_reason=_stop_reason(res, eos),
+                            wall_time_s=res.wall_time_s,
+                            num_speculative_tokens=k,
+                        ),
+                    )
                     results.append(res)
                     done += 1
                     if progress is not None:
@@ -654,7 +753,9 @@ def _send_all(
     return done
 
 
-def _settled_counters(server: VLLMServer, client: httpx.Client, before: SpecCounters, results: list[RequestResult]) -> SpecCounters:
+def _settled_counters(
+    server: VLLMServer, client: httpx.Client, before: SpecCounters, results: list[RequestResult]
+) -> SpecCounters:
     """Counters after the run.  vLLM records a step's stats just after streaming
     its tokens, so the last steps may land a moment after the last response:
     wait (briefly) until the counters cover every step the responses reported."""
@@ -669,7 +770,9 @@ def _settled_counters(server: VLLMServer, client: httpx.Client, before: SpecCoun
         if not now.present:
             return now
         got = now.drafts - before.drafts
-        if (expected and got >= expected) or (not expected and last is not None and now.drafts == last.drafts):
+        if (expected and got >= expected) or (
+            not expected and last is not None and now.drafts == last.drafts
+        ):
             return now
         if time.monotonic() > deadline:
             return now
@@ -688,7 +791,9 @@ def _server_version(client: httpx.Client) -> str:
 def _algorithm_of(spec_cfg: dict[str, Any] | None) -> str:
     if not spec_cfg:
         return "none"
-    return algorithm_for_vllm(spec_cfg) or str(spec_cfg.get("method"))  # ngram, or a method no spec claims
+    return algorithm_for_vllm(spec_cfg) or str(
+        spec_cfg.get("method")
+    )  # ngram, or a method no spec claims
 
 
 def _drafter_name(spec_cfg: dict[str, Any] | None) -> str:
@@ -698,7 +803,9 @@ def _drafter_name(spec_cfg: dict[str, Any] | None) -> str:
     return Path(model).name if model else str(spec_cfg.get("method"))
 
 
-def _store_measurements(store: Store, run_id: int, vllm_info: dict[str, Any], outcome: VLLMRun) -> None:
+def _store_measurements(
+    store: Store, run_id: int, vllm_info: dict[str, Any], outcome: VLLMRun
+) -> None:
     """Add what only a vLLM run has (latencies, aggregate throughput, counters)
     to the run's settings, under ``vllm.measured``."""
     measured = {k: v for k, v in asdict(outcome).items() if k not in ("results", "run_id")}
@@ -765,13 +872,26 @@ def bench(
     runs: list[VLLMRun] = []
     if base_url:
         if len(speculators) > 1:
-            raise SpecUIError("an attached server serves one configuration: give at most one --speculator")
+            raise SpecUIError(
+                "an attached server serves one configuration: give at most one --speculator"
+            )
         speculator = speculators[0] if speculators else "none"
         server = VLLMServer.attach(base_url, api_key=api_key)
         say(f"attached to {redact_url(server.base_url)} ({server.model})")
-        runs.append(run_benchmark(store, server, prompt_list, prompt_set=prompts, verifier=verifier, speculator=speculator,
-                                  settings=settings, owner=owner, should_stop=should_stop,
-                                  progress=lambda d, n: say(f"{d}/{n} prompts")))
+        runs.append(
+            run_benchmark(
+                store,
+                server,
+                prompt_list,
+                prompt_set=prompts,
+                verifier=verifier,
+                speculator=speculator,
+                settings=settings,
+                owner=owner,
+                should_stop=should_stop,
+                progress=lambda d, n: say(f"{d}/{n} prompts"),
+            )
+        )
         return runs, compare(store, [r.run_id for r in runs])
     names = (["none"] if baseline else []) + [s for s in speculators if s not in ("none", "plain")]
     if not names:
@@ -782,9 +902,13 @@ def bench(
         if should_stop is not None and should_stop():
             break
         plain = name == "none"
-        cfg = replace(base, verifier=verifier, speculator=None if plain else name,
-                      num_speculative_tokens=None if plain else num_speculative_tokens,
-                      speculative_config=None if plain else base.speculative_config)
+        cfg = replace(
+            base,
+            verifier=verifier,
+            speculator=None if plain else name,
+            num_speculative_tokens=None if plain else num_speculative_tokens,
+            speculative_config=None if plain else base.speculative_config,
+        )
         t0 = time.monotonic()
         say(f"{name}: starting vLLM")
         server = VLLMServer.launch(cfg, wait=False)
@@ -794,11 +918,22 @@ def bench(
             say(f"{name}: {server.command_line}")
             server.wait_ready(cfg.startup_timeout_s)
             say(f"{name}: server ready after {server.ready_after_s:.0f} s")
-            run = run_benchmark(store, server, prompt_list, prompt_set=prompts, verifier=verifier, settings=settings,
-                                owner=owner, should_stop=should_stop, progress=lambda d, n, nm=name: say(f"{nm}: {d}/{n} prompts"))
+            run = run_benchmark(
+                store,
+                server,
+                prompt_list,
+                prompt_set=prompts,
+                verifier=verifier,
+                settings=settings,
+                owner=owner,
+                should_stop=should_stop,
+                progress=lambda d, n, nm=name: say(f"{nm}: {d}/{n} prompts"),
+            )
             runs.append(run)
-            say(f"{name}: run {run.run_id}, {run.num_output_tokens} tokens in {run.elapsed_s:.1f} s "
-                f"({run.aggregate_tokens_per_s:.1f} tok/s), {time.monotonic() - t0:.0f} s with start-up")
+            say(
+                f"{name}: run {run.run_id}, {run.num_output_tokens} tokens in {run.elapsed_s:.1f} s "
+                f"({run.aggregate_tokens_per_s:.1f} tok/s), {time.monotonic() - t0:.0f} s with start-up"
+            )
         finally:
             server.stop()
             if on_server is not None:

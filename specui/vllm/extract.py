@@ -67,12 +67,14 @@ def extraction_config(base: ServerConfig, layer_ids: Sequence[int], storage: Pat
     spec = {
         "method": "extract_hidden_states",
         "num_speculative_tokens": 1,
-        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": sorted(set(layer_ids))}},
+        "draft_model_config": {
+            "hf_config": {"eagle_aux_hidden_state_layer_ids": sorted(set(layer_ids))}
+        },
     }
-    # No prefix caching: a cache hit would skip computing (and so capturing)
-    # the shared positions' hidden states.
-    return replace(base, speculator=None, num_speculative_tokens=None, speculative_config=spec,
-                   kv_transfer_config=kv, env=env, enable_prefix_caching=False)
+    # No speculator of its own, and no prefix caching: a cache hit would skip computing (and so
+    # capturing) the shared positions' hidden states.
+    plain = {"speculator": None, "num_speculative_tokens": None, "enable_prefix_caching": False}
+    return replace(base, speculative_config=spec, kv_transfer_config=kv, env=env, **plain)
 
 
 class VLLMExtractor(HiddenStateExtractor):
@@ -97,14 +99,18 @@ class VLLMExtractor(HiddenStateExtractor):
     ) -> None:
         bad = [i for i in aux_layer_ids if not 0 <= i <= num_layers]
         if bad:
-            raise SpecUIError(f"aux hidden-state layer ids {bad} out of range for a verifier with {num_layers} layers (0..{num_layers})")
+            raise SpecUIError(
+                f"aux hidden-state layer ids {bad} out of range for a verifier with {num_layers} layers (0..{num_layers})"
+            )
         self.model = resolve_model(model)
         self.aux_layer_ids = list(aux_layer_ids)
         self.num_layers = num_layers
         self.fingerprint = fingerprint
         self.concurrency = max(1, concurrency)
         self._base = server_config or ServerConfig()
-        self._on_launch = on_launch  # told of each server started (a trainer logs its pid and log file)
+        self._on_launch = (
+            on_launch  # told of each server started (a trainer logs its pid and log file)
+        )
         # The verifier's head, so each file gets its targets as a local extraction's does;
         # None leaves them to the store, which adds them when it first reads the file.
         self.targets = targets
@@ -119,7 +125,13 @@ class VLLMExtractor(HiddenStateExtractor):
         aux = list(aux_layer_ids) if aux_layer_ids is not None else verifier.default_aux_layer_ids()
         verifier.check_aux_layer_ids(aux)
         kw.setdefault("targets", lambda h: topk_targets(verifier, h))
-        return cls(verifier_choice, aux, num_layers=verifier.num_layers, fingerprint=verifier_fingerprint(verifier), **kw)
+        return cls(
+            verifier_choice,
+            aux,
+            num_layers=verifier.num_layers,
+            fingerprint=verifier_fingerprint(verifier),
+            **kw,
+        )
 
     # -- the server --
 
@@ -131,7 +143,9 @@ class VLLMExtractor(HiddenStateExtractor):
                 if self._server is not None:
                     self._server.stop()
                 self._storage = Path(tempfile.mkdtemp(prefix="specui-vllm-hidden-"))
-                cfg = extraction_config(replace(self._base, verifier=self.model), self.layer_ids, self._storage)
+                cfg = extraction_config(
+                    replace(self._base, verifier=self.model), self.layer_ids, self._storage
+                )
                 server = VLLMServer.launch(cfg)
                 server.add_scratch(self._storage)
                 self._server = server
@@ -157,11 +171,17 @@ class VLLMExtractor(HiddenStateExtractor):
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         server = self.server
-        with server.client(600.0, limits=httpx.Limits(max_connections=self.concurrency + 2)) as client, \
-                ThreadPoolExecutor(self.concurrency, thread_name_prefix="specui-vllm-extract") as pool:
+        with (
+            server.client(
+                600.0, limits=httpx.Limits(max_connections=self.concurrency + 2)
+            ) as client,
+            ThreadPoolExecutor(self.concurrency, thread_name_prefix="specui-vllm-extract") as pool,
+        ):
             return list(pool.map(lambda s: self._extract_one(server, client, s, out_dir), samples))
 
-    def _extract_one(self, server: VLLMServer, client: httpx.Client, sample: TokenSample, out_dir: Path) -> Path:
+    def _extract_one(
+        self, server: VLLMServer, client: httpx.Client, sample: TokenSample, out_dir: Path
+    ) -> Path:
         ids = list(sample.input_ids)
         if not ids:
             raise SpecUIError(f"sample {sample.id} has no tokens")
@@ -170,13 +190,19 @@ class VLLMExtractor(HiddenStateExtractor):
             r = client.post("/v1/completions", json=body)
         except httpx.HTTPError as e:
             server.check_alive()
-            raise SpecUIError(f"the vLLM extraction server at {redact_url(server.base_url)} failed: {type(e).__name__}: {e}") from None
+            raise SpecUIError(
+                f"the vLLM extraction server at {redact_url(server.base_url)} failed: {type(e).__name__}: {e}"
+            ) from None
         if r.status_code != 200:
-            raise SpecUIError(f"the vLLM server refused sample {sample.id} ({r.status_code}): {r.text[:300]}")
+            raise SpecUIError(
+                f"the vLLM server refused sample {sample.id} ({r.status_code}): {r.text[:300]}"
+            )
         params = r.json().get("kv_transfer_params") or {}
         src = params.get("hidden_states_path")
         if not src:
-            raise SpecUIError("the vLLM server returned no hidden_states_path: is it serving with a hidden-states KV connector?")
+            raise SpecUIError(
+                "the vLLM server returned no hidden_states_path: is it serving with a hidden-states KV connector?"
+            )
         try:
             data = _read_locked(Path(src))
         finally:
@@ -184,18 +210,32 @@ class VLLMExtractor(HiddenStateExtractor):
                 p.unlink(missing_ok=True)
         token_ids = data["token_ids"].long()
         if token_ids.tolist() != ids:
-            raise SpecUIError(f"sample {sample.id}: vLLM returned hidden states of other tokens than it was sent")
+            raise SpecUIError(
+                f"sample {sample.id}: vLLM returned hidden states of other tokens than it was sent"
+            )
         hs = data["hidden_states"]  # [T, n_unique_layers, H], ascending layer ids
         unique = sorted(set(self.layer_ids))
         if hs.dim() != 3 or hs.shape[0] != len(ids) or hs.shape[1] != len(unique):
-            raise SpecUIError(f"sample {sample.id}: vLLM wrote hidden states of shape {tuple(hs.shape)}, "
-                              f"expected [{len(ids)}, {len(unique)}, H]")
-        taps = hs[:, [unique.index(i) for i in self.layer_ids]]  # file order: aux layers, then tap[N]
+            raise SpecUIError(
+                f"sample {sample.id}: vLLM wrote hidden states of shape {tuple(hs.shape)}, "
+                f"expected [{len(ids)}, {len(unique)}, H]"
+            )
+        taps = hs[
+            :, [unique.index(i) for i in self.layer_ids]
+        ]  # file order: aux layers, then tap[N]
         path = out_dir / self.file_name(sample)
-        target_ids, target_logprobs = self.targets(taps[:, -1].float()) if self.targets else (None, None)
-        write_sample(path, taps, token_ids, torch.tensor(sample.loss_mask, dtype=torch.long),
-                     {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)},
-                     target_ids=target_ids, target_logprobs=target_logprobs)
+        target_ids, target_logprobs = (
+            self.targets(taps[:, -1].float()) if self.targets else (None, None)
+        )
+        write_sample(
+            path,
+            taps,
+            token_ids,
+            torch.tensor(sample.loss_mask, dtype=torch.long),
+            {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)},
+            target_ids=target_ids,
+            target_logprobs=target_logprobs,
+        )
         return path
 
 

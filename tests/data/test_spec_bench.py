@@ -36,7 +36,9 @@ def test_spec_bench_loads_first_turns_by_task_group():
     firsts = {row["turns"][0] for row in map(json.loads, QUESTIONS.read_text().splitlines())}
     assert {p.text for p in prompts} == firsts
     # Groups alternate, so the acceptance bench's 48 prompts hold 8 of each group.
-    assert Counter(p.meta["group"] for p in load_prompts("spec-bench", limit=48)) == {g: 8 for g in SPEC_BENCH_GROUPS}
+    assert Counter(p.meta["group"] for p in load_prompts("spec-bench", limit=48)) == {
+        g: 8 for g in SPEC_BENCH_GROUPS
+    }
     translation = load_prompts("spec-bench:translation", split="all")
     assert len(translation) == 80 and all(p.meta["group"] == "translation" for p in translation)
     assert all(p.text.startswith("Translate") for p in translation)
@@ -45,7 +47,8 @@ def test_spec_bench_loads_first_turns_by_task_group():
 @pytest.mark.parametrize("name", ["spec-bench", "spec-bench:qa", "gsm-symbolic,spec-bench:rag"])
 def test_training_refuses_spec_bench_by_name_before_making_anything(capsys, tmp_path, name):
     out = tmp_path / "run"
-    rc, _, err = cli(capsys, "train", "--algorithm", "dflash", "--prompts", name, "--out", str(out), "--steps", "1")
+    args = ["train", "--algorithm", "dflash", "--prompts", name, "--out", str(out), "--steps", "1"]
+    rc, _, err = cli(capsys, *args)
     assert_one_error(rc, err, "is an evaluation set")
     assert not out.exists()  # refused before the output folder (or the verifier) is touched
     with pytest.raises(SpecUIError, match="evaluation set"):
@@ -78,7 +81,15 @@ def test_a_chat_turn_with_a_spec_bench_prompt_is_refused():
                                          {"role": "user", "content": summary}))  # fmt: skip
     with pytest.raises(SpecUIError, match="evaluation-only"):
         check_training_prompts([chat])
-    check_training_prompts([Prompt("fine", "f", text="Summarize: the cat sat on the mat and then it left the room quietly.")])
+    check_training_prompts(
+        [
+            Prompt(
+                "fine",
+                "f",
+                text="Summarize: the cat sat on the mat and then it left the room quietly.",
+            )
+        ]
+    )
 
 
 def test_the_shipped_training_corpus_holds_no_evaluation_prompt():

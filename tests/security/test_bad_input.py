@@ -32,7 +32,9 @@ from tests.support.app_server import running_app
 from tests.support.cli_errors import assert_one_error, cli
 from tests.support.paths import FIXTURES, REPO
 
-OVER_CONTEXT = "word " * 9000  # ~9000 tokens: past SmolLM2's 8192-token window, under the character cap
+OVER_CONTEXT = (
+    "word " * 9000
+)  # ~9000 tokens: past SmolLM2's 8192-token window, under the character cap
 OVER_CAP = "x" * (MAX_PROMPT_CHARS + 1)
 
 
@@ -73,10 +75,22 @@ BROKEN_FOLDERS = {
     "missing-config": (lambda f: (f / "config.json").unlink(), "has no config.json"),
     "missing-weights": (lambda f: (f / "model.safetensors").unlink(), "has no model.safetensors"),
     "truncated-weights": (_truncate, "is not a readable safetensors file"),
-    "random-weights": (lambda f: (f / "model.safetensors").write_bytes(os.urandom(4096)), "is not a readable safetensors file"),
-    "config-not-json": (lambda f: (f / "config.json").write_text("{speculators: yes"), "config.json is not valid JSON"),
-    "config-binary": (lambda f: (f / "config.json").write_bytes(b"\xff\xfe\x00\x01"), "config.json is not valid JSON"),
-    "unknown-type": (lambda f: _edit_config(f, speculators_model_type="medusa"), "unknown speculators_model_type 'medusa'"),
+    "random-weights": (
+        lambda f: (f / "model.safetensors").write_bytes(os.urandom(4096)),
+        "is not a readable safetensors file",
+    ),
+    "config-not-json": (
+        lambda f: (f / "config.json").write_text("{speculators: yes"),
+        "config.json is not valid JSON",
+    ),
+    "config-binary": (
+        lambda f: (f / "config.json").write_bytes(b"\xff\xfe\x00\x01"),
+        "config.json is not valid JSON",
+    ),
+    "unknown-type": (
+        lambda f: _edit_config(f, speculators_model_type="medusa"),
+        "unknown speculators_model_type 'medusa'",
+    ),
     "nan-weights": (_nan_weights, "contains NaN or infinity"),
     "k-10000-in-config": (_k_too_big, "speculative_tokens must be in 1..256"),
 }
@@ -129,9 +143,18 @@ SETTING_CASES = {
     "top-k-negative": (["--top-k", "-1"], "top_k must be >= 0"),
     "max-new-zero": (["--max-new-tokens", "0"], "max_new_tokens must be >= 1, got 0"),
     "max-new-negative": (["--max-new-tokens", "-5"], "max_new_tokens must be >= 1, got -5"),
-    "max-new-huge": (["--max-new-tokens", "1000000"], "more than the verifier's context window (8192 tokens)"),
-    "max-new-enormous": (["--max-new-tokens", str(10**30)], "more than the verifier's context window"),
-    "max-new-not-int": (["--max-new-tokens", "lots"], "argument --max-new-tokens: invalid int value: 'lots'"),
+    "max-new-huge": (
+        ["--max-new-tokens", "1000000"],
+        "more than the verifier's context window (8192 tokens)",
+    ),
+    "max-new-enormous": (
+        ["--max-new-tokens", str(10**30)],
+        "more than the verifier's context window",
+    ),
+    "max-new-not-int": (
+        ["--max-new-tokens", "lots"],
+        "argument --max-new-tokens: invalid int value: 'lots'",
+    ),
     "seed-not-int": (["--seed", "abc"], "argument --seed: invalid int value: 'abc'"),
     "seed-float": (["--seed", "1.5"], "argument --seed: invalid int value: '1.5'"),
     "seed-negative": (["--seed", "-1"], f"seed must be in 0..{MAX_SEED}, got -1"),
@@ -144,7 +167,17 @@ SETTING_CASES = {
 @pytest.mark.parametrize("case", SETTING_CASES)
 def test_cli_decode_bad_setting(capsys, embedded_verifier, case):
     args, message = SETTING_CASES[case]
-    rc, out, err = cli(capsys, "decode", "--prompt", "Hello there", "--drafter", "ngram", "--max-new-tokens", "2", *args)
+    rc, out, err = cli(
+        capsys,
+        "decode",
+        "--prompt",
+        "Hello there",
+        "--drafter",
+        "ngram",
+        "--max-new-tokens",
+        "2",
+        *args,
+    )
     assert_one_error(rc, err, message)
     assert out == ""
 
@@ -153,8 +186,18 @@ def test_cli_decode_bad_setting(capsys, embedded_verifier, case):
 def test_cli_decode_broken_speculator_folder(capsys, tmp_path, fixture_verifier, case):
     folder = broken_folder(tmp_path, case)
     before = tree(tmp_path)
-    rc, out, err = cli(capsys, "decode", "--verifier", str(FIXTURES / "verifier"), "--drafter", str(folder),
-                       "--prompt-ids", "5 17 300", "--max-new-tokens", "2")
+    rc, out, err = cli(
+        capsys,
+        "decode",
+        "--verifier",
+        str(FIXTURES / "verifier"),
+        "--drafter",
+        str(folder),
+        "--prompt-ids",
+        "5 17 300",
+        "--max-new-tokens",
+        "2",
+    )
     assert_one_error(rc, err, BROKEN_FOLDERS[case][1])
     assert f"cannot load drafter {folder}" in err
     assert tree(tmp_path) == before  # nothing written beside the folder (no temp files)
@@ -162,7 +205,16 @@ def test_cli_decode_broken_speculator_folder(capsys, tmp_path, fixture_verifier,
 
 def test_cli_decode_speculator_for_another_verifier(capsys, embedded_verifier):
     # The fixture DFlash was trained for the tiny fixture verifier, not SmolLM2: every mismatch is named.
-    rc, _, err = cli(capsys, "decode", "--drafter", str(FIXTURES / "dflash"), "--prompt", "Hi", "--max-new-tokens", "2")
+    rc, _, err = cli(
+        capsys,
+        "decode",
+        "--drafter",
+        str(FIXTURES / "dflash"),
+        "--prompt",
+        "Hi",
+        "--max-new-tokens",
+        "2",
+    )
     assert_one_error(rc, err, "hidden size 64 does not match the verifier's 576")
     assert "vocab size 512 does not match the verifier's 49152" in err
 
@@ -170,23 +222,47 @@ def test_cli_decode_speculator_for_another_verifier(capsys, embedded_verifier):
 def test_cli_speculator_path_is_a_file(capsys, tmp_path, embedded_verifier):
     f = tmp_path / "model.safetensors"
     f.write_bytes(b"\0" * 16)
-    rc, _, err = cli(capsys, "decode", "--drafter", str(f), "--prompt", "Hi", "--max-new-tokens", "2")
+    rc, _, err = cli(
+        capsys, "decode", "--drafter", str(f), "--prompt", "Hi", "--max-new-tokens", "2"
+    )
     assert_one_error(rc, err, "is a file")
 
 
 def test_cli_invalid_utf8_argv_in_a_real_process(tmp_path):
     # Bytes that are not UTF-8 reach Python as surrogates; the tokenizer would raise a TypeError.
-    proc = subprocess.run([sys.executable, "-m", "specui", "decode", "--prompt", b"caf\xc3\x28 \xff\xfe", "--max-new-tokens", "2"],
-                          capture_output=True, cwd=REPO, timeout=300, env={**os.environ, "PYTHONIOENCODING": "utf-8"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specui",
+            "decode",
+            "--prompt",
+            b"caf\xc3\x28 \xff\xfe",
+            "--max-new-tokens",
+            "2",
+        ],
+        capture_output=True,
+        cwd=REPO,
+        timeout=300,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )
     err = proc.stderr.decode("utf-8", "replace")
     assert_one_error(proc.returncode, err, "the prompt is not valid UTF-8 text")
 
 
 def test_cli_argparse_error_is_one_line_in_a_real_process():
-    proc = subprocess.run([sys.executable, "-m", "specui", "decode", "--prompt", "hi", "--seed", "abc"],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specui", "decode", "--prompt", "hi", "--seed", "abc"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 2
-    assert proc.stderr == "specui: error: argument --seed: invalid int value: 'abc' (see specui decode --help)\n"
+    assert (
+        proc.stderr
+        == "specui: error: argument --seed: invalid int value: 'abc' (see specui decode --help)\n"
+    )
 
 
 # --- prompt sets (JSONL files) ---------------------------------------------------------------
@@ -213,7 +289,11 @@ def _mixed_file(path: Path) -> Path:
 def test_prompt_file_reports_each_broken_line_and_keeps_the_good_ones(tmp_path):
     problems: list[FileProblem] = []
     prompts = read_prompt_file(_mixed_file(tmp_path / "mixed.jsonl"), problems)
-    assert [p.text or p.messages[0]["content"] for p in prompts] == ["Say yes.", "Say no.", "Say maybe."]
+    assert [p.text or p.messages[0]["content"] for p in prompts] == [
+        "Say yes.",
+        "Say no.",
+        "Say maybe.",
+    ]
     by_line = {p.line: p.message for p in problems}
     assert sorted(by_line) == [2, 4, 5, 6, 7, 8, 11]
     assert "not valid JSON" in by_line[2]
@@ -229,9 +309,27 @@ def test_cli_bench_reports_broken_lines_on_stderr_and_runs_the_good_ones(tmp_pat
     # A real process: the line-numbered warnings go through logging to stderr.
     db = tmp_path / "s.db"
     proc = subprocess.run(
-        [sys.executable, "-m", "specui", "bench", "--prompts", str(_mixed_file(tmp_path / "mixed.jsonl")),
-         "--drafter", "ngram", "--max-new-tokens", "2", "--db", str(db), "--json"],
-        capture_output=True, text=True, cwd=REPO, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        [
+            sys.executable,
+            "-m",
+            "specui",
+            "bench",
+            "--prompts",
+            str(_mixed_file(tmp_path / "mixed.jsonl")),
+            "--drafter",
+            "ngram",
+            "--max-new-tokens",
+            "2",
+            "--db",
+            str(db),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr
     for line in (2, 4, 5, 6, 7, 8, 11):
         assert f"mixed.jsonl: line {line}: " in proc.stderr
@@ -245,8 +343,11 @@ def test_cli_bench_reports_broken_lines_on_stderr_and_runs_the_good_ones(tmp_pat
 PROMPT_FILE_CASES = {
     "empty-file": (b"", "(the file is empty)"),
     "blank-lines": (b"\n \n\n", "(the file is empty)"),
-    "all-broken-json": (b"{oops\n{\"prompt\": \n", "first problem: line 1: not valid JSON"),
-    "wrong-types": (b'{"prompt": ["a"]}\n{"messages": "hi"}\n', "first problem: line 1: 'prompt' must be a non-empty string"),
+    "all-broken-json": (b'{oops\n{"prompt": \n', "first problem: line 1: not valid JSON"),
+    "wrong-types": (
+        b'{"prompt": ["a"]}\n{"messages": "hi"}\n',
+        "first problem: line 1: 'prompt' must be a non-empty string",
+    ),
     "not-utf8": (b"\xff\xfe\x00{\x00}\n", "first problem: line 1: not valid UTF-8"),
     "binary": (bytes(range(256)) * 4, "first problem: line 1: not valid JSON"),
 }
@@ -258,15 +359,34 @@ def test_cli_bench_unusable_prompt_file(capsys, tmp_path, embedded_verifier, cas
     path = tmp_path / "set.jsonl"
     path.write_bytes(content)
     db = tmp_path / "s.db"
-    rc, _, err = cli(capsys, "bench", "--prompts", str(path), "--drafter", "ngram", "--max-new-tokens", "2", "--db", str(db))
+    rc, _, err = cli(
+        capsys,
+        "bench",
+        "--prompts",
+        str(path),
+        "--drafter",
+        "ngram",
+        "--max-new-tokens",
+        "2",
+        "--db",
+        str(db),
+    )
     assert_one_error(rc, err, f"prompt file {path} has no usable rows")
     assert message in err
     assert Store(db).list_runs() == []
 
 
 def test_cli_bench_missing_prompt_file(capsys, tmp_path):
-    rc, _, err = cli(capsys, "bench", "--prompts", str(tmp_path / "nope.jsonl"), "--drafter", "ngram",
-                     "--db", str(tmp_path / "s.db"))
+    rc, _, err = cli(
+        capsys,
+        "bench",
+        "--prompts",
+        str(tmp_path / "nope.jsonl"),
+        "--drafter",
+        "ngram",
+        "--db",
+        str(tmp_path / "s.db"),
+    )
     assert_one_error(rc, err, "no prompt set or file named")
 
 
@@ -292,19 +412,50 @@ def test_cli_bench_bad_setting_stores_nothing(capsys, tmp_path, case):
     assert not db.exists()  # refused before the store was even opened
 
 
-def test_cli_bench_prompt_over_the_context_window_stores_no_run(capsys, tmp_path, embedded_verifier):
+def test_cli_bench_prompt_over_the_context_window_stores_no_run(
+    capsys, tmp_path, embedded_verifier
+):
     path = tmp_path / "long.jsonl"
-    path.write_text(json.dumps({"prompt": "Hi."}) + "\n" + json.dumps({"prompt": OVER_CONTEXT}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": "Hi."}) + "\n" + json.dumps({"prompt": OVER_CONTEXT}) + "\n"
+    )
     db = tmp_path / "s.db"
-    rc, _, err = cli(capsys, "bench", "--prompts", str(path), "--drafter", "ngram", "--max-new-tokens", "2", "--db", str(db))
+    rc, _, err = cli(
+        capsys,
+        "bench",
+        "--prompts",
+        str(path),
+        "--drafter",
+        "ngram",
+        "--max-new-tokens",
+        "2",
+        "--db",
+        str(db),
+    )
     assert_one_error(rc, err, "the verifier's context window is 8192")
     assert Store(db).list_runs() == []
 
 
-def test_cli_bench_speculator_for_another_verifier_stores_no_run(capsys, tmp_path, embedded_verifier):
+def test_cli_bench_speculator_for_another_verifier_stores_no_run(
+    capsys, tmp_path, embedded_verifier
+):
     db = tmp_path / "s.db"
-    rc, _, err = cli(capsys, "bench", "--prompts", "demo", "--limit", "1", "--drafter", "ngram",
-                     "--drafter", str(FIXTURES / "dflash"), "--max-new-tokens", "2", "--db", str(db))
+    rc, _, err = cli(
+        capsys,
+        "bench",
+        "--prompts",
+        "demo",
+        "--limit",
+        "1",
+        "--drafter",
+        "ngram",
+        "--drafter",
+        str(FIXTURES / "dflash"),
+        "--max-new-tokens",
+        "2",
+        "--db",
+        str(db),
+    )
     assert_one_error(rc, err, "hidden size 64 does not match the verifier's 576")
     assert Store(db).list_runs() == []  # every drafter loads before the baseline decodes
 
@@ -312,7 +463,10 @@ def test_cli_bench_speculator_for_another_verifier_stores_no_run(capsys, tmp_pat
 TRAIN_CASES = {
     "steps-zero": (["--steps", "0"], "steps must be a positive integer, got 0"),
     "max-new-zero": (["--max-new-tokens", "0"], "max-new-tokens must be a positive integer, got 0"),
-    "max-new-negative": (["--max-new-tokens", "-1"], "max-new-tokens must be a positive integer, got -1"),
+    "max-new-negative": (
+        ["--max-new-tokens", "-1"],
+        "max-new-tokens must be a positive integer, got -1",
+    ),
     "lr-negative": (["--lr", "-1"], "lr must be > 0"),
     "seed-not-int": (["--seed", "zero"], "argument --seed: invalid int value: 'zero'"),
     "block-size-one": (["--block-size", "1"], "block-size must be >= 2"),
@@ -324,7 +478,9 @@ TRAIN_CASES = {
 def test_cli_train_bad_setting_writes_nothing(capsys, tmp_path, case):
     args, message = TRAIN_CASES[case]
     out = tmp_path / "out"
-    rc, _, err = cli(capsys, "train", "--algorithm", "dflash", "--prompts", "demo", "--out", str(out), *args)
+    rc, _, err = cli(
+        capsys, "train", "--algorithm", "dflash", "--prompts", "demo", "--out", str(out), *args
+    )
     assert_one_error(rc, err, message)
     assert not out.exists()
 
@@ -334,8 +490,19 @@ def test_cli_train_unusable_prompt_file(capsys, tmp_path, embedded_verifier, cas
     path = tmp_path / "set.jsonl"
     path.write_bytes(PROMPT_FILE_CASES[case][0])
     out = tmp_path / "out"
-    rc, _, err = cli(capsys, "train", "--algorithm", "dflash", "--prompts", str(path), "--out", str(out),
-                     "--steps", "1", "--no-progress")
+    rc, _, err = cli(
+        capsys,
+        "train",
+        "--algorithm",
+        "dflash",
+        "--prompts",
+        str(path),
+        "--out",
+        str(out),
+        "--steps",
+        "1",
+        "--no-progress",
+    )
     # Training prints its stages ("loading verifier ...") on stderr before it meets the file.
     progress, error = err.strip().splitlines()[:-1], err.strip().splitlines()[-1]
     assert all(not line.startswith("specui: error") for line in progress)
@@ -347,7 +514,10 @@ def test_cli_train_unusable_prompt_file(capsys, tmp_path, embedded_verifier, cas
 RUNS_CASES = {
     "show-not-int": (["runs", "show", "three"], "argument run_id: invalid int value: 'three'"),
     "show-missing": (["runs", "show", "999"], "999"),
-    "export-steps-without-runs": (["runs", "export", "--csv", "-", "--steps"], "--steps needs --runs"),
+    "export-steps-without-runs": (
+        ["runs", "export", "--csv", "-", "--steps"],
+        "--steps needs --runs",
+    ),
     "export-missing-run": (["runs", "export", "--csv", "-", "--runs", "999"], "999"),
 }
 
@@ -366,7 +536,12 @@ def test_library_errors_are_specui_errors():
     from specui.service import DecodeRequest
     from specui.trace import SamplingParams
 
-    for bad in (dict(max_new_tokens=0), dict(seed="x"), dict(num_speculative_tokens=0), dict(seed=-1)):
+    for bad in (
+        dict(max_new_tokens=0),
+        dict(seed="x"),
+        dict(num_speculative_tokens=0),
+        dict(seed=-1),
+    ):
         with pytest.raises(SpecUIError):
             DecodeRequest(drafter="ngram", **bad)
     with pytest.raises(SpecUIError, match="temperature"):
@@ -408,8 +583,13 @@ def _runs(data: Path) -> list:
 
 
 def _temp_files(data: Path) -> list[Path]:
-    return [p for p in data.rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".model.safetensors.")
-            or p.name.startswith(".config.json.")]
+    return [
+        p
+        for p in data.rglob("*")
+        if p.name.endswith(".tmp")
+        or p.name.startswith(".model.safetensors.")
+        or p.name.startswith(".config.json.")
+    ]
 
 
 GOOD = "Repeat: red green blue."
@@ -418,25 +598,69 @@ DECODE_CASES = {
     "empty": (("", "ngram", "embedded", 0, 2, 0.0, 0, True), "the prompt is empty"),
     "whitespace": (("  \n\t", "ngram", "embedded", 0, 2, 0.0, 0, True), "the prompt is empty"),
     "not-text": ((None, "ngram", "embedded", 0, 2, 0.0, 0, True), "the prompt must be text"),
-    "over-context": ((OVER_CONTEXT, "ngram", "embedded", 0, 2, 0.0, 0, True), "the verifier's context window is 8192"),
-    "over-context-raw": ((OVER_CONTEXT, "ngram", "embedded", 0, 2, 0.0, 0, False), "the verifier's context window is 8192"),
-    "over-cap": ((OVER_CAP, "ngram", "embedded", 0, 2, 0.0, 0, True), f"the limit is {MAX_PROMPT_CHARS:,}"),
+    "over-context": (
+        (OVER_CONTEXT, "ngram", "embedded", 0, 2, 0.0, 0, True),
+        "the verifier's context window is 8192",
+    ),
+    "over-context-raw": (
+        (OVER_CONTEXT, "ngram", "embedded", 0, 2, 0.0, 0, False),
+        "the verifier's context window is 8192",
+    ),
+    "over-cap": (
+        (OVER_CAP, "ngram", "embedded", 0, 2, 0.0, 0, True),
+        f"the limit is {MAX_PROMPT_CHARS:,}",
+    ),
     "nul-bytes": (("a\x00b", "ngram", "embedded", 0, 2, 0.0, 0, True), "contains NUL bytes"),
-    "only-special": (("<|im_end|>", "ngram", "embedded", 0, 2, 0.0, 0, True), "only special tokens"),
-    "only-special-raw": (("<|endoftext|>", "ngram", "embedded", 0, 2, 0.0, 0, False), "only special tokens"),
+    "only-special": (
+        ("<|im_end|>", "ngram", "embedded", 0, 2, 0.0, 0, True),
+        "only special tokens",
+    ),
+    "only-special-raw": (
+        ("<|endoftext|>", "ngram", "embedded", 0, 2, 0.0, 0, False),
+        "only special tokens",
+    ),
     "k-negative": ((GOOD, "ngram", "embedded", -1, 2, 0.0, 0, True), "must be in 1..256, got -1"),
-    "k-10000": ((GOOD, "ngram", "embedded", 10_000, 2, 0.0, 0, True), "must be in 1..256, got 10000"),
-    "k-not-int": ((GOOD, "ngram", "embedded", "four", 2, 0.0, 0, True), "number of speculative tokens (K) must be an integer"),
-    "temperature-negative": ((GOOD, "ngram", "embedded", 0, 2, -1.0, 0, True), "temperature must be >= 0"),
-    "temperature-not-number": ((GOOD, "ngram", "embedded", 0, 2, "hot", 0, True), "temperature must be a number"),
-    "max-new-zero": ((GOOD, "ngram", "embedded", 0, 0, 0.0, 0, True), "max_new_tokens must be >= 1, got 0"),
-    "max-new-negative": ((GOOD, "ngram", "embedded", 0, -5, 0.0, 0, True), "max_new_tokens must be >= 1, got -5"),
-    "max-new-huge": ((GOOD, "ngram", "embedded", 0, 10**6, 0.0, 0, True), "more than the verifier's context window"),
-    "seed-not-int": ((GOOD, "ngram", "embedded", 0, 2, 0.0, "abc", True), "seed must be an integer, got 'abc'"),
-    "seed-float": ((GOOD, "ngram", "embedded", 0, 2, 0.0, 1.5, True), "seed must be an integer, got 1.5"),
+    "k-10000": (
+        (GOOD, "ngram", "embedded", 10_000, 2, 0.0, 0, True),
+        "must be in 1..256, got 10000",
+    ),
+    "k-not-int": (
+        (GOOD, "ngram", "embedded", "four", 2, 0.0, 0, True),
+        "number of speculative tokens (K) must be an integer",
+    ),
+    "temperature-negative": (
+        (GOOD, "ngram", "embedded", 0, 2, -1.0, 0, True),
+        "temperature must be >= 0",
+    ),
+    "temperature-not-number": (
+        (GOOD, "ngram", "embedded", 0, 2, "hot", 0, True),
+        "temperature must be a number",
+    ),
+    "max-new-zero": (
+        (GOOD, "ngram", "embedded", 0, 0, 0.0, 0, True),
+        "max_new_tokens must be >= 1, got 0",
+    ),
+    "max-new-negative": (
+        (GOOD, "ngram", "embedded", 0, -5, 0.0, 0, True),
+        "max_new_tokens must be >= 1, got -5",
+    ),
+    "max-new-huge": (
+        (GOOD, "ngram", "embedded", 0, 10**6, 0.0, 0, True),
+        "more than the verifier's context window",
+    ),
+    "seed-not-int": (
+        (GOOD, "ngram", "embedded", 0, 2, 0.0, "abc", True),
+        "seed must be an integer, got 'abc'",
+    ),
+    "seed-float": (
+        (GOOD, "ngram", "embedded", 0, 2, 0.0, 1.5, True),
+        "seed must be an integer, got 1.5",
+    ),
     "seed-negative": ((GOOD, "ngram", "embedded", 0, 2, 0.0, -1, True), "seed must be in"),
-    "unknown-drafter": ((GOOD, "no-such-drafter", "embedded", 0, 2, 0.0, 0, True),
-                        "'no-such-drafter' is neither a known name"),
+    "unknown-drafter": (
+        (GOOD, "no-such-drafter", "embedded", 0, 2, 0.0, 0, True),
+        "'no-such-drafter' is neither a known name",
+    ),
     "drafter-outside": ((GOOD, "/etc", "embedded", 0, 2, 0.0, 0, True), "lies outside the folders"),
 }
 
@@ -462,7 +686,9 @@ def test_api_decode_lone_surrogate(app):
     before = len(_runs(data))
     body = '{"data": ["caf\\udcc3", "ngram", "embedded", 0, 2, 0.0, 0, true]}'
     base = client.src.rstrip("/") + "/gradio_api/call/decode"
-    event = httpx.post(base, content=body, headers={"content-type": "application/json"}, timeout=60).json()["event_id"]
+    event = httpx.post(
+        base, content=body, headers={"content-type": "application/json"}, timeout=60
+    ).json()["event_id"]
     stream = httpx.get(f"{base}/{event}", timeout=120).text
     assert "event: error" in stream and "not valid UTF-8" in stream, stream
     assert len(_runs(data)) == before
@@ -473,7 +699,11 @@ def test_api_decode_broken_speculator_folder(app, case):
     client, data = app
     folder = data / "speculators" / (case if case == "other-verifier" else f"broken-{case}")
     before_files, before_runs = tree(folder), len(_runs(data))
-    message = "hidden size 64 does not match the verifier's 576" if case == "other-verifier" else BROKEN_FOLDERS[case][1]
+    message = (
+        "hidden size 64 does not match the verifier's 576"
+        if case == "other-verifier"
+        else BROKEN_FOLDERS[case][1]
+    )
     # The fixture verifier for the folders made for it (the drafter loads before the text is
     # encoded, so its lack of a tokenizer never shows); SmolLM2 for the other.
     verifier = "embedded" if case == "other-verifier" else str(data / "verifier")
@@ -485,13 +715,25 @@ def test_api_decode_broken_speculator_folder(app, case):
 
 # /bench takes (drafter, prompts, limit, max_new_tokens, verifier, K, temperature, seed).
 BENCH_API_CASES = {
-    "unknown-set": (("ngram", "no-such-set", 1, 2, "embedded", 0, 0.0, 0), "unknown prompt set 'no-such-set'"),
+    "unknown-set": (
+        ("ngram", "no-such-set", 1, 2, "embedded", 0, 0.0, 0),
+        "unknown prompt set 'no-such-set'",
+    ),
     "file-path": (("ngram", "/etc/passwd", 1, 2, "embedded", 0, 0.0, 0), "unknown prompt set"),
     "limit-zero": (("ngram", "demo", 0, 2, "embedded", 0, 0.0, 0), "limit must be in 1..8"),
-    "limit-not-int": (("ngram", "demo", "all", 2, "embedded", 0, 0.0, 0), "limit must be an integer"),
-    "max-new-zero": (("ngram", "demo", 1, 0, "embedded", 0, 0.0, 0), "max_new_tokens must be in 1..256"),
+    "limit-not-int": (
+        ("ngram", "demo", "all", 2, "embedded", 0, 0.0, 0),
+        "limit must be an integer",
+    ),
+    "max-new-zero": (
+        ("ngram", "demo", 1, 0, "embedded", 0, 0.0, 0),
+        "max_new_tokens must be in 1..256",
+    ),
     "k-negative": (("ngram", "demo", 1, 2, "embedded", -2, 0.0, 0), "must be in 1..256, got -2"),
-    "temperature-negative": (("ngram", "demo", 1, 2, "embedded", 0, -3.0, 0), "temperature must be >= 0"),
+    "temperature-negative": (
+        ("ngram", "demo", 1, 2, "embedded", 0, -3.0, 0),
+        "temperature must be >= 0",
+    ),
     "seed-not-int": (("ngram", "demo", 1, 2, "embedded", 0, 0.0, "abc"), "seed must be an integer"),
     "empty-drafter": (("", "demo", 1, 2, "embedded", 0, 0.0, 0), "name a drafter"),
 }
@@ -509,19 +751,24 @@ def test_api_bench_bad_input(app, case):
 def test_api_bench_broken_speculator_leaves_no_running_run(app):
     client, data = app
     folder = data / "speculators" / "broken-nan-weights"
-    text = _api_error(client, "/bench", str(folder), "demo", 1, 2, str(data / "verifier"), 0, 0.0, 0)
+    text = _api_error(
+        client, "/bench", str(folder), "demo", 1, 2, str(data / "verifier"), 0, 0.0, 0
+    )
     assert "contains NaN or infinity" in text
     assert not [r for r in _runs(data) if str(r.status) == "running"]
 
 
-@pytest.mark.parametrize(("api_name", "ids", "message"), [
-    ("/compare", "one two", "run ids must be integers"),
-    ("/compare", "  ", "give at least one run id"),
-    ("/compare", "987654", "987654"),
-    ("/export", "1;2", "run ids must be integers"),
-    ("/export", "", "give at least one run id"),
-    ("/export", "987654", "987654"),
-])
+@pytest.mark.parametrize(
+    ("api_name", "ids", "message"),
+    [
+        ("/compare", "one two", "run ids must be integers"),
+        ("/compare", "  ", "give at least one run id"),
+        ("/compare", "987654", "987654"),
+        ("/export", "1;2", "run ids must be integers"),
+        ("/export", "", "give at least one run id"),
+        ("/export", "987654", "987654"),
+    ],
+)
 def test_api_compare_and_export_bad_ids(app, api_name, ids, message):
     client, _ = app
     assert message in _api_error(client, api_name, ids)

