@@ -16,14 +16,17 @@ int32 sum, made float once, times the channel's scale), so using them changes no
 **The bf16 matmul** (AMX only, ``specui_bf16_matmul``) sums each output in one fixed order at any
 row count: batch-invariant without padding a single row, but its own bits, not oneDNN's.
 
-**The gguf matmul** (``specui_gguf_matmul``, AVX512F; the ``gguf`` precision) reads a GGUF file's
-own Q8_0 / Q4_0 / Q4_1 blocks, repacked once into tiles of 16 channels (same values, same fp16
-scales, same bytes), and multiplies float32 rows by them: the 4-bit values become floats in
-registers (one ``vpermps`` from a 16-entry table), each block's float32 sum is scaled once, and
-each output sums in one fixed order at any row count.  So it is batch-invariant by construction
-and within float32 rounding of the float32 product on the dequantized weights (:func:`gguf_error`,
-checked at load).  It does not need AMX; on a CPU without AVX512 the ``gguf`` precision is refused
-and ``auto`` takes ``bf16``.
+**The gguf matmul** (``specui_gguf_matmul``, AVX512 with VNNI; the ``gguf`` precision) reads a
+GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks, repacked once into tiles of 16 channels (same values,
+same fp16 scales, same bytes), and multiplies float32 rows by them.  Q4 blocks: each row's block
+of 32 floats is split into three int8 pieces with a power-of-two step (within 2^-21 of the
+block's largest input), the 4-bit values meet them in exact int32 dot products (``vpdpbusd``), and
+a block's sums become float once, scaled by its fp16 scale.  Q8_0 (the output head): the values
+become floats and are summed in float32.  Each output sums in one fixed order at any row count,
+so the matmul is batch-invariant by construction and within float32 rounding's order of the
+float32 product on the dequantized weights (:func:`gguf_error`, checked at load).  It does not
+need AMX; on a CPU without AVX512-VNNI the ``gguf`` precision is refused and ``auto`` takes
+``bf16``.
 
 **Row-wise attention.**  Batch invariance needs each query row of a block to attend over exactly
 its own keys in an order that does not depend on the block, and one SDPA call per row (what

@@ -56,6 +56,36 @@ def test_the_kernel_is_float32_rounding_of_the_dequantized_product_at_every_row_
 
 
 @needs_kernel
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
+def test_the_integer_q4_path_keeps_hard_rows_within_its_bound(type_name):
+    """Q4 blocks meet each row as three int8 pieces of its float32 block (specui_gguf_matmul):
+    an outlier beside small inputs, a zero block, tiny and huge magnitudes, and ties all stay
+    within 2^-21 of a block's largest input, alone or in a block; inf and NaN carry through."""
+    k, n = 128, 32
+    gen = torch.Generator().manual_seed(7)
+    raw = cpu_kernels.random_gguf(n, k, type_name, gen)
+    w, exact_w = cpu_kernels.pack_gguf(raw, type_name, k), cpu_kernels.dequantize_gguf(raw, type_name, k)
+    x = torch.randn(8, k, generator=gen)
+    x[0, 5] = 300.0  # one outlier: the other 31 inputs of its block get the coarse step
+    x[1, :32] = 0.0  # a zero block
+    x[2] *= 1e-30  # tiny (the step is 2^-106: x / s overflows if taken in one multiply)
+    x[3] *= 1e30  # huge
+    x[4] = torch.arange(k) * 0.5 - 32  # ties: halves of a unit round to even
+    x[5, 40] = 127 / 64  # the block's max exactly 127 steps
+    got = cpu_kernels.gguf_matmul(x[:6], w)
+    for r in range(6):
+        blocks = x[r].abs().reshape(-1, 32).amax(-1).repeat_interleave(32)
+        bound = (blocks.double() * 2.0**-21) @ exact_w.double().abs().T  # per output
+        err = (got[r].double() - x[r].double() @ exact_w.double().T).abs()
+        assert (err <= bound + 1e-6 * (x[r].double().abs() @ exact_w.double().abs().T)).all(), r
+        assert torch.equal(cpu_kernels.gguf_matmul(x[r : r + 1], w), got[r : r + 1]), r
+    x[6, 3], x[7, 70] = float("inf"), float("nan")
+    special = cpu_kernels.gguf_matmul(x[6:8], w)
+    assert not torch.isfinite(special).any()
+    assert torch.equal(cpu_kernels.gguf_matmul(x[:6], w), got)  # the rows beside them unchanged
+
+
+@needs_kernel
 def test_a_wrong_scale_or_value_shows_in_the_product():
     # The packed copy holds the file's own values: changing one byte of the file changes the output.
     gen = torch.Generator().manual_seed(3)
