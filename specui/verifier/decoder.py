@@ -80,10 +80,10 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # [n, heads, d] with cos/sin [n, 1, d]; transformers' apply_rotary_pos_emb.
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    # [n, heads, d] with cos/sin [n, 1, d]; transformers' apply_rotary_pos_emb, same bits in fewer
+    # ops: its cat(-x2, x1) * sin is x.roll(d/2) * cat(-sin1, sin2), as (-a) b == a (-b) exactly.
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 class _Layer:
@@ -213,10 +213,12 @@ class FastDecoder:
         # Rotary tables for every position, by the model's own module (its bits).
         pos = torch.arange(self.max_len).unsqueeze(0)
         cos, sin = model.model.rotary_emb(self.embed[:1].unsqueeze(0), pos)
-        self.cos, self.sin = (
+        half = self.head_dim // 2
+        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's signs
+        self.cos, self.signed_sin = (  # [L, 1, d]
             cos[0].unsqueeze(1).contiguous(),
-            sin[0].unsqueeze(1).contiguous(),
-        )  # [L, 1, d]
+            signed[0].unsqueeze(1).contiguous(),
+        )
 
     def active(self) -> bool:
         """Still the model it was built from (a test may switch its attention back to SDPA)."""
@@ -238,12 +240,17 @@ class FastDecoder:
         kv = cache.data
         h = F.embedding(ids, self.embed)  # [n, H] float32
         out = {0: h} if 0 in taps else {}
-        cos, sin = self.cos[start:end], self.sin[start:end]  # [n, 1, d]
+        cos, sin = self.cos[start:end], self.signed_sin[start:end]  # [n, 1, d]
         nh, kvh, d = self.heads, self.kv_heads, self.head_dim
         rows, mm = self.rows, self.mm
         for i, layer in enumerate(self.layers):
             xb = rows(_norm(h, layer.ln1, layer.eps1))
-            if layer.qkv is not None:
+            if layer.qkv is not None and layer.q_norm is None:
+                # q and k rotated in one pass (each head on its own: the same bits as apart)
+                qkv = mm(xb, layer.qkv, n).view(n, nh + 2 * kvh, d)
+                qk = _rotate(qkv[:, : nh + kvh], cos, sin)
+                q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + kvh :]
+            elif layer.qkv is not None:
                 q, k, v = mm(xb, layer.qkv, n).split((nh * d, kvh * d, kvh * d), dim=-1)
                 q, k, v = q.reshape(n, nh, d), k.reshape(n, kvh, d), v.reshape(n, kvh, d)
             else:
@@ -253,7 +260,8 @@ class FastDecoder:
             if layer.q_norm is not None:
                 q = _norm(q, *layer.q_norm)
                 k = _norm(k, *layer.k_norm)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            if layer.qkv is None or layer.q_norm is not None:
+                q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
             kv[i, 0, :, start:end] = k.transpose(0, 1)
             kv[i, 1, :, start:end] = v.transpose(0, 1)
             attn = self._attention(q, kv[i, 0, :, :end], kv[i, 1, :, :end], layer.scaling, start)
