@@ -353,24 +353,19 @@ PROMPT_FILE_CASES = {
 }
 
 
+def _bench_ngram(capsys, prompts: Path, db: Path) -> tuple[int, str, str]:
+    """``specui bench`` of n-gram on a prompt file, two tokens, into ``db``."""
+    args = ["--prompts", str(prompts), "--drafter", "ngram", "--max-new-tokens", "2"]
+    return cli(capsys, "bench", *args, "--db", str(db))
+
+
 @pytest.mark.parametrize("case", PROMPT_FILE_CASES)
 def test_cli_bench_unusable_prompt_file(capsys, tmp_path, embedded_verifier, case):
     content, message = PROMPT_FILE_CASES[case]
     path = tmp_path / "set.jsonl"
     path.write_bytes(content)
     db = tmp_path / "s.db"
-    rc, _, err = cli(
-        capsys,
-        "bench",
-        "--prompts",
-        str(path),
-        "--drafter",
-        "ngram",
-        "--max-new-tokens",
-        "2",
-        "--db",
-        str(db),
-    )
+    rc, _, err = _bench_ngram(capsys, path, db)
     assert_one_error(rc, err, f"prompt file {path} has no usable rows")
     assert message in err
     assert Store(db).list_runs() == []
@@ -420,18 +415,7 @@ def test_cli_bench_prompt_over_the_context_window_stores_no_run(
         json.dumps({"prompt": "Hi."}) + "\n" + json.dumps({"prompt": OVER_CONTEXT}) + "\n"
     )
     db = tmp_path / "s.db"
-    rc, _, err = cli(
-        capsys,
-        "bench",
-        "--prompts",
-        str(path),
-        "--drafter",
-        "ngram",
-        "--max-new-tokens",
-        "2",
-        "--db",
-        str(db),
-    )
+    rc, _, err = _bench_ngram(capsys, path, db)
     assert_one_error(rc, err, "the verifier's context window is 8192")
     assert Store(db).list_runs() == []
 
