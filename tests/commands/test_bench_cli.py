@@ -10,42 +10,68 @@ from specui.cli import main
 from specui.store import Store
 
 
-def test_bench_json_runs_baseline_and_drafter_on_the_same_prompts(tmp_path, capsys, embedded_verifier):
+def _bench_ngram_json(capsys, db, *args: str) -> dict:
+    """``specui bench --drafter ngram ARGS --precision bf16 --json`` into ``db``: its JSON."""
+    assert (
+        main(
+            ["bench", "--drafter", "ngram", *args, "--precision", "bf16", "--db", str(db), "--json"]
+        )
+        == 0
+    )
+    return json.loads(capsys.readouterr().out)
+
+
+def test_bench_json_runs_baseline_and_drafter_on_the_same_prompts(
+    tmp_path, capsys, embedded_verifier
+):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
-        json.dumps({"prompt": "Repeat twice: red green blue."}) + "\n"
+        json.dumps({"prompt": "Repeat twice: red green blue."})
+        + "\n"
         + "not json\n"
-        + json.dumps({"messages": [{"role": "user", "content": "Say hello."}]}) + "\n"
+        + json.dumps({"messages": [{"role": "user", "content": "Say hello."}]})
+        + "\n"
     )
     db = tmp_path / "s.db"
-    rc = main(["bench", "--drafter", "ngram", "--prompts", str(prompts), "--max-new-tokens", "12",
-               "--precision", "bf16", "--db", str(db), "--json"])
-    assert rc == 0
-    out = json.loads(capsys.readouterr().out)
+    out = _bench_ngram_json(capsys, db, "--prompts", str(prompts), "--max-new-tokens", "12")
     runs = out["runs"]
     assert [r["algorithm"] for r in runs] == ["none", "ngram"]
     base, ngram = runs
     assert base["speedup"] == pytest.approx(1.0)
     assert ngram["baseline_run_id"] == base["run_id"]
-    assert ngram["speedup"] == pytest.approx(base["ms_per_output_token"] / ngram["ms_per_output_token"], rel=1e-6)
+    assert ngram["speedup"] == pytest.approx(
+        base["ms_per_output_token"] / ngram["ms_per_output_token"], rel=1e-6
+    )
     assert ngram["acceptance_length"] >= 1.0
     store = Store(db)
     results = [store.get_results(r["run_id"]) for r in runs]
     assert [len(r) for r in results] == [2, 2]  # the broken line is skipped, the good ones kept
-    assert [store.get_run(r["run_id"]).settings["verifier_precision"] for r in runs] == ["bf16", "bf16"]
+    assert [store.get_run(r["run_id"]).settings["verifier_precision"] for r in runs] == [
+        "bf16",
+        "bf16",
+    ]
     # Greedy: both runs produce the same text for each prompt.
     assert [r.output_text for r in results[0]] == [r.output_text for r in results[1]]
     # Interleaved, so drift on a noisy machine hits both runs alike: each prompt is decoded by
     # the baseline and then the drafter before the next prompt starts.
-    order = sorted((res.started_at, run, res.prompt_index) for run, rs in enumerate(results) for res in rs)
+    order = sorted(
+        (res.started_at, run, res.prompt_index) for run, rs in enumerate(results) for res in rs
+    )
     assert [(run, i) for _, run, i in order] == [(0, 0), (1, 0), (0, 1), (1, 1)]
-    assert all(res.ended_at is not None and res.ended_at >= res.started_at for rs in results for res in rs)
+    assert all(
+        res.ended_at is not None and res.ended_at >= res.started_at for rs in results for res in rs
+    )
 
 
 def test_bench_bad_input(tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
-    assert main(["bench", "--drafter", "ngram", "--prompts", str(empty), "--db", str(tmp_path / "a.db")]) == 2
+    assert (
+        main(
+            ["bench", "--drafter", "ngram", "--prompts", str(empty), "--db", str(tmp_path / "a.db")]
+        )
+        == 2
+    )
     assert "no usable" in capsys.readouterr().err
     assert main(["bench", "--prompts", "demo", "--db", str(tmp_path / "a.db")]) == 2
     assert "at least one --drafter" in capsys.readouterr().err
@@ -66,10 +92,9 @@ def test_bench_reports_every_metric_per_spec_bench_task_group(tmp_path, capsys, 
 
     db = tmp_path / "s.db"
     # 12 prompts: the groups alternate, so two of each of the six.
-    rc = main(["bench", "--drafter", "ngram", "--prompts", "spec-bench", "--limit", "12", "--max-new-tokens", "6",
-               "--precision", "bf16", "--db", str(db), "--json"])
-    assert rc == 0
-    out = json.loads(capsys.readouterr().out)
+    out = _bench_ngram_json(
+        capsys, db, "--prompts", "spec-bench", "--limit", "12", "--max-new-tokens", "6"
+    )
     groups = out["groups"]
     assert list(groups) == list(SPEC_BENCH_GROUPS)
     overall = {r["algorithm"]: r for r in out["runs"]}
@@ -80,10 +105,17 @@ def test_bench_reports_every_metric_per_spec_bench_task_group(tmp_path, capsys, 
         assert ngram["baseline_run_id"] == overall["none"]["run_id"]
     # The groups partition the run: their counts add up to the whole run's.
     for key in ("num_steps", "num_drafts", "num_accepted_tokens", "num_output_tokens"):
-        assert sum(next(r for r in rows if r["algorithm"] == "ngram")[key] for rows in groups.values()) == overall["ngram"][key]
-    wall = sum(next(r for r in rows if r["algorithm"] == "ngram")["wall_time_s"] for rows in groups.values())
+        assert (
+            sum(next(r for r in rows if r["algorithm"] == "ngram")[key] for rows in groups.values())
+            == overall["ngram"][key]
+        )
+    wall = sum(
+        next(r for r in rows if r["algorithm"] == "ngram")["wall_time_s"]
+        for rows in groups.values()
+    )
     assert wall == pytest.approx(overall["ngram"]["wall_time_s"])
     # A set without groups gets none.
-    assert main(["bench", "--drafter", "ngram", "--prompts", "demo", "--limit", "1", "--max-new-tokens", "2",
-                 "--precision", "bf16", "--db", str(db), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["groups"] == {}
+    out = _bench_ngram_json(
+        capsys, db, "--prompts", "demo", "--limit", "1", "--max-new-tokens", "2"
+    )
+    assert out["groups"] == {}
