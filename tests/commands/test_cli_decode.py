@@ -12,24 +12,40 @@ from specui.algorithms import algorithm_names
 from specui.cli import main
 from tests.support.paths import REPO
 
+COLORS = ("--prompt", "List three colors.", "--chat", "--drafter", "ngram", "-k", "3")
+
+
+def _decode_json(capsys, *args: str) -> tuple[list[dict], dict]:
+    """``specui decode ARGS --json``: its step lines and its summary line."""
+    assert main(["decode", *args, "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    return lines[:-1], lines[-1]
+
 
 def test_decode_json_prints_steps_then_summary(capsys, embedded_verifier):
-    rc = main(["decode", "--prompt", "List three colors.", "--chat", "--drafter", "ngram", "-k", "3",
-               "--max-new-tokens", "16", "--json"])
-    assert rc == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    steps, summary = lines[:-1], lines[-1]
+    steps, summary = _decode_json(capsys, *COLORS, "--max-new-tokens", "16")
     assert summary["summary"] is True
-    for key in ("output_text", "output_token_ids", "acceptance_length", "per_position_acceptance",
-                "tokens_per_s", "num_steps"):
+    for key in (
+        "output_text",
+        "output_token_ids",
+        "acceptance_length",
+        "per_position_acceptance",
+        "tokens_per_s",
+        "num_steps",
+    ):
         assert key in summary
     assert "tokens_per_second" not in summary  # one name for throughput: the CSV's and the store's
     assert summary["num_steps"] == len(steps)
     assert sum(len(s["emitted_token_ids"]) for s in steps) == len(summary["output_token_ids"]) == 16
     assert [s["step"] for s in steps] == list(range(len(steps)))
-    assert embedded_verifier.tokenizer.decode(summary["output_token_ids"], skip_special_tokens=True) == summary["output_text"]
+    assert (
+        embedded_verifier.tokenizer.decode(summary["output_token_ids"], skip_special_tokens=True)
+        == summary["output_text"]
+    )
     assert summary["acceptance_length"] == pytest.approx(
-        1 + sum(s["num_accepted"] for s in steps if s["draft_token_ids"]) / max(1, sum(1 for s in steps if s["draft_token_ids"]))
+        1
+        + sum(s["num_accepted"] for s in steps if s["draft_token_ids"])
+        / max(1, sum(1 for s in steps if s["draft_token_ids"]))
     )
 
 
@@ -39,10 +55,7 @@ def test_decode_with_db_stores_the_run_through_the_run_service(capsys, embedded_
     from specui.store import Store
 
     db = tmp_path / "runs.db"
-    rc = main(["decode", "--prompt", "List three colors.", "--chat", "--drafter", "ngram", "-k", "3",
-               "--max-new-tokens", "12", "--json", "--db", str(db)])  # fmt: skip
-    assert rc == 0
-    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    _, summary = _decode_json(capsys, *COLORS, "--max-new-tokens", "12", "--db", str(db))
     store = Store(db)
     run = store.get_run(summary["run_id"])
     assert (run.prompt_set, run.algorithm, run.status) == ("cli", "ngram", "done")
@@ -72,7 +85,11 @@ def test_decode_bad_input_gives_one_line_error(capsys, args, message):
 
 def test_decode_error_exit_code_and_no_traceback_in_a_real_process():
     proc = subprocess.run(
-        [sys.executable, "-m", "specui", "decode", "--prompt", ""], capture_output=True, text=True, cwd=REPO, timeout=120
+        [sys.executable, "-m", "specui", "decode", "--prompt", ""],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "specui: error: the prompt is empty"
@@ -80,14 +97,22 @@ def test_decode_error_exit_code_and_no_traceback_in_a_real_process():
 
 @pytest.mark.parametrize("algorithm", algorithm_names())
 def test_decode_with_each_fixture_checkpoint(capsys, fixture_dir, algorithm):
-    rc = main(["decode", "--verifier", str(fixture_dir / "verifier"), "--drafter", str(fixture_dir / algorithm),
-               "--prompt-ids", "5 17 300 42 7 99 12", "--max-new-tokens", "12", "--json"])
-    assert rc == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    steps, summary = lines[:-1], lines[-1]
+    folders = [
+        "--verifier",
+        str(fixture_dir / "verifier"),
+        "--drafter",
+        str(fixture_dir / algorithm),
+    ]
+    steps, summary = _decode_json(
+        capsys, *folders, "--prompt-ids", "5 17 300 42 7 99 12", "--max-new-tokens", "12"
+    )
     assert len(summary["output_token_ids"]) == 12
     assert any(s["draft_token_ids"] for s in steps)
     if algorithm == "dspark":
-        assert all(s["confidences"] and all(0 <= c <= 1 for c in s["confidences"]) for s in steps if s["draft_token_ids"])
+        assert all(
+            s["confidences"] and all(0 <= c <= 1 for c in s["confidences"])
+            for s in steps
+            if s["draft_token_ids"]
+        )
     else:
         assert all(s["confidences"] is None for s in steps)
