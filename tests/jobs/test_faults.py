@@ -71,21 +71,42 @@ def _integrity(db: Path) -> str:
         conn.close()
 
 
+def _seeded_store(folder: Path) -> tuple[Path, Store, dict[str, Any]]:
+    """A store at ``folder/specui.db`` with the history a fault must not touch (its snapshot)."""
+    db = folder / "specui.db"
+    store = Store(db)
+    return db, store, _seed_history(store)
+
+
+def _enqueue_training(store: Store, train_data, fixture_dir: Path, out: Path) -> tuple[Any, Path]:
+    """A training job of the fixture drafter into ``out``, queued: (the job, ``out``)."""
+    return queue.enqueue(store, "train", _train_params(train_data, fixture_dir, out)), out
+
+
 def _seed_history(store: Store) -> dict[str, Any]:
     """What a store holds before the fault: two recorded runs, a finished job with
     metrics, a cancelled one.  Returns the snapshot to compare with afterwards."""
     for seed in (1, 2):
-        run = store.create_run(verifier="v", prompt_set=f"before-{seed}", algorithm="dflash", drafter="d")
-        steps = [[make_trace(i, seed=seed) for i in range(40)], [make_trace(i, seed=seed + 10) for i in range(7)]]
+        run = store.create_run(
+            verifier="v", prompt_set=f"before-{seed}", algorithm="dflash", drafter="d"
+        )
+        steps = [
+            [make_trace(i, seed=seed) for i in range(40)],
+            [make_trace(i, seed=seed + 10) for i in range(7)],
+        ]
         record(store, run.id, steps, [1.0, 0.5], 4)
     done = queue.enqueue(store, "count", {"n": 3, "interval_s": 0})
     assert store.claim_next_job(kinds=["count"], pid=os.getpid()).id == done.id
-    assert run_job(store.path, done.id, ["specui.jobs.builtin"], heartbeat_s=0.05) == JobStatus.DONE  # here, for real
+    assert (
+        run_job(store.path, done.id, ["specui.jobs.builtin"], heartbeat_s=0.05) == JobStatus.DONE
+    )  # here, for real
     queue.cancel(store, queue.enqueue(store, "count", {"n": 3}).id)
     return _snapshot(store)
 
 
-def _snapshot(store: Store, run_ids: list[int] | None = None, job_ids: list[int] | None = None) -> dict[str, Any]:
+def _snapshot(
+    store: Store, run_ids: list[int] | None = None, job_ids: list[int] | None = None
+) -> dict[str, Any]:
     runs = store.list_runs() if run_ids is None else store.list_runs(ids=run_ids)
     jobs = store.list_jobs() if job_ids is None else [store.get_job(j) for j in job_ids]
     return {
@@ -109,7 +130,10 @@ def train_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     rng = random.Random(3)
     with open(root / "prompts.jsonl", "w") as f:
         for i in range(12):
-            f.write(json.dumps({"id": f"p{i}", "prompt_ids": [rng.randrange(500) for _ in range(10)]}) + "\n")
+            f.write(
+                json.dumps({"id": f"p{i}", "prompt_ids": [rng.randrange(500) for _ in range(10)]})
+                + "\n"
+            )
     return {"prompts": root / "prompts.jsonl", "cache": root / "cache"}
 
 
@@ -158,7 +182,11 @@ def _kill_leftover(store: Store, job_id: int) -> None:
     """A failed test must not leave an endless training worker behind (workers
     outlive their runner by design)."""
     job = store.get_job(job_id)  # only a job still running: a finished one's pid may be reused
-    if job.status == JobStatus.RUNNING and job.pid not in (None, os.getpid()) and pid_alive(job.pid):
+    if (
+        job.status == JobStatus.RUNNING
+        and job.pid not in (None, os.getpid())
+        and pid_alive(job.pid)
+    ):
         os.kill(job.pid, signal.SIGKILL)
 
 
@@ -175,20 +203,24 @@ def _resume(store: Store, old_job_id: int, steps: int, timeout: float = 180.0) -
 # --- 1. kill -9 of a training worker ---------------------------------------------------------
 
 
-def test_sigkill_of_a_training_worker_mid_checkpoint(tmp_path: Path, train_data, fixture_dir, fixture_verifier) -> None:
-    db = tmp_path / "specui.db"
-    store = Store(db)
-    before = _seed_history(store)
-    out = tmp_path / "drafter"
-    job = queue.enqueue(store, "train", _train_params(train_data, fixture_dir, out))
+def test_sigkill_of_a_training_worker_mid_checkpoint(
+    tmp_path: Path, train_data, fixture_dir, fixture_verifier
+) -> None:
+    db, store, before = _seeded_store(tmp_path)
+    job, out = _enqueue_training(store, train_data, fixture_dir, tmp_path / "drafter")
     runner = _runner(db)
     runner.start()
     try:
-        _wait("two checkpoints", lambda: latest_checkpoint(out) is not None and latest_checkpoint(out).step >= 4)
+        _wait(
+            "two checkpoints",
+            lambda: latest_checkpoint(out) is not None and latest_checkpoint(out).step >= 4,
+        )
         worker = store.get_job(job.id).pid
         assert worker not in (None, os.getpid())
         half = _kill_mid_save(worker, out)
-        _wait("the job's end", lambda: store.get_job(job.id).status != JobStatus.RUNNING, timeout=30)
+        _wait(
+            "the job's end", lambda: store.get_job(job.id).status != JobStatus.RUNNING, timeout=30
+        )
     finally:
         runner.stop()
         _kill_leftover(store, job.id)
@@ -228,21 +260,34 @@ def test_sigkill_of_a_training_worker_mid_checkpoint(tmp_path: Path, train_data,
 # --- 2. kill -9 of a benchmark worker --------------------------------------------------------
 
 
-def test_sigkill_of_a_benchmark_worker_leaves_an_incomplete_run(tmp_path: Path, fixture_dir) -> None:
-    db = tmp_path / "specui.db"
-    store = Store(db)
-    before = _seed_history(store)
+def test_sigkill_of_a_benchmark_worker_leaves_an_incomplete_run(
+    tmp_path: Path, fixture_dir
+) -> None:
+    db, store, before = _seeded_store(tmp_path)
     prompts = tmp_path / "bench.jsonl"
     rng = random.Random(5)
-    prompts.write_text("".join(json.dumps({"prompt_ids": [rng.randrange(500) for _ in range(8)]}) + "\n" for _ in range(40)))
-    params = {"verifier": str(fixture_dir / "verifier"), "drafters": ["ngram"], "prompts": str(prompts),
-              "max_new_tokens": 200, "threads": 1}
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt_ids": [rng.randrange(500) for _ in range(8)]}) + "\n"
+            for _ in range(40)
+        )
+    )
+    params = {
+        "verifier": str(fixture_dir / "verifier"),
+        "drafters": ["ngram"],
+        "prompts": str(prompts),
+        "max_new_tokens": 200,
+        "threads": 1,
+    }
     job = queue.enqueue(store, "bench", params)
     runner = _runner(db)
     runner.start()
     try:
+
         def new_runs() -> list:
-            return sorted((r for r in store.list_runs() if r.id not in before["runs"]), key=lambda r: r.id)
+            return sorted(
+                (r for r in store.list_runs() if r.id not in before["runs"]), key=lambda r: r.id
+            )
 
         def recording() -> bool:
             new = new_runs()
@@ -255,9 +300,15 @@ def test_sigkill_of_a_benchmark_worker_leaves_an_incomplete_run(tmp_path: Path, 
         assert all(r.status == RunStatus.RUNNING for r in runs)
         committed = store.count_results([r.id for r in runs])
         os.kill(store.get_job(job.id).pid, signal.SIGKILL)
-        _wait("the job's end", lambda: store.get_job(job.id).status != JobStatus.RUNNING, timeout=30)
+        _wait(
+            "the job's end", lambda: store.get_job(job.id).status != JobStatus.RUNNING, timeout=30
+        )
         # The runner's reaper (every tick) notices the runs' owner is gone.
-        _wait("the runs' end", lambda: all(store.get_run(r.id).status != RunStatus.RUNNING for r in runs), timeout=30)
+        _wait(
+            "the runs' end",
+            lambda: all(store.get_run(r.id).status != RunStatus.RUNNING for r in runs),
+            timeout=30,
+        )
     finally:
         runner.stop()
         _kill_leftover(store, job.id)
@@ -266,13 +317,22 @@ def test_sigkill_of_a_benchmark_worker_leaves_an_incomplete_run(tmp_path: Path, 
     assert got.status == JobStatus.FAILED and got.error.startswith("worker died ("), got.error
     for run in runs:
         killed = store.get_run(run.id)
-        assert killed.status == RunStatus.INCOMPLETE and killed.error == "its process died before the run finished"
+        assert (
+            killed.status == RunStatus.INCOMPLETE
+            and killed.error == "its process died before the run finished"
+        )
         assert killed.ended_at is not None and killed.pid == got.pid
         finished, steps = store.count_results([run.id])[run.id]
-        assert steps >= committed[run.id][1] and finished >= committed[run.id][0]  # every committed batch is kept
+        assert (
+            steps >= committed[run.id][1] and finished >= committed[run.id][0]
+        )  # every committed batch is kept
         rows = store.get_steps(run.id, 0)
         assert [r.step for r in rows] == list(range(len(rows)))  # whole batches only: no gaps
-    assert [r.id for r in store.list_runs()] == [runs[1].id, runs[0].id, *sorted(before["runs"], reverse=True)]
+    assert [r.id for r in store.list_runs()] == [
+        runs[1].id,
+        runs[0].id,
+        *sorted(before["runs"], reverse=True),
+    ]
     assert _integrity(db) == "ok"
     _unchanged(store, before)
     with Store(db) as reopened:  # the next dashboard start agrees
@@ -286,11 +346,8 @@ def test_sigkill_of_a_benchmark_worker_leaves_an_incomplete_run(tmp_path: Path, 
 def test_runner_killed_mid_job_a_new_runner_takes_over_without_running_anything_twice(
     tmp_path: Path, train_data, fixture_dir, fixture_verifier
 ) -> None:
-    db = tmp_path / "specui.db"
-    store = Store(db)
-    before = _seed_history(store)
-    out = tmp_path / "drafter"
-    train = queue.enqueue(store, "train", _train_params(train_data, fixture_dir, out))
+    db, store, before = _seeded_store(tmp_path)
+    train, out = _enqueue_training(store, train_data, fixture_dir, tmp_path / "drafter")
     waiting = queue.enqueue(store, "count", {"n": 3, "interval_s": 0.01})
     # The runner in a process (and session) of its own, as `python -m workers.runner` or the app.
     old = subprocess.Popen(
@@ -313,13 +370,23 @@ def test_runner_killed_mid_job_a_new_runner_takes_over_without_running_anything_
         at = latest_checkpoint(out).step
         _wait("training to go on under the new runner", lambda: latest_checkpoint(out).step > at)
         assert store.get_job(train.id).status == JobStatus.RUNNING
-        assert store.get_job(waiting.id).status == JobStatus.QUEUED  # one job at a time, across runners
+        assert (
+            store.get_job(waiting.id).status == JobStatus.QUEUED
+        )  # one job at a time, across runners
         assert store.count_running_jobs() == 1
 
         # Now the orphan dies too; the new runner (not its parent) reaps it.
         os.kill(worker, signal.SIGKILL)
-        _wait("the orphan's end", lambda: store.get_job(train.id).status != JobStatus.RUNNING, timeout=30)
-        _wait("the queued job", lambda: store.get_job(waiting.id).status not in (JobStatus.QUEUED, JobStatus.RUNNING), timeout=60)
+        _wait(
+            "the orphan's end",
+            lambda: store.get_job(train.id).status != JobStatus.RUNNING,
+            timeout=30,
+        )
+        _wait(
+            "the queued job",
+            lambda: store.get_job(waiting.id).status not in (JobStatus.QUEUED, JobStatus.RUNNING),
+            timeout=60,
+        )
     finally:
         new.stop()
         if old.poll() is None:
@@ -358,9 +425,15 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         pytest.skip("mounting a size-limited tmpfs needs root and mount(8)")
     disk = tmp_path / "disk"
     disk.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (a container without CAP_SYS_ADMIN?): {r.stderr.strip()}")
+        pytest.skip(
+            f"cannot mount a tmpfs here (a container without CAP_SYS_ADMIN?): {r.stderr.strip()}"
+        )
     try:
         yield disk
     finally:
@@ -395,12 +468,16 @@ def _free(disk: Path) -> int:
 
 
 def _tiny_drafter(verifier, seed: int):
-    return create_drafter("dflash", verifier, num_layers=1, aux_layer_ids=AUX, mask_token_id=MASK, seed=seed).model
+    return create_drafter(
+        "dflash", verifier, num_layers=1, aux_layer_ids=AUX, mask_token_id=MASK, seed=seed
+    ).model
 
 
 def _trained(model: torch.nn.Module) -> torch.optim.Optimizer:
     """An optimizer with moments (one real step), so optimizer.pt has its full size."""
-    opt = make_optimizer([p for p in model.parameters() if p.requires_grad], TrainConfig(algorithm="dflash"))
+    opt = make_optimizer(
+        [p for p in model.parameters() if p.requires_grad], TrainConfig(algorithm="dflash")
+    )
     sum((p.float() ** 2).sum() for p in model.parameters() if p.requires_grad).backward()
     opt.step()
     opt.zero_grad()
@@ -412,7 +489,9 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 @pytest.mark.parametrize("fails_in", ["model.safetensors", "optimizer.pt"])
-def test_full_disk_while_writing_a_checkpoint_keeps_the_last_one(small_disk: Path, fixture_verifier, fails_in: str) -> None:
+def test_full_disk_while_writing_a_checkpoint_keeps_the_last_one(
+    small_disk: Path, fixture_verifier, fails_in: str
+) -> None:
     model = _tiny_drafter(fixture_verifier, seed=0)
     opt = _trained(model)
     out = small_disk / "out"
@@ -449,12 +528,16 @@ def test_full_disk_while_writing_a_checkpoint_keeps_the_last_one(small_disk: Pat
     assert _same(fresh_opt.state_dict()["state"][0], moments["state"][0])
 
     filler.unlink()  # space again: the same save now goes through
-    assert save_checkpoint(out, 4, model, opt, {"algorithm": "dflash"}, keep=2).name == "step-00000004"
+    assert (
+        save_checkpoint(out, 4, model, opt, {"algorithm": "dflash"}, keep=2).name == "step-00000004"
+    )
     assert [c.step for c in list_checkpoints(out)] == [2, 4]
 
 
 @pytest.mark.parametrize("fails_in", ["model.safetensors", "config.json"])
-def test_full_disk_while_saving_a_drafter_keeps_the_previous_files(small_disk: Path, fixture_verifier, fails_in: str) -> None:
+def test_full_disk_while_saving_a_drafter_keeps_the_previous_files(
+    small_disk: Path, fixture_verifier, fails_in: str
+) -> None:
     model = _tiny_drafter(fixture_verifier, seed=0)
     folder = small_disk / "drafter"
     save_drafter(model, folder)
@@ -466,13 +549,17 @@ def test_full_disk_while_saving_a_drafter_keeps_the_previous_files(small_disk: P
     # tmpfs counts whole pages: leave part of the weights' pages, or exactly the weights'.
     page = os.statvfs(small_disk).f_frsize
     pages = -(-len(files["model.safetensors"]) // page)
-    filler = _fill(small_disk, leave=(pages // 2 if fails_in == "model.safetensors" else pages) * page)
+    filler = _fill(
+        small_disk, leave=(pages // 2 if fails_in == "model.safetensors" else pages) * page
+    )
     with pytest.raises(OSError) as err:
         save_drafter(other, folder)
     msg = str(err.value)
     assert f"cannot write {folder / fails_in}" in msg and "No space left on device" in msg, msg
 
-    assert {p.name: p.read_bytes() for p in folder.iterdir()} == files  # no temp file, nothing replaced
+    assert {
+        p.name: p.read_bytes() for p in folder.iterdir()
+    } == files  # no temp file, nothing replaced
     assert validate_checkpoint(folder, fixture_verifier) == []
     assert _same(load_model(folder, fixture_verifier).state_dict(), weights)
 
@@ -481,10 +568,10 @@ def test_full_disk_while_saving_a_drafter_keeps_the_previous_files(small_disk: P
     assert _same(load_model(folder, fixture_verifier).state_dict(), other.state_dict())
 
 
-def test_full_disk_under_the_store_fails_the_write_clearly_and_loses_nothing(small_disk: Path) -> None:
-    db = small_disk / "specui.db"
-    store = Store(db)
-    before = _seed_history(store)
+def test_full_disk_under_the_store_fails_the_write_clearly_and_loses_nothing(
+    small_disk: Path,
+) -> None:
+    db, store, before = _seeded_store(small_disk)
     # Fold the WAL into the database and truncate it: a WAL keeps its size after a
     # checkpoint, and SQLite would reuse that room instead of needing the disk.
     conn = sqlite3.connect(db)
@@ -510,16 +597,23 @@ def test_full_disk_under_the_store_fails_the_write_clearly_and_loses_nothing(sma
     with pytest.raises(SpecUIError) as err:
         record(store, run.id, [[make_trace(i, seed=3) for i in range(5000)]], [1.0], 4)
     msg = str(err.value)
-    assert f"recording run {run.id} failed: cannot write the store {db}" in msg and "no space left" in msg, msg
+    assert (
+        f"recording run {run.id} failed: cannot write the store {db}" in msg
+        and "no space left" in msg
+    ), msg
     failed = store.get_run(run.id)
-    assert failed.status == RunStatus.FAILED and "no space left" in failed.error  # not left "running"
+    assert (
+        failed.status == RunStatus.FAILED and "no space left" in failed.error
+    )  # not left "running"
     assert _integrity(db) == "ok"
     _unchanged(store, before)
 
     filler.unlink()  # space again: recording works and nothing was lost
     ok = store.create_run(verifier="v", prompt_set="after", algorithm="dflash", drafter="d")
     record(store, ok.id, [[make_trace(i, seed=4) for i in range(300)]], [1.0], 4)
-    assert store.get_run(ok.id).status == RunStatus.DONE and store.count_results([ok.id])[ok.id] == (1, 300)
+    assert store.get_run(ok.id).status == RunStatus.DONE and store.count_results([ok.id])[
+        ok.id
+    ] == (1, 300)
     _unchanged(store, before)
     store.close()
     assert _integrity(db) == "ok"
@@ -547,7 +641,9 @@ def _hidden(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
 
 
-def test_sigkill_at_every_point_of_a_checkpoint_save_leaves_only_whole_checkpoints(tmp_path: Path, fixture_dir, fixture_verifier) -> None:
+def test_sigkill_at_every_point_of_a_checkpoint_save_leaves_only_whole_checkpoints(
+    tmp_path: Path, fixture_dir, fixture_verifier
+) -> None:
     # Each trial saves step 6 next to steps 2 and 4 (keep 2: step 2 is removed), then saves
     # step 6 again (a re-run replaces it); its process is killed before its n-th file call.
     killed = _kill_points("checkpoint", tmp_path, str(fixture_dir / "verifier"))
@@ -564,7 +660,10 @@ def test_sigkill_at_every_point_of_a_checkpoint_save_leaves_only_whole_checkpoin
         for c in ckpts:  # whatever has a checkpoint's name is a whole checkpoint (the bug: a
             # half-deleted step-00000002 that kept its trainer_state.json)
             assert sorted(p.name for p in c.path.iterdir()) == CHECKPOINT_FILES, (n, c.path)
-            assert json.loads((c.path / "config.json").read_text())["speculators_model_type"] == "dflash"
+            assert (
+                json.loads((c.path / "config.json").read_text())["speculators_model_type"]
+                == "dflash"
+            )
             assert load_checkpoint(c, model, opt)["step"] == c.step  # weights, optimizer, state
         # A restart resumes from the newest; its next save sweeps what the kill left.
         assert latest_checkpoint(trial).step == steps[-1]
@@ -573,12 +672,18 @@ def test_sigkill_at_every_point_of_a_checkpoint_save_leaves_only_whole_checkpoin
         assert [c.step for c in list_checkpoints(trial)] == [steps[-1], 8]
 
 
-def test_sigkill_at_every_point_of_a_state_file_write_leaves_the_old_file_or_the_new(tmp_path: Path) -> None:
+def test_sigkill_at_every_point_of_a_state_file_write_leaves_the_old_file_or_the_new(
+    tmp_path: Path,
+) -> None:
     from tests.support.kill_points import METRICS, NEW_RUN, OLD_RUN
 
     killed = _kill_points("state", tmp_path)
     assert killed >= 6  # train_run.json's and metrics.jsonl's temporary file, chmod, rename, fsync
-    trimmed = "".join(line for line in METRICS.splitlines(keepends=True) if line[:11] in ('{"step": 2,', '{"step": 4,'))
+    trimmed = "".join(
+        line
+        for line in METRICS.splitlines(keepends=True)
+        if line[:11] in ('{"step": 2,', '{"step": 4,')
+    )
     seen_run, seen_metrics = set(), set()
     for n in range(1, killed + 2):
         trial = tmp_path / f"t{n:03d}"
@@ -588,10 +693,15 @@ def test_sigkill_at_every_point_of_a_state_file_write_leaves_the_old_file_or_the
         assert metrics in (METRICS, trimmed), (n, metrics)
         seen_run.add(run["status"])
         seen_metrics.add(metrics == trimmed)
-    assert seen_run == {"running", "finished"} and seen_metrics == {False, True}  # the kills fell on both sides
+    assert seen_run == {"running", "finished"} and seen_metrics == {
+        False,
+        True,
+    }  # the kills fell on both sides
 
 
-def test_sigkill_during_a_training_start_leaves_no_output_folder(tmp_path: Path, train_data, fixture_dir) -> None:
+def test_sigkill_during_a_training_start_leaves_no_output_folder(
+    tmp_path: Path, train_data, fixture_dir
+) -> None:
     # The worst moment: the verifier is loaded and the prompts read (the old code had made
     # --out by then), and the self-distillation is writing its cache (kept outside --out).
     out = tmp_path / "drafter"
@@ -602,7 +712,14 @@ def test_sigkill_during_a_training_start_leaves_no_output_folder(tmp_path: Path,
         "--aux-layers", "1,3,4", "--layers", "1", "--mask-token-id", str(MASK), "--max-new-tokens", "32",
         "--steps", "10", "--threads", "1", "--no-progress",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     seen = []
     try:
         for line in proc.stderr:
