@@ -100,7 +100,7 @@ class CompiledInt8Step:
         end = start + n
         cache.reserve(end)
         kv = cache.data
-        cos, sin = fd.cos[start:end], fd.sin[start:end]
+        cos, sin = fd.cos[start:end], fd.signed_sin[start:end]
         rows = max(n, 2)  # one row padded to two: one set of compiled kernels for every size
         h = F.embedding(ids.expand(rows) if n == 1 else ids, fd.embed)
         cos, sin = cos.expand(rows, -1, -1), sin.expand(rows, -1, -1)

@@ -33,7 +33,15 @@ from torch import nn
 from specui.errors import SpecUIError
 from specui.verifier import cpu_kernels
 from specui.verifier.batch_invariant import BF16Linear
-from specui.verifier.decoder import _bf16_rows, _mm, _norm, _packed, _rotate, architecture_reason
+from specui.verifier.decoder import (
+    _bf16_rows,
+    _mm,
+    _norm,
+    _packed,
+    _rotate,
+    architecture_reason,
+    signed_sin,
+)
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +191,8 @@ class BatchedGreedy:
         pos = torch.arange(self.max_len).unsqueeze(0)
         probe = torch.zeros(1, 1, self.head_dim, dtype=torch.float32)
         cos, sin = model.model.rotary_emb(probe, pos)  # the model's own tables (its bits)
-        self.cos, self.sin = cos[0].float().unsqueeze(1), sin[0].float().unsqueeze(1)  # [L, 1, d]
+        # [L, 1, d]; sin with rotate_half's signs, as _rotate takes it
+        self.cos, self.sin = cos[0].float().unsqueeze(1), signed_sin(sin[0].float()).unsqueeze(1)
         self.kv: torch.Tensor | None = None
         # specui.verifier.cpu_kernels' row attention reads a float32 cache in place.
         self.attention_kernel = self.kv_dtype == torch.float32 and cpu_kernels.attention_supported(

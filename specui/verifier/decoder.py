@@ -80,6 +80,13 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """A rotary sin table ``[..., d]`` with rotate_half's signs (the first half negated): what
+    ``_rotate`` takes."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
 def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     # [n, heads, d] with cos/sin [n, 1, d]; transformers' apply_rotary_pos_emb, same bits in fewer
     # ops: its cat(-x2, x1) * sin is x.roll(d/2) * cat(-sin1, sin2), as (-a) b == a (-b) exactly.
@@ -213,11 +220,9 @@ class FastDecoder:
         # Rotary tables for every position, by the model's own module (its bits).
         pos = torch.arange(self.max_len).unsqueeze(0)
         cos, sin = model.model.rotary_emb(self.embed[:1].unsqueeze(0), pos)
-        half = self.head_dim // 2
-        signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # rotate_half's signs
         self.cos, self.signed_sin = (  # [L, 1, d]
             cos[0].unsqueeze(1).contiguous(),
-            signed[0].unsqueeze(1).contiguous(),
+            signed_sin(sin)[0].unsqueeze(1).contiguous(),
         )
 
     def active(self) -> bool:
