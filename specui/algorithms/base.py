@@ -319,6 +319,11 @@ class DraftModel(nn.Module):
         """The verifier's tensor standing in for a missing ``key``."""
         raise KeyError(key)
 
+    def own_matmuls_outside(self) -> list[nn.Module]:
+        """Layers the drafter owns but holds outside its modules (so outside its checkpoint),
+        for ``LearnedDrafter.matmuls_in_bf16``; none by default."""
+        return []
+
 
 # --- the verifier parts a drafter borrows ---------------------------------------------------
 
@@ -468,13 +473,11 @@ class LearnedDrafter:
 
     def matmuls_in_bf16(self) -> None:
         """Run the drafter's matmuls on the bf16 kernels (beside a bf16, int8 or GGUF verifier:
-        about a third less drafting time, and the verifier decides every token).  A model
-        lists weights it holds outside its modules (a draft vocabulary's copy of the verifier
-        head) in ``own_matmuls_outside``."""
+        about a third less drafting time, and the verifier decides every token), with the
+        layers its model holds outside its modules (``DraftModel.own_matmuls_outside``)."""
         from specui.verifier.batch_invariant import bf16_matmuls
 
-        bf16_matmuls(self.model)
-        for module in getattr(self.model, "own_matmuls_outside", lambda: [])():
+        for module in (self.model, *self.model.own_matmuls_outside()):
             bf16_matmuls(module)
 
     def empty_proposal(self) -> Any:

@@ -473,8 +473,8 @@ int specui_gguf_matmul_float(int type, const float *x, int64_t rows, int64_t k, 
  */
 #define PIECE_ROWS 6
 
-/* One row of k floats -> its pieces [k/32][3][32] (int8), its steps s / 16384 [k/32], and for Q4_0
- * 8 x its pieces' block sums combined as S is [k/32]. */
+/* One row of k floats -> its pieces [k/32][3][32] (int8), its steps s / 16384 [k/32], and (Q4_0
+ * only: offset8 not NULL) 8 x its pieces' block sums combined as S is [k/32]. */
 static void split_row(const float *x, int64_t k, int8_t *pieces, float *step, int32_t *offset8) {
     const __m512 unit = _mm512_set1_ps(128.0f);
     for (int64_t b = 0; b < k / 32; ++b) {
@@ -501,12 +501,12 @@ static void split_row(const float *x, int64_t k, int8_t *pieces, float *step, in
                 r = _mm512_mul_ps(_mm512_sub_ps(r, p), unit);
                 const __m512i q = _mm512_cvtps_epi32(p);
                 _mm_storeu_si128((__m128i *)(pieces + (b * 3 + j) * 32 + 16 * h), _mm512_cvtepi32_epi8(q));
-                total += _mm512_reduce_add_epi32(q) << (14 - 7 * j);
+                if (offset8) total += _mm512_reduce_add_epi32(q) << (14 - 7 * j);
             }
         }
         /* an inf or NaN input: a NaN scale carries it into every output, as a float sum would */
         step[b] = special ? NAN : ldexpf(1.0f, e - 14);
-        offset8[b] = 8 * total;
+        if (offset8) offset8[b] = 8 * total;
     }
 }
 
@@ -575,8 +575,9 @@ static int gguf_matmul_pieces(int type, const float *x, int64_t rows, int64_t k,
         return -1;
     }
     for (int64_t r = 0; r < rows; ++r) {
-        split_row(x + r * k, k, pieces + r * nb * 96, step + r * nb, offset8 + r * nb);
-        block_sums(x + r * k, nb, xsum + r * nb);
+        /* Q4_0 takes its offset off in the pieces' integers, Q4_1 adds m times the float sums */
+        split_row(x + r * k, k, pieces + r * nb * 96, step + r * nb, type == GGUF_Q4_0 ? offset8 + r * nb : NULL);
+        if (type == GGUF_Q4_1) block_sums(x + r * k, nb, xsum + r * nb);
     }
     for (int64_t o = 0; o < n_out; o += TILE) {
         const uint8_t *tile = wp + (o / TILE) * tile_bytes;

@@ -250,12 +250,7 @@ class FastDecoder:
         rows, mm = self.rows, self.mm
         for i, layer in enumerate(self.layers):
             xb = rows(_norm(h, layer.ln1, layer.eps1))
-            if layer.qkv is not None and layer.q_norm is None:
-                # q and k rotated in one pass (each head on its own: the same bits as apart)
-                qkv = mm(xb, layer.qkv, n).view(n, nh + 2 * kvh, d)
-                qk = _rotate(qkv[:, : nh + kvh], cos, sin)
-                q, k, v = qk[:, :nh], qk[:, nh:], qkv[:, nh + kvh :]
-            elif layer.qkv is not None:
+            if layer.qkv is not None:
                 q, k, v = mm(xb, layer.qkv, n).split((nh * d, kvh * d, kvh * d), dim=-1)
                 q, k, v = q.reshape(n, nh, d), k.reshape(n, kvh, d), v.reshape(n, kvh, d)
             else:
@@ -265,8 +260,7 @@ class FastDecoder:
             if layer.q_norm is not None:
                 q = _norm(q, *layer.q_norm)
                 k = _norm(k, *layer.k_norm)
-            if layer.qkv is None or layer.q_norm is not None:
-                q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
             kv[i, 0, :, start:end] = k.transpose(0, 1)
             kv[i, 1, :, start:end] = v.transpose(0, 1)
             attn = self._attention(q, kv[i, 0, :, :end], kv[i, 1, :, :end], layer.scaling, start)

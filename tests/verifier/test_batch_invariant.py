@@ -97,7 +97,7 @@ def test_greedy_speculation_in_bf16_is_identical_to_plain_bf16_decoding(
         linears = [m for m in d.model.modules() if isinstance(m, torch.nn.Linear)]
         assert linears and all(isinstance(m, batch_invariant.BF16Linear) for m in linears)
         # and the draft vocabulary's head rows it holds outside its modules (DFlash, DSpark)
-        outside = getattr(d.model, "own_matmuls_outside", lambda: [])()
+        outside = d.model.own_matmuls_outside()
         assert all(isinstance(m, batch_invariant.BF16Linear) for m in outside)
         if getattr(d.model, "d2t", None) is not None and hasattr(d.model, "borrowed"):
             assert outside and d.model.borrowed.lm_head is not bf16_verifier.lm_head
