@@ -590,3 +590,131 @@ static int gguf_matmul_pieces(int type, const float *x, int64_t rows, int64_t k,
     free(pieces); free(step); free(xsum); free(offset8);
     return 0;
 }
+
+/* ---- The gguf verifier's decoder layers in one call ------------------------------------------
+ *
+ * A one-token gguf step is a stream through 60 MB of blocks (~13 ms at one core's bandwidth), yet
+ * it took ~27 ms through `specui.verifier.decoder`'s torch ops: per layer some 35 of them (norms,
+ * rotary, the KV writes, SiLU, residual adds, views) at a few microseconds each, plus their
+ * allocations.  `specui_gguf_layers` runs every layer of a block of rows (a one-token step or a
+ * verify block) on the kernels above with no torch in between: RMSNorm, the fused q/k/v matmul
+ * (and its bias), Qwen3's per-head q/k norms where there are, rotary, the K/V rows written into the
+ * cache, row-wise attention, the output projection and residual, RMSNorm, the fused gate/up matmul,
+ * SiLU(gate) * up, the down projection and residual, and the wanted taps of the residual stream.
+ *
+ * Its numbers are its own (the norms' sums of squares 16 lanes at a time, SiLU through
+ * exp_nonpositive), within float32 rounding of the torch ops, and batch-invariant for the same
+ * reason as the kernels it calls: every step is a row's own, in a fixed order whatever the row
+ * count.  `batch_invariant.check` proves that on the loaded verifier at load.
+ */
+typedef struct {
+    int32_t type, unused;
+    const uint8_t *data;
+    const float *bias; /* float32 [n_out] or NULL */
+    int64_t k, n_out;
+} specui_gguf_weight;
+
+typedef struct {
+    const float *ln1, *ln2;       /* the two RMSNorms' weights [hidden] */
+    const float *q_norm, *k_norm; /* Qwen3's per-head norms' weights [d], or NULL */
+    float eps1, eps2, q_eps, k_eps, scaling, unused;
+    specui_gguf_weight qkv, o, gate_up, down; /* q/k/v and gate/up fused (outputs in that order) */
+} specui_gguf_layer;
+
+/* out = weight * (x * rsqrt(mean(x^2) + eps)) over n floats (n a multiple of 16). */
+static void rms_norm(const float *x, const float *weight, float eps, int64_t n, float *out) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    const __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps));
+    for (int64_t i = 0; i < n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(weight + i), _mm512_mul_ps(_mm512_loadu_ps(x + i), r)));
+}
+
+/* out[i] = x[i] cos[i] + x[(i + d/2) % d] ssin[i]: rotate_half's rotary, its signs in ssin. */
+static void rotate(const float *x, const float *cos, const float *ssin, int64_t d, float *out) {
+    const int64_t half = d / 2;
+    for (int64_t i = 0; i < d; ++i) out[i] = x[i] * cos[i] + x[(i + half) % d] * ssin[i];
+}
+
+/* gate_up: [2 n] (gate, then up) -> out [n] = silu(gate) * up; silu(g) = g / (1 + e^-g), with
+ * e^-|g| only (no overflow): sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below. */
+static void silu_mul(const float *gate_up, int64_t n, float *out) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512 g = _mm512_loadu_ps(gate_up + i), u = _mm512_loadu_ps(gate_up + n + i);
+        const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
+        const __mmask16 neg = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
+        const __m512 num = _mm512_mask_mov_ps(one, neg, e);
+        const __m512 sig = _mm512_div_ps(num, _mm512_add_ps(one, e));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(g, sig), u));
+    }
+}
+
+static int weight_matmul(const specui_gguf_weight *w, const float *x, int64_t rows, float *out) {
+    int rc = specui_gguf_matmul(w->type, x, rows, w->k, w->data, w->n_out, out);
+    if (rc == 0 && w->bias)
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t j = 0; j < w->n_out; ++j) out[r * w->n_out + j] += w->bias[j];
+    return rc;
+}
+
+/* h: [rows][hidden] float32, the residual stream in and out; cos, ssin: [rows][d] for positions
+ * start..start+rows-1; kv: the cache [layers][2][kv_heads][capacity][d], positions below `start`
+ * already filled; taps: [slots][rows][hidden], tap_slot[l] (l = 1..layers) the slot of the stream
+ * after layer l, or -1.  hidden and the intermediate size multiples of 32, d of 16.
+ * Returns 0, -1 without memory, -2 on shapes the kernels do not take. */
+int specui_gguf_layers(const specui_gguf_layer *layers, int64_t n_layers, int64_t heads, int64_t kv_heads,
+                       int64_t d, float *h, int64_t rows, int64_t hidden, const float *cos, const float *ssin,
+                       float *kv, int64_t capacity, int64_t start, const int64_t *tap_slot, float *taps) {
+    if (rows <= 0 || hidden % 32 || d % 16 || kv_heads <= 0 || heads % kv_heads || start + rows > capacity) return -2;
+    const int64_t qd = heads * d, kd = kv_heads * d, qkv_out = qd + 2 * kd;
+    const int64_t inter = layers[0].gate_up.n_out / 2;
+    if (inter % 32) return -2;
+    for (int64_t i = 0; i < n_layers; ++i) {
+        const specui_gguf_layer *L = layers + i;
+        if (L->qkv.n_out != qkv_out || L->qkv.k != hidden || L->o.k != qd || L->o.n_out != hidden ||
+            L->gate_up.n_out != 2 * inter || L->gate_up.k != hidden || L->down.k != inter || L->down.n_out != hidden)
+            return -2;
+    }
+    float *x = malloc(sizeof(float) * rows * hidden), *t = malloc(sizeof(float) * rows * hidden);
+    float *qkv = malloc(sizeof(float) * rows * qkv_out), *q = malloc(sizeof(float) * rows * qd);
+    float *att = malloc(sizeof(float) * rows * qd), *gu = malloc(sizeof(float) * rows * 2 * inter);
+    float *g = malloc(sizeof(float) * rows * inter), *tmp = malloc(sizeof(float) * d);
+    int rc = (x && t && qkv && q && att && gu && g && tmp) ? 0 : -1;
+    const int64_t head_stride = capacity * d;
+    for (int64_t i = 0; i < n_layers && rc == 0; ++i) {
+        const specui_gguf_layer *L = layers + i;
+        float *keys = kv + (i * 2) * kv_heads * head_stride, *values = keys + kv_heads * head_stride;
+        for (int64_t r = 0; r < rows; ++r) rms_norm(h + r * hidden, L->ln1, L->eps1, hidden, x + r * hidden);
+        if ((rc = weight_matmul(&L->qkv, x, rows, qkv))) break;
+        for (int64_t r = 0; r < rows; ++r) {
+            const float *row = qkv + r * qkv_out, *c = cos + r * d, *s = ssin + r * d;
+            for (int64_t hd = 0; hd < heads; ++hd) {
+                const float *src = row + hd * d;
+                if (L->q_norm) rms_norm(src, L->q_norm, L->q_eps, d, tmp), src = tmp;
+                rotate(src, c, s, d, q + (r * heads + hd) * d);
+            }
+            for (int64_t gh = 0; gh < kv_heads; ++gh) {
+                const float *src = row + qd + gh * d;
+                if (L->k_norm) rms_norm(src, L->k_norm, L->k_eps, d, tmp), src = tmp;
+                rotate(src, c, s, d, keys + gh * head_stride + (start + r) * d);
+                memcpy(values + gh * head_stride + (start + r) * d, row + qd + kd + gh * d, sizeof(float) * d);
+            }
+        }
+        if ((rc = specui_attention_rows(q, rows, heads, d, keys, values, kv_heads, head_stride, start, L->scaling, att)))
+            break;
+        if ((rc = weight_matmul(&L->o, att, rows, t))) break;
+        for (int64_t j = 0; j < rows * hidden; ++j) h[j] += t[j];
+        for (int64_t r = 0; r < rows; ++r) rms_norm(h + r * hidden, L->ln2, L->eps2, hidden, x + r * hidden);
+        if ((rc = weight_matmul(&L->gate_up, x, rows, gu))) break;
+        for (int64_t r = 0; r < rows; ++r) silu_mul(gu + r * 2 * inter, inter, g + r * inter);
+        if ((rc = weight_matmul(&L->down, g, rows, t))) break;
+        for (int64_t j = 0; j < rows * hidden; ++j) h[j] += t[j];
+        if (tap_slot[i + 1] >= 0) memcpy(taps + tap_slot[i + 1] * rows * hidden, h, sizeof(float) * rows * hidden);
+    }
+    free(x); free(t); free(qkv); free(q); free(att); free(gu); free(g); free(tmp);
+    return rc;
+}

@@ -194,6 +194,11 @@ class Kernel:
         else:
             self.amx_reason = None
 
+    def function(self, name: str):
+        """The C function ``name`` of the library, for a caller that sets its own argument types
+        (``specui.verifier.gguf_layers``)."""
+        return getattr(self._lib, name)
+
     def bf16_matmul(
         self, x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None
     ) -> torch.Tensor:

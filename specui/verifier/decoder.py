@@ -38,6 +38,7 @@ from specui.verifier.batch_invariant import (
     int8_matmul,
     quantize_rows,
 )
+from specui.verifier.gguf_layers import GGUFLayers
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 _linear = torch.ops.mkldnn._linear_pointwise
@@ -224,6 +225,14 @@ class FastDecoder:
             cos[0].unsqueeze(1).contiguous(),
             signed_sin(sin)[0].unsqueeze(1).contiguous(),
         )
+        # gguf: every layer of a step or verify block in one C call (specui.verifier.gguf_layers).
+        self.gguf_layers = (
+            GGUFLayers(self.layers, self.heads, self.kv_heads, self.head_dim)
+            if self.mm is gguf_matmul
+            and self.attention_kernel
+            and GGUFLayers.supported(self.layers)
+            else None
+        )
 
     def active(self) -> bool:
         """Still the model it was built from (a test may switch its attention back to SDPA)."""
@@ -248,7 +257,15 @@ class FastDecoder:
         cos, sin = self.cos[start:end], self.signed_sin[start:end]  # [n, 1, d]
         nh, kvh, d = self.heads, self.kv_heads, self.head_dim
         rows, mm = self.rows, self.mm
-        for i, layer in enumerate(self.layers):
+        if self.gguf_layers is not None and n <= ROWWISE_MAX_ROWS:
+            h = h.contiguous()  # F.embedding's rows, updated in place by the C layers
+            if 0 in taps:
+                out[0] = h.clone()
+            out.update(self.gguf_layers.run(h, cos, sin, kv, start, taps))
+            layers = []
+        else:
+            layers = self.layers
+        for i, layer in enumerate(layers):
             xb = rows(_norm(h, layer.ln1, layer.eps1))
             if layer.qkv is not None:
                 q, k, v = mm(xb, layer.qkv, n).split((nh * d, kvh * d, kvh * d), dim=-1)

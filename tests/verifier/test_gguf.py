@@ -64,7 +64,10 @@ def test_the_integer_q4_path_keeps_hard_rows_within_its_bound(type_name):
     k, n = 128, 32
     gen = torch.Generator().manual_seed(7)
     raw = cpu_kernels.random_gguf(n, k, type_name, gen)
-    w, exact_w = cpu_kernels.pack_gguf(raw, type_name, k), cpu_kernels.dequantize_gguf(raw, type_name, k)
+    w, exact_w = (
+        cpu_kernels.pack_gguf(raw, type_name, k),
+        cpu_kernels.dequantize_gguf(raw, type_name, k),
+    )
     x = torch.randn(8, k, generator=gen)
     x[0, 5] = 300.0  # one outlier: the other 31 inputs of its block get the coarse step
     x[1, :32] = 0.0  # a zero block
@@ -202,6 +205,73 @@ def test_a_gguf_files_blocks_replace_the_models_linears_and_compute_its_float32_
         got = model(ids).logits[0]
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
     assert not torch.equal(got, want)  # its own sums, not a float32 matmul's
+
+
+def _tiny(family: str):
+    import transformers
+
+    torch.manual_seed(0)
+    name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    cfg = getattr(transformers, f"{name}Config")(
+        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    model = getattr(transformers, f"{name}ForCausalLM")(cfg).float().eval()
+    with torch.no_grad():  # biases (Qwen2's q/k/v) and norm weights away from their init values
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+@needs_kernel
+# qwen2: q/k/v biases; qwen3: per-head q/k norms
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_the_one_call_gguf_layers_compute_the_torch_ops_within_float32_rounding(tmp_path, family):
+    from specui.verifier.decoder import FastDecoder
+
+    model = _tiny(family)
+    path = tmp_path / "tiny.gguf"
+    _write_gguf(model, path, {"attn_q": "Q4_1", "attn_k": "Q4_1", "attn_v": "Q4_1", "ffn_gate": "Q4_0",
+                              "ffn_up": "Q4_0", "ffn_down": "Q4_1"})  # fmt: skip
+    batch_invariant.enable(model, "gguf", gguf=path)
+    fast = FastDecoder(model)
+    assert fast.gguf_layers is not None  # every layer fused: one C call a step
+    ids = torch.randint(3, 96, (30,), generator=torch.Generator().manual_seed(2))
+    taps = {0, 1, 2}
+
+    def steps(one_call: bool):
+        saved = fast.gguf_layers
+        fast.gguf_layers = saved if one_call else None
+        cache = fast.new_cache()
+        outs = [fast.forward(ids[:20], cache, taps)]  # rows <= 64: through the call when on
+        outs.append(fast.forward(ids[20:29], cache, taps))  # a verify block
+        cache.crop(23)
+        outs.append(fast.forward(ids[23:24], cache, taps))
+        fast.gguf_layers = saved
+        return outs, cache
+
+    (got, got_cache), (want, want_cache) = steps(True), steps(False)
+    for (g, g_taps), (w, w_taps) in zip(got, want, strict=True):
+        assert torch.allclose(g, w, rtol=1e-4, atol=1e-4 * w.abs().max().item())
+        assert not torch.equal(g, w)  # its own sums, not the torch ops'
+        for t in taps:
+            assert torch.allclose(
+                g_taps[t], w_taps[t], rtol=1e-4, atol=1e-4 * w_taps[t].abs().max().item()
+            )
+    n = got_cache.length
+    assert torch.allclose(
+        got_cache.data[..., :n, :], want_cache.data[..., :n, :], rtol=1e-4, atol=1e-5
+    )
+    # A verify block through the call gives each row the bits it gets alone.
+    cache = fast.new_cache()
+    fast.forward(ids[:20], cache, taps)
+    block, block_taps = fast.forward(ids[20:29], cache, taps)
+    cache.crop(20)
+    alone = [fast.forward(ids[t : t + 1], cache, taps) for t in range(20, 29)]
+    assert torch.equal(block, torch.cat([a[0] for a in alone]))
+    assert torch.equal(block_taps[2], torch.cat([a[1][2] for a in alone]))
 
 
 def test_a_type_the_kernel_cannot_read_is_named_with_the_precisions_that_load_it(tmp_path):
