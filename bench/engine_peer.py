@@ -59,8 +59,9 @@ class LlamaCpp:
         if not python.is_file():
             sys.exit(f"{python} not found: run scripts/setup_llamacpp.sh first")
         env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
-        cmd = [str(python), str(ROOT / "bench" / "llamacpp_worker.py"), str(gguf), "--threads", str(threads),
-               "--modes", ",".join(modes)]  # fmt: skip
+        worker = ROOT / "bench" / "llamacpp_worker.py"
+        cmd = [str(python), str(worker), str(gguf), "--threads", str(threads)]
+        cmd += ["--modes", ",".join(modes)]
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,
@@ -230,13 +231,16 @@ def main() -> None:
     llama.close()
 
     base = results[("llama.cpp", "plain")]
-    print(f"verifier {first.name}: llama.cpp {gguf.name} ({llama.info['system']}); SpecUI {', '.join(engines)}; "
-          f"{len(prompts)} Spec-Bench prompts, {a.max_new_tokens} tokens, greedy, "
-          f"{a.threads} thread(s); machine load average {os.getloadavg()[0]:.1f} at the end")  # fmt: skip
-    print(f"SpecUI's matmuls and attention: {cpu_kernels.status()}")
+    load = os.getloadavg()[0]
     print(
-        f"{'engine':<12} {'mode':<14}{'tok/s [95% CI]':>22}{'tau':>6}{'x llama.cpp plain [95% CI]':>30}  same as plain"
+        f"verifier {first.name}: llama.cpp {gguf.name} ({llama.info['system']});"
+        f" SpecUI {', '.join(engines)}; {len(prompts)} Spec-Bench prompts,"
+        f" {a.max_new_tokens} tokens, greedy, {a.threads} thread(s);"
+        f" machine load average {load:.1f} at the end"
     )
+    print(f"SpecUI's matmuls and attention: {cpu_kernels.status()}")
+    header = f"{'engine':<12} {'mode':<14}{'tok/s [95% CI]':>22}{'tau':>6}"
+    print(f"{header}{'x llama.cpp plain [95% CI]':>30}  same as plain")
     for engine, mode in runs:
         rs = results[(engine, mode)]
         tok = interval([r["tok_s"] for r in rs])
@@ -245,8 +249,9 @@ def main() -> None:
         plain = results[(engine, "plain" if engine == "llama.cpp" else "none")]
         same = sum(r["out"] == p["out"] for r, p in zip(rs, plain, strict=True))
         tau = f"{statistics.median(taus):6.2f}" if taus else f"{'':>6}"
-        print(f"{engine:<12} {mode:<14}{tok[0]:>8.1f} [{tok[1]:5.1f}, {tok[2]:5.1f}]{tau}"
-              f"{ratio[0]:>13.2f}x [{ratio[1]:.2f}, {ratio[2]:.2f}]     {same}/{len(rs)}")  # fmt: skip
+        speed = f"{tok[0]:>8.1f} [{tok[1]:5.1f}, {tok[2]:5.1f}]"
+        x_plain = f"{ratio[0]:>13.2f}x [{ratio[1]:.2f}, {ratio[2]:.2f}]"
+        print(f"{engine:<12} {mode:<14}{speed}{tau}{x_plain}     {same}/{len(rs)}")
     print_bars(results, modes, engines, names)
     for engine, per in steps.items():
         print_steps(engine, per, a.step_repeats)
@@ -290,7 +295,8 @@ def vllm_step_costs(vocab_size: int, repeats: int, context: int = 256) -> dict[i
 
 def print_vllm_steps(steps: dict[int, float], repeats: int) -> None:
     print(
-        f"\nvLLM-CPU (plain server, one core): verify after 256 cached tokens, one request, median of {repeats}"
+        "\nvLLM-CPU (plain server, one core): verify after 256 cached tokens, one request,"
+        f" median of {repeats}"
     )
     print(f"{'tokens':>6}{'vLLM ms':>11}{'x its 1-token':>15}")
     for n in STEP_SIZES:
@@ -306,27 +312,30 @@ def print_bars(results: dict, modes: list[str], engines: dict, names: list[str])
 
     llama_plain = med(("llama.cpp", "plain"))
     llama_best = max(modes, key=lambda m: med(("llama.cpp", m)))
+    best_tok_s = med(("llama.cpp", llama_best))
     print(
-        f"\nbars (median tok/s over prompts): llama.cpp plain {llama_plain:.1f}, best {llama_best} {med(('llama.cpp', llama_best)):.1f}"
+        f"\nbars (median tok/s over prompts): llama.cpp plain {llama_plain:.1f},"
+        f" best {llama_best} {best_tok_s:.1f}"
     )
     for engine in engines:
         best = max(
             (n for n in names if n != "none"), key=lambda n: med((engine, n)), default="none"
         )
-        print(f"  {engine}: plain {med((engine, 'none')) / llama_plain:.2f}x llama.cpp plain (bar 1.0x); "
-              f"best {best} {med((engine, best)) / med(('llama.cpp', llama_best)):.2f}x llama.cpp's best (bar 1.3x)")  # fmt: skip
+        print(
+            f"  {engine}: plain {med((engine, 'none')) / llama_plain:.2f}x llama.cpp plain"
+            f" (bar 1.0x); best {best} {med((engine, best)) / best_tok_s:.2f}x llama.cpp's best"
+            " (bar 1.3x)"
+        )
 
 
 def print_steps(engine: str, steps: dict[str, dict[int, float]], repeats: int) -> None:
     print(f"\n{engine}: verifier step after 256 cached tokens (median of {repeats}, interleaved)")
-    print(
-        f"{'tokens':>6}{'SpecUI ms':>11}{'x its 1-token':>15}{'llama.cpp ms':>14}{'x its 1-token':>15}"
-    )
+    ratio = "x its 1-token"
+    print(f"{'tokens':>6}{'SpecUI ms':>11}{ratio:>15}{'llama.cpp ms':>14}{ratio:>15}")
+    ours, theirs = steps["specui"], steps["llama.cpp"]
     for n in STEP_SIZES:
-        s, ll = steps["specui"][n], steps["llama.cpp"][n]
-        print(
-            f"{n:>6}{s * 1e3:>11.1f}{s / steps['specui'][1]:>15.2f}{ll * 1e3:>14.1f}{ll / steps['llama.cpp'][1]:>15.2f}"
-        )
+        specui = f"{ours[n] * 1e3:>11.1f}{ours[n] / ours[1]:>15.2f}"
+        print(f"{n:>6}{specui}{theirs[n] * 1e3:>14.1f}{theirs[n] / theirs[1]:>15.2f}")
 
 
 if __name__ == "__main__":

@@ -29,15 +29,8 @@ def one_pass(fn, weights: list, outs: list[torch.Tensor], xs: dict[int, torch.Te
     t0 = time.perf_counter()
     for w, o in zip(weights, outs, strict=True):
         x = xs[w.k]
-        fn(
-            w.type_id,
-            x.data_ptr(),
-            x.shape[0],
-            w.k,
-            w.data.data_ptr(),
-            w.out_features,
-            o.data_ptr(),
-        )
+        rows = (x.data_ptr(), x.shape[0], w.k)
+        fn(w.type_id, *rows, w.data.data_ptr(), w.out_features, o.data_ptr())
     return (time.perf_counter() - t0) * 1e3
 
 

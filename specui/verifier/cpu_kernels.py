@@ -57,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,7 +91,8 @@ GGUF_MAX_ROWS = (
 )
 MAX_ROWS = 12  # the AVX512-VNNI int8 kernel: one pass over the weights; longer blocks go to oneDNN
 TILE = 16
-# The GGUF block types the gguf matmul reads (ggml's type ids) and each block's bytes per 32 weights.
+# The GGUF block types the gguf matmul reads (ggml's type ids), and each block's bytes per 32
+# weights.
 GGUF_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 GGUF_BLOCK = 32  # weights a block
@@ -158,34 +160,19 @@ class Int8Weight:
         return self.scale.shape[0]
 
 
+_CTYPES = {"p": ctypes.c_void_p, "i": ctypes.c_int, "q": ctypes.c_int64, "f": ctypes.c_float}
+
+
 class Kernel:
     """The compiled ``cpu_kernels.c`` (its matmuls and attention), loaded from ``library``."""
 
     def __init__(self, library: Path) -> None:
         self._lib = ctypes.CDLL(str(library))
-        fn = self._lib.specui_int8_matmul
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
-        fn.restype = ctypes.c_int
-        self._int8_vnni = fn
-        amx = self._lib.specui_int8_matmul_amx
-        amx.argtypes = fn.argtypes[:5] + [ctypes.c_void_p] + fn.argtypes[5:]
-        amx.restype = ctypes.c_int
-        self._int8_amx = amx
-        att = self._lib.specui_attention_rows
-        att.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p]  # fmt: skip
-        att.restype = ctypes.c_int
-        self._attention = att
-        bf16 = self._lib.specui_bf16_matmul
-        bf16.argtypes = fn.argtypes[:5] + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-        bf16.restype = ctypes.c_int
-        self._bf16 = bf16
-        gguf = self._lib.specui_gguf_matmul
-        gguf.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                         ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
-        gguf.restype = ctypes.c_int
-        self._gguf = gguf
+        self._int8_vnni = self.function("specui_int8_matmul", "pqqqppqp")
+        self._int8_amx = self.function("specui_int8_matmul_amx", "pqqqpppqp")
+        self._attention = self.function("specui_attention_rows", "pqqqppqqqfp")
+        self._bf16 = self.function("specui_bf16_matmul", "pqqqppqp")
+        self._gguf = self.function("specui_gguf_matmul", "ipqqpqp")
         missing = [f for f in AMX_FLAGS if f not in _cpu_flags()]
         if missing:
             self.amx_reason: str | None = f"the CPU lacks {', '.join(missing)}"
@@ -194,15 +181,18 @@ class Kernel:
         else:
             self.amx_reason = None
 
-    def function(self, name: str):
-        """The C function ``name`` of the library, for a caller that sets its own argument types
-        (``specui.verifier.gguf_layers``)."""
-        return getattr(self._lib, name)
+    def function(self, name: str, signature: str) -> Callable[..., int]:
+        """The C function ``name``, its arguments typed by ``signature``: a letter each, ``p`` a
+        pointer, ``i`` an int, ``q`` an int64, ``f`` a float; every kernel returns an int status."""
+        fn = getattr(self._lib, name)
+        fn.argtypes, fn.restype = [_CTYPES[c] for c in signature], ctypes.c_int
+        return fn
 
     def bf16_matmul(
         self, x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """float32 ``[rows, out]``: bf16 rows ``x`` times ``w`` in float32 sums (one fixed order per output), plus ``bias``."""
+        """float32 ``[rows, out]``: bf16 rows ``x`` times ``w`` in float32 sums (one fixed order per
+        output), plus ``bias``."""
         if self.amx_reason is not None:  # AMX instructions would fault
             raise RuntimeError(f"bf16 kernel: {self.amx_reason}")
         if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != w.k:
@@ -213,8 +203,9 @@ class Kernel:
             raise ValueError("bf16 kernel: a contiguous float32 bias")
         x = x.contiguous()
         out = torch.empty(x.shape[0], w.out_features)
-        rc = self._bf16(x.data_ptr(), x.shape[0], w.k, w.k_padded, w.data.data_ptr(),
-                        None if bias is None else bias.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
+        rows = (x.data_ptr(), x.shape[0], w.k, w.k_padded)
+        bias_ptr = None if bias is None else bias.data_ptr()
+        rc = self._bf16(*rows, w.data.data_ptr(), bias_ptr, w.out_features, out.data_ptr())
         if rc != 0:
             raise MemoryError("bf16 kernel: no memory for its scratch rows")
         return out
@@ -222,8 +213,9 @@ class Kernel:
     def gguf_matmul(
         self, x: torch.Tensor, w: PackedGGUF, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """float32 ``[rows, out]``: float32 rows ``x`` times ``w``'s weights, dequantized in registers
-        (float32 sums, one fixed order per output).  ``out``: a contiguous float32 buffer to fill."""
+        """float32 ``[rows, out]``: float32 rows ``x`` times ``w``'s weights, dequantized in
+        registers (float32 sums, one fixed order per output).  ``out``: a contiguous float32 buffer
+        to fill."""
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != w.k:
             raise ValueError(
                 f"gguf kernel: needs float32 rows of {w.k} inputs, got {tuple(x.shape)} {x.dtype}"
@@ -239,8 +231,8 @@ class Kernel:
             raise ValueError(
                 f"gguf kernel: an output buffer of {x.shape[0]} x {w.out_features} float32"
             )
-        rc = self._gguf(w.type_id, x.data_ptr(), x.shape[0], w.k, w.data.data_ptr(), w.out_features,
-                        out.data_ptr())  # fmt: skip
+        rows = (x.data_ptr(), x.shape[0], w.k)
+        rc = self._gguf(w.type_id, *rows, w.data.data_ptr(), w.out_features, out.data_ptr())
         if rc == -1:
             raise MemoryError("gguf kernel: no memory for the rows' block sums")
         if rc != 0:
@@ -252,8 +244,9 @@ class Kernel:
     def attention(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float
     ) -> torch.Tensor:
-        """Causal attention of ``q`` [n, heads, d] (the positions after ``start``) over ``keys``/``values``
-        [kv_heads, >= start + n, d] (rows ``d`` apart, as a KV buffer holds them): float32 ``[n, heads * d]``."""
+        """Causal attention of ``q`` [n, heads, d] (the positions after ``start``) over
+        ``keys``/``values`` [kv_heads, >= start + n, d] (rows ``d`` apart, as a KV buffer holds
+        them): float32 ``[n, heads * d]``."""
         n, heads, d = q.shape
         kv_heads = keys.shape[0]
         if (
@@ -262,19 +255,21 @@ class Kernel:
             or values.stride() != keys.stride()
         ):
             raise ValueError(
-                f"attention kernel: keys {tuple(keys.shape)} strides {keys.stride()} for {n} rows after {start}"
+                f"attention kernel: keys {tuple(keys.shape)} strides {keys.stride()}"
+                f" for {n} rows after {start}"
             )
         if q.dtype != torch.float32 or keys.dtype != torch.float32 or values.dtype != torch.float32:
             raise ValueError("attention kernel: float32 queries, keys and values")
         q = q.contiguous()
         out = torch.empty(n, heads * d)
-        rc = self._attention(q.data_ptr(), n, heads, d, keys.data_ptr(), values.data_ptr(), kv_heads,
-                             keys.stride(0), start, scale, out.data_ptr())  # fmt: skip
+        cache = (keys.data_ptr(), values.data_ptr(), kv_heads, keys.stride(0))
+        rc = self._attention(q.data_ptr(), n, heads, d, *cache, start, scale, out.data_ptr())
         if rc == -1:
             raise MemoryError("attention kernel: no memory for its scores")
         if rc != 0:
             raise ValueError(
-                f"attention kernel: head size {d} (a multiple of 16, at most 256) or {heads} heads over {kv_heads}"
+                f"attention kernel: head size {d} (a multiple of 16, at most 256)"
+                f" or {heads} heads over {kv_heads}"
             )
         return out
 
@@ -312,8 +307,8 @@ class Kernel:
         qp, kp, vp, op = q.data_ptr(), keys.data_ptr(), values.data_ptr(), out.data_ptr()
         att = self._attention
         for r, start in enumerate(starts):
-            rc = att(qp + r * row, 1, heads, d, kp + r * slot, vp + r * slot, kv_heads,
-                     capacity * d, start, scale, op + r * row)  # fmt: skip
+            cache = (kp + r * slot, vp + r * slot, kv_heads, capacity * d)
+            rc = att(qp + r * row, 1, heads, d, *cache, start, scale, op + r * row)
             if rc == -1:
                 raise MemoryError("attention kernel: no memory for its scores")
             if rc != 0:
@@ -321,28 +316,30 @@ class Kernel:
         return out
 
     def matmul(self, q: torch.Tensor, w: PackedInt8, scale: torch.Tensor) -> torch.Tensor:
-        """float32 ``[rows, out]``: uint8 rows ``q`` (zero point 128) times ``w``, times ``scale``."""
+        """float32 ``[rows, out]``: uint8 rows ``q`` (zero point 128) times ``w``, times
+        ``scale``."""
         if q.dtype != torch.uint8 or q.dim() != 2 or q.shape[1] != w.k:
             raise ValueError(
                 f"int8 kernel: needs uint8 rows of {w.k} inputs, got {tuple(q.shape)} {q.dtype}"
             )
         q = q.contiguous()
         out = torch.empty(q.shape[0], w.out_features)
+        rows = (q.data_ptr(), q.shape[0], w.k, w.k_padded, w.data.data_ptr())
+        scaled = (scale.data_ptr(), w.out_features, out.data_ptr())
         if w.sums is not None:
             if self.amx_reason is not None:  # AMX instructions would fault
                 raise RuntimeError(f"int8 kernel: {self.amx_reason}")
-            rc = self._int8_amx(q.data_ptr(), q.shape[0], w.k, w.k_padded, w.data.data_ptr(), w.sums.data_ptr(),
-                                scale.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
+            rc = self._int8_amx(*rows, w.sums.data_ptr(), *scaled)
         else:
-            rc = self._int8_vnni(q.data_ptr(), q.shape[0], w.k, w.k_padded, w.data.data_ptr(),
-                                 scale.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
+            rc = self._int8_vnni(*rows, *scaled)
         if rc != 0:
             raise MemoryError("int8 kernel: no memory for its scratch rows")
         return out
 
 
 def int8_weight(wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> Int8Weight:
-    """int8 ``wq`` ``[out, k]`` with its channel scales, packed for oneDNN and (where it runs) the kernel."""
+    """int8 ``wq`` ``[out, k]`` with its channel scales, packed for oneDNN and (where it runs)
+    the kernel."""
     if amx_available():  # one copy: the AMX kernel takes every row count
         return _int8_weight(None, scale, bias, pack(wq, amx=True))
     return _int8_weight(_onednn_pack(wq), scale, bias, pack(wq, amx=False) if load() else None)
@@ -359,14 +356,19 @@ def _onednn_pack(wq: torch.Tensor) -> torch.Tensor:
     return torch.ops.onednn.qlinear_prepack(wq, [1, wq.shape[1]])
 
 
-def _int8_weight(onednn: torch.Tensor | None, scale: torch.Tensor, bias: torch.Tensor | None,
-                 kernel: PackedInt8 | None) -> Int8Weight:  # fmt: skip
+def _int8_weight(
+    onednn: torch.Tensor | None,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    kernel: PackedInt8 | None,
+) -> Int8Weight:
     zero_points = torch.zeros(len(scale), dtype=torch.int64)
     return Int8Weight(onednn, scale.float().contiguous(), zero_points, bias, kernel)
 
 
 def onednn_matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
-    """float32 ``[rows, out]``: oneDNN's u8s8 kernel (input scale 1, zero point 128) times the channel scales."""
+    """float32 ``[rows, out]``: oneDNN's u8s8 kernel (input scale 1, zero point 128) times the
+    channel scales."""
     return torch.ops.onednn.qlinear_pointwise(
         q, 1.0, 128, w.onednn, w.scale, w.zero_points, None, 1.0, 0, torch.float32, "none", [], ""
     )
@@ -380,7 +382,8 @@ def attention_supported(heads: int, kv_heads: int, head_dim: int) -> bool:
 def attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float
 ) -> torch.Tensor:
-    """``Kernel.attention`` of the loaded kernel; call only where :func:`attention_supported` holds."""
+    """``Kernel.attention`` of the loaded kernel; call only where :func:`attention_supported`
+    holds."""
     return _state["kernel"].attention(q, keys, values, start, scale)  # type: ignore[union-attr]
 
 
@@ -393,7 +396,8 @@ def slot_attention(
 
 
 def matmul(q: torch.Tensor, w: Int8Weight) -> torch.Tensor:
-    """float32 ``[rows, out]`` of uint8 rows ``q`` times ``w``: a kernel where it takes the rows, else oneDNN (same bits)."""
+    """float32 ``[rows, out]`` of uint8 rows ``q`` times ``w``: a kernel where it takes the
+    rows, else oneDNN (same bits)."""
     if w.kernel is not None and (q.shape[0] <= w.kernel.max_rows or w.onednn is None):
         return _state["kernel"].matmul(q, w.kernel, w.scale)  # type: ignore[union-attr]
     return onednn_matmul(q, w)
@@ -410,16 +414,19 @@ def _blocked(w: torch.Tensor, k_multiple: int, group: int) -> tuple[torch.Tensor
 
 
 def pack_bf16(w: torch.Tensor) -> PackedBF16:
-    """Weights ``[out, k]`` (any float dtype) as bf16 in the kernel's layout (``k`` padded to 32, ``out`` to 16)."""
+    """Weights ``[out, k]`` (any float dtype) as bf16 in the kernel's layout (``k`` padded to
+    32, ``out`` to 16)."""
     data, kp = _blocked(w.to(torch.bfloat16), 32, 2)  # whole AMX tiles
     return PackedBF16(data, w.shape[1], kp, w.shape[0])
 
 
 def _gguf_blocks(raw: torch.Tensor, type_name: str, k: int) -> torch.Tensor:
-    """A GGUF tensor's bytes ``[out, k/32 * block bytes]`` (uint8) as ``[out, k/32, block bytes]``."""
+    """A GGUF tensor's bytes ``[out, k/32 * block bytes]`` (uint8) as ``[out, k/32, block
+    bytes]``."""
     if type_name not in GGUF_TYPES:
         raise ValueError(
-            f"not a block type the gguf kernel reads: {type_name} (it reads {', '.join(GGUF_TYPES)})"
+            f"not a block type the gguf kernel reads: {type_name}"
+            f" (it reads {', '.join(GGUF_TYPES)})"
         )
     if (
         k % GGUF_BLOCK
@@ -450,7 +457,8 @@ def dequantize_gguf(raw: torch.Tensor, type_name: str, k: int) -> torch.Tensor:
 
 def pack_gguf(raw: torch.Tensor, type_name: str, k: int) -> PackedGGUF:
     """A GGUF tensor's blocks ``[out, k/32 * block bytes]`` in the gguf kernel's layout: the same
-    quantized values and scales, moved, never requantized (channels padded to 16 with zero blocks)."""
+    quantized values and scales, moved, never requantized (channels padded to 16 with zero
+    blocks)."""
     blocks = _gguf_blocks(raw, type_name, k)
     out_features, nb, size = blocks.shape
     padded = -(-out_features // TILE) * TILE
@@ -483,7 +491,8 @@ def cat_gguf(parts: list[PackedGGUF]) -> PackedGGUF | None:
 
 
 def gguf_available() -> bool:
-    """Whether the gguf matmul runs in this process (the kernel loaded and passed its self-check)."""
+    """Whether the gguf matmul runs in this process (the kernel loaded and passed its
+    self-check)."""
     return load() is not None
 
 
@@ -514,12 +523,14 @@ def amx_available() -> bool:
 
 
 def bf16_matmul(x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None) -> torch.Tensor:
-    """``Kernel.bf16_matmul`` of the loaded kernel (weights packed by :func:`pack_bf16` while it was loaded)."""
+    """``Kernel.bf16_matmul`` of the loaded kernel (weights packed by :func:`pack_bf16` while
+    it was loaded)."""
     return _state["kernel"].bf16_matmul(x, w, bias)  # type: ignore[union-attr]
 
 
 def pack(wq: torch.Tensor, amx: bool | None = None) -> PackedInt8:
-    """int8 weights ``[out, k]`` in a kernel's layout: AMX's where it runs (or ``amx``), else AVX512-VNNI's."""
+    """int8 weights ``[out, k]`` in a kernel's layout: AMX's where it runs (or ``amx``), else
+    AVX512-VNNI's."""
     if amx is None:
         amx = amx_available()
     out_features, k = wq.shape
@@ -589,7 +600,8 @@ def build(folder: Path, cc: str | None = None) -> Path:
 
 
 def self_check(kernel: Kernel) -> str | None:
-    """None if the kernel returns oneDNN's bits on random operands (tails included), else why not."""
+    """None if the kernel returns oneDNN's bits on random operands (tails included), else why
+    not."""
     gen = torch.Generator().manual_seed(0)
     for k, n, rows in ((576, 40, 1), (130, 33, 5), (67, 100, MAX_ROWS), (64, 20, 40)):
         wq = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
@@ -598,7 +610,10 @@ def self_check(kernel: Kernel) -> str | None:
         onednn = onednn_int8_weight(wq, scale)
         for amx in (False, True) if kernel.amx_reason is None else (False,):
             if not torch.equal(kernel.matmul(q, pack(wq, amx), scale), onednn_matmul(q, onednn)):
-                return f"its {'AMX ' if amx else ''}{rows}x{k} by {k}x{n} int8 product differs from oneDNN's"
+                return (
+                    f"its {'AMX ' if amx else ''}{rows}x{k} by {k}x{n} int8 product differs"
+                    " from oneDNN's"
+                )
     if kernel.amx_reason is None:
         w = torch.randn(37, 131, generator=gen).bfloat16()
         x = torch.randn(TILE + 3, 131, generator=gen).bfloat16()
@@ -628,18 +643,25 @@ def self_check(kernel: Kernel) -> str | None:
     )
     if not torch.equal(block, alone):
         return "its attention of a block differs from the same rows alone"
-    expect = torch.cat([
-        torch.nn.functional.scaled_dot_product_attention(
-            q[r].view(1, heads, 1, d), keys[None, :, : start + r + 1], values[None, :, : start + r + 1], scale=0.2, enable_gqa=True,
-        )[0, :, 0].reshape(1, -1)
-        for r in range(rows)
-    ])  # fmt: skip
+    expect = torch.cat(
+        [
+            torch.nn.functional.scaled_dot_product_attention(
+                q[r].view(1, heads, 1, d),
+                keys[None, :, : start + r + 1],
+                values[None, :, : start + r + 1],
+                scale=0.2,
+                enable_gqa=True,
+            )[0, :, 0].reshape(1, -1)
+            for r in range(rows)
+        ]
+    )
     if not torch.allclose(block, expect, atol=1e-5, rtol=1e-4):
         return f"its attention is {(block - expect).abs().max().item():.1e} from SDPA's"
     return None
 
 
-GGUF_RTOL = 1e-4  # the gguf matmul against float32 on the dequantized weights (relative to the sum of |terms|)
+# The gguf matmul against float32 on the dequantized weights (relative to the sum of |terms|).
+GGUF_RTOL = 1e-4
 
 
 def gguf_error(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> float:
@@ -665,7 +687,10 @@ def _gguf_self_check(kernel: Kernel, gen: torch.Generator) -> str | None:
                 return f"its {type_name} product of a block differs from the same rows alone"
             err = gguf_error(block, x, dequantize_gguf(raw, type_name, k))
             if err > GGUF_RTOL:
-                return f"its {type_name} product is {err:.1e} (relative) from the float32 one on the dequantized weights"
+                return (
+                    f"its {type_name} product is {err:.1e} (relative) from the float32 one on the"
+                    " dequantized weights"
+                )
     return None
 
 
@@ -722,6 +747,9 @@ def status() -> str:
     if kernel is not None:
         if kernel.amx_reason is None:
             return "specui kernels: AMX int8 and bf16 matmuls, gguf matmul, row-wise attention"
-        return (f"specui kernels: AVX512-VNNI int8 matmul for up to {MAX_ROWS} rows (oneDNN u8s8 beyond), "
-                f"gguf matmul, row-wise attention; bf16 matmuls oneDNN's ({kernel.amx_reason})")  # fmt: skip
+        return (
+            f"specui kernels: AVX512-VNNI int8 matmul for up to {MAX_ROWS} rows"
+            " (oneDNN u8s8 beyond), "
+            f"gguf matmul, row-wise attention; bf16 matmuls oneDNN's ({kernel.amx_reason})"
+        )
     return f"oneDNN u8s8 and SDPA rows ({_state.get('reason')})"

@@ -247,7 +247,8 @@ class FastDecoder:
     def forward(
         self, ids: torch.Tensor, cache: KVBuffer, taps: set[int], keep: int = 0
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Logits ``[rows, V]`` (the last ``keep`` rows, all for 0) and the wanted taps ``{layer: [n, H]}``."""
+        """Logits ``[rows, V]`` (the last ``keep`` rows, all for 0) and the wanted taps
+        ``{layer: [n, H]}``."""
         n, start = ids.shape[0], cache.length
         end = start + n
         cache.reserve(end)

@@ -23,23 +23,24 @@ from specui.verifier import cpu_kernels
 from specui.verifier.batch_invariant import GGUFWeight
 
 
-class _Weight(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int32), ("unused", ctypes.c_int32), ("data", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p), ("k", ctypes.c_int64), ("n_out", ctypes.c_int64)]  # fmt: skip
+def _fields(kind: type, names: str) -> list[tuple[str, type]]:
+    return [(name, kind) for name in names.split()]
 
 
-class _Layer(ctypes.Structure):
-    _fields_ = [("ln1", ctypes.c_void_p), ("ln2", ctypes.c_void_p), ("q_norm", ctypes.c_void_p),
-                ("k_norm", ctypes.c_void_p), ("eps1", ctypes.c_float), ("eps2", ctypes.c_float),
-                ("q_eps", ctypes.c_float), ("k_eps", ctypes.c_float), ("scaling", ctypes.c_float),
-                ("unused", ctypes.c_float), ("qkv", _Weight), ("o", _Weight), ("gate_up", _Weight),
-                ("down", _Weight)]  # fmt: skip
+class _Weight(ctypes.Structure):  # specui_gguf_weight in cpu_kernels.c, field for field
+    _fields_ = [
+        *_fields(ctypes.c_int32, "type unused"),
+        *_fields(ctypes.c_void_p, "data bias"),
+        *_fields(ctypes.c_int64, "k n_out"),
+    ]
 
 
-def _argtypes() -> list:
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    return [ctypes.POINTER(_Layer), i64, i64, i64, i64, ptr, i64, i64, ptr, ptr, ptr, i64, i64,
-            ptr, ptr]  # fmt: skip
+class _Layer(ctypes.Structure):  # specui_gguf_layer
+    _fields_ = [
+        *_fields(ctypes.c_void_p, "ln1 ln2 q_norm k_norm"),
+        *_fields(ctypes.c_float, "eps1 eps2 q_eps k_eps scaling unused"),
+        *_fields(_Weight, "qkv o gate_up down"),
+    ]
 
 
 class GGUFLayers:
@@ -53,8 +54,12 @@ class GGUFLayers:
         self.table = (_Layer * len(layers))(*(self._layer(layer) for layer in layers))
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.hidden = layers[0].qkv.packed.k
-        self._fn = cpu_kernels.load().function("specui_gguf_layers")  # type: ignore[union-attr]
-        self._fn.argtypes, self._fn.restype = _argtypes(), ctypes.c_int
+        # layers (the table's address), n_layers, heads, kv_heads, d, h, rows, hidden, cos, ssin,
+        # kv, capacity, start, tap_slot, taps
+        kernel = cpu_kernels.load()
+        if kernel is None:
+            raise RuntimeError("gguf layers: the CPU kernels are not loaded here")
+        self._fn = kernel.function("specui_gguf_layers", "pqqqqpqqpppqqpp")
 
     @staticmethod
     def supported(layers: Sequence) -> bool:
@@ -78,12 +83,10 @@ class GGUFLayers:
 
     def _layer(self, layer) -> _Layer:
         q_norm, k_norm = layer.q_norm or (None, 0.0), layer.k_norm or (None, 0.0)
-        return _Layer(
-            self._ptr(layer.ln1), self._ptr(layer.ln2), self._ptr(q_norm[0]), self._ptr(k_norm[0]),
-            layer.eps1, layer.eps2, q_norm[1], k_norm[1], layer.scaling, 0.0,
-            self._weight(layer.qkv), self._weight(layer.o), self._weight(layer.gate_up),
-            self._weight(layer.down),
-        )  # fmt: skip
+        norms = [self._ptr(t) for t in (layer.ln1, layer.ln2, q_norm[0], k_norm[0])]
+        epsilons = (layer.eps1, layer.eps2, q_norm[1], k_norm[1], layer.scaling, 0.0)
+        weights = [self._weight(w) for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return _Layer(*norms, *epsilons, *weights)
 
     def run(
         self,
@@ -106,9 +109,10 @@ class GGUFLayers:
         out = torch.empty(max(1, len(wanted)), n, self.hidden)
         if not (h.is_contiguous() and kv.is_contiguous() and cos.is_contiguous()):
             raise ValueError("gguf layers: contiguous rows, rotary tables and cache")
-        rc = self._fn(self.table, len(self.table), self.heads, self.kv_heads, self.head_dim,
-                      h.data_ptr(), n, self.hidden, cos.data_ptr(), signed_sin.data_ptr(),
-                      kv.data_ptr(), kv.shape[3], start, slots.data_ptr(), out.data_ptr())  # fmt: skip
+        shape = (len(self.table), self.heads, self.kv_heads, self.head_dim)
+        rows = (h.data_ptr(), n, self.hidden, cos.data_ptr(), signed_sin.data_ptr())
+        cache = (kv.data_ptr(), kv.shape[3], start, slots.data_ptr(), out.data_ptr())
+        rc = self._fn(ctypes.addressof(self.table), *shape, *rows, *cache)
         if rc == -1:
             raise MemoryError("gguf layers: no memory for the step's scratch rows")
         if rc != 0:

@@ -144,14 +144,32 @@ def test_switched_off_the_gguf_precision_says_why(monkeypatch):
 # --- a GGUF file of a small Llama, written here -----------------------------------------------
 
 
-def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
+# A two-layer model of each family, small enough to write to a GGUF file in a test.
+TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+TINY.update(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+TINY.update(max_position_embeddings=128, tie_word_embeddings=True)
+FAMILY_CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+
+
+def _tiny(family: str = "llama", perturbed: bool = True):
+    """A float32 model of ``family``; ``perturbed``: its biases (Qwen2's q/k/v) and norm weights
+    moved away from their init values, so a kernel that skips one is caught."""
+    import transformers
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      tie_word_embeddings=True)  # fmt: skip
-    return LlamaForCausalLM(cfg).float().eval()
+    name = FAMILY_CLASSES[family]
+    cfg = getattr(transformers, f"{name}Config")(**TINY)
+    model = getattr(transformers, f"{name}ForCausalLM")(cfg).float().eval()
+    if perturbed:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 1:
+                    p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def _tiny_llama():
+    return _tiny("llama", perturbed=False)
 
 
 def _write_gguf(model, path: Path, kinds: dict[str, str]) -> None:
@@ -162,8 +180,11 @@ def _write_gguf(model, path: Path, kinds: dict[str, str]) -> None:
 
     writer = gguf.GGUFWriter(str(path), "llama")
     cfg = model.config
-    named = {f"blk.{i}.{short}.weight": model.get_submodule(f"model.layers.{i}.{name}")
-             for i in range(cfg.num_hidden_layers) for short, name in LAYER_TENSORS.items()}  # fmt: skip
+    named = {
+        f"blk.{i}.{short}.weight": model.get_submodule(f"model.layers.{i}.{name}")
+        for i in range(cfg.num_hidden_layers)
+        for short, name in LAYER_TENSORS.items()
+    }
     named["token_embd.weight"] = model.get_input_embeddings()
     for tensor_name, module in named.items():
         kind = kinds.get(tensor_name.split(".")[-2], "Q8_0")
@@ -207,24 +228,6 @@ def test_a_gguf_files_blocks_replace_the_models_linears_and_compute_its_float32_
     assert not torch.equal(got, want)  # its own sums, not a float32 matmul's
 
 
-def _tiny(family: str):
-    import transformers
-
-    torch.manual_seed(0)
-    name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
-    cfg = getattr(transformers, f"{name}Config")(
-        vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    model = getattr(transformers, f"{name}ForCausalLM")(cfg).float().eval()
-    with torch.no_grad():  # biases (Qwen2's q/k/v) and norm weights away from their init values
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.1)
-    return model
-
-
 @needs_kernel
 # qwen2: q/k/v biases; qwen3: per-head q/k norms
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
@@ -233,8 +236,9 @@ def test_the_one_call_gguf_layers_compute_the_torch_ops_within_float32_rounding(
 
     model = _tiny(family)
     path = tmp_path / "tiny.gguf"
-    _write_gguf(model, path, {"attn_q": "Q4_1", "attn_k": "Q4_1", "attn_v": "Q4_1", "ffn_gate": "Q4_0",
-                              "ffn_up": "Q4_0", "ffn_down": "Q4_1"})  # fmt: skip
+    # Q4_1 and Q4_0 blocks in one file, fused where the parts share a type
+    kinds = {"attn_q": "Q4_1", "attn_k": "Q4_1", "attn_v": "Q4_1", "ffn_down": "Q4_1"}
+    _write_gguf(model, path, {**kinds, "ffn_gate": "Q4_0", "ffn_up": "Q4_0"})
     batch_invariant.enable(model, "gguf", gguf=path)
     fast = FastDecoder(model)
     assert fast.gguf_layers is not None  # every layer fused: one C call a step
