@@ -19,32 +19,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     on_space = env("SPACE_ID") is not None  # Hugging Face Spaces set this
     p = argparse.ArgumentParser(description="SpecUI dashboard")
     p.add_argument("--host", default=env("SPECUI_HOST", "0.0.0.0" if on_space else "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(env("SPECUI_PORT", env("GRADIO_SERVER_PORT", "7860"))))
-    p.add_argument("--share", action="store_true", default=env("SPECUI_SHARE") == "1", help="print a public Gradio link")
-    p.add_argument("--data-dir", default=env("SPECUI_DATA_DIR"), help="where runs, trained drafters and caches go")
-    # No default here: Store(None) asks specui.store.default_db_path (SPECUI_DB, else DATA_DIR/specui.db), as the CLI does.
-    p.add_argument("--db", default=None, help="the SQLite store (default: SPECUI_DB, else DATA_DIR/specui.db)")
+    p.add_argument(
+        "--port", type=int, default=int(env("SPECUI_PORT", env("GRADIO_SERVER_PORT", "7860")))
+    )
+    p.add_argument(
+        "--share",
+        action="store_true",
+        default=env("SPECUI_SHARE") == "1",
+        help="print a public Gradio link",
+    )
+    p.add_argument(
+        "--data-dir",
+        default=env("SPECUI_DATA_DIR"),
+        help="where runs, trained drafters and caches go",
+    )
+    # No default here: Store(None) asks specui.store.default_db_path (SPECUI_DB, else
+    # DATA_DIR/specui.db), as the CLI does.
+    p.add_argument(
+        "--db", default=None, help="the SQLite store (default: SPECUI_DB, else DATA_DIR/specui.db)"
+    )
     p.add_argument("--max-jobs", type=int, default=None, help="background jobs at once (default 1)")
-    p.add_argument("--max-upload-mb", type=float, default=float(env("SPECUI_MAX_UPLOAD_MB", "512")),
-                   help="largest file a visitor may upload (Gradio refuses bigger ones)")
-    p.add_argument("--admin", action="store_true", default=env("SPECUI_ADMIN") == "1",
-                   help="single-user install: any visitor may cancel or resume any session's jobs")
-    p.add_argument("--threads", type=int, default=int(env("SPECUI_THREADS", "1")), help="torch threads per decode")
-    p.add_argument("--queue-size", type=int, default=int(env("SPECUI_QUEUE_SIZE", "16")),
-                   help="requests waiting at once; more are refused with 'queue is full'")
-    p.add_argument("--no-preload", dest="preload", action="store_false", default=env("SPECUI_PRELOAD", "1") != "0",
-                   help="do not load the embedded verifier at start-up (it loads on first use instead)")
+    p.add_argument(
+        "--max-upload-mb",
+        type=float,
+        default=float(env("SPECUI_MAX_UPLOAD_MB", "512")),
+        help="largest file a visitor may upload (Gradio refuses bigger ones)",
+    )
+    p.add_argument(
+        "--admin",
+        action="store_true",
+        default=env("SPECUI_ADMIN") == "1",
+        help="single-user install: any visitor may cancel or resume any session's jobs",
+    )
+    queue_help = "requests waiting at once; more are refused with 'queue is full'"
+    for flag, var, fallback, help_ in (
+        ("--threads", "SPECUI_THREADS", "1", "torch threads per decode"),
+        ("--queue-size", "SPECUI_QUEUE_SIZE", "16", queue_help),
+    ):
+        p.add_argument(flag, type=int, default=int(env(var, fallback)), help=help_)
+    p.add_argument(
+        "--no-preload",
+        dest="preload",
+        action="store_false",
+        default=env("SPECUI_PRELOAD", "1") != "0",
+        help="do not load the embedded verifier at start-up (it loads on first use instead)",
+    )
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.queue_size < 1:
-        print(f"specui: error: --queue-size must be at least 1, got {args.queue_size}", file=sys.stderr)
+        print(
+            f"specui: error: --queue-size must be at least 1, got {args.queue_size}",
+            file=sys.stderr,
+        )
         return 2
     if args.data_dir:
         os.environ["SPECUI_DATA_DIR"] = os.path.abspath(args.data_dir)
-    # The UI reads these from the environment (specui.store.admin_mode, speculators.max_upload_bytes).
+    # The UI reads these from the environment (specui.store.admin_mode,
+    # speculators.max_upload_bytes).
     os.environ["SPECUI_MAX_UPLOAD_MB"] = str(args.max_upload_mb)
     if args.admin:
         os.environ["SPECUI_ADMIN"] = "1"
@@ -83,9 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     # Visitors come and go: their Gradio session state is dropped once idle, and capped.
     expire_idle_sessions(app)
     try:
-        app.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS,
-                   max_file_size=int(args.max_upload_mb * 2**20), show_error=True,
-                   state_session_capacity=SESSION_CAPACITY)
+        app.launch(
+            server_name=args.host,
+            server_port=args.port,
+            share=args.share,
+            css=CSS,
+            max_file_size=int(args.max_upload_mb * 2**20),
+            show_error=True,
+            state_session_capacity=SESSION_CAPACITY,
+        )
     finally:
         runner.stop(wait=False)
     return 0

@@ -154,7 +154,10 @@ def main() -> None:
     ap.add_argument(
         "--cache-dir",
         default=str(Path.home() / ".cache" / "specui" / "probe"),
-        help="self-distilled responses and hidden states (reuse the training cache to skip generation)",
+        help=(
+            "self-distilled responses and hidden states (reuse the training cache to skip"
+            " generation)"
+        ),
     )
     ap.add_argument("--l2", default="1e-4,1e-2,1e-1")
     a = ap.parse_args()

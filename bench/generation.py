@@ -89,26 +89,28 @@ def main() -> None:
         )
         results[engine] = r
         print(
-            f"{engine:>12}: {r['seconds']:6.1f} s, {r['tokens_per_s']:7.0f} tok/s (prompt + response), "
-            f"{r['response_tokens_per_s']:7.0f} response tok/s, {r['response_tokens']} response tokens; "
-            f"per CPU second ({r['cpu_seconds']:.1f} s): {r['tokens_per_cpu_s']:.0f} tok/s, "
-            f"{r['response_tokens_per_cpu_s']:.0f} response tok/s",
+            f"{engine:>12}: {r['seconds']:6.1f} s, {r['tokens_per_s']:7.0f} tok/s (prompt +"
+            f" response), {r['response_tokens_per_s']:7.0f} response tok/s, {r['response_tokens']}"
+            f" response tokens; per CPU second ({r['cpu_seconds']:.1f} s):"
+            f" {r['tokens_per_cpu_s']:.0f} tok/s, {r['response_tokens_per_cpu_s']:.0f} response"
+            " tok/s",
             flush=True,
         )
     if "transformers" in results:
         base = results["transformers"]
         for engine, r in results.items():
             print(
-                f"{engine:>12}: {r['tokens_per_s'] / base['tokens_per_s']:.2f}x transformers (all tokens), "
-                f"{r['response_tokens_per_s'] / base['response_tokens_per_s']:.2f}x (response tokens); "
-                f"per CPU second {r['tokens_per_cpu_s'] / base['tokens_per_cpu_s']:.2f}x, "
-                f"{r['response_tokens_per_cpu_s'] / base['response_tokens_per_cpu_s']:.2f}x"
+                f"{engine:>12}: {r['tokens_per_s'] / base['tokens_per_s']:.2f}x transformers (all"
+                f" tokens), {r['response_tokens_per_s'] / base['response_tokens_per_s']:.2f}x"
+                " (response tokens); per CPU second"
+                f" {r['tokens_per_cpu_s'] / base['tokens_per_cpu_s']:.2f}x,"
+                f" {r['response_tokens_per_cpu_s'] / base['response_tokens_per_cpu_s']:.2f}x"
             )
     for procs in [int(p) for p in a.procs.split(",") if p]:
         r = measure_procs(prompt_list, procs, a.max_new_tokens, a.batch_size)
         print(
-            f"{procs} process(es): {r['seconds']:6.1f} s (loads included), {r['tokens_per_s']:7.0f} tok/s, "
-            f"{r['response_tokens_per_s']:7.0f} response tok/s",
+            f"{procs} process(es): {r['seconds']:6.1f} s (loads included), {r['tokens_per_s']:7.0f}"
+            f" tok/s, {r['response_tokens_per_s']:7.0f} response tok/s",
             flush=True,
         )
 

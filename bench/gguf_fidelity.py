@@ -41,7 +41,8 @@ def main() -> None:
     want_logits = [ref.forward(torch.tensor(ids), ref.new_cache()).logits for ids in prompts]
     print(f"{len(prompts)} Spec-Bench prompts, {a.max_new_tokens} new tokens, greedy, against fp32")
     print(
-        f"{'precision':>9}  {'outputs = fp32':>14}  {'agreeing prefix':>15}  {'max |dlogit| / max':>18}  {'argmax agrees':>13}"
+        f"{'precision':>9}  {'outputs = fp32':>14}  {'agreeing prefix':>15} "
+        f" {'max |dlogit| / max':>18}  {'argmax agrees':>13}"
     )
     for precision in a.precisions.split(","):
         v = Verifier.load("embedded", precision=precision)
@@ -57,8 +58,10 @@ def main() -> None:
             mine = v.forward(torch.tensor(ids), v.new_cache()).logits
             worst = max(worst, ((mine - logits).abs().max() / logits.abs().max()).item())
             agree.append((mine.argmax(-1) == logits.argmax(-1)).float().mean().item())
-        print(f"{v.precision:>9}  {equal:>9}/{len(prompts):<4}  {statistics.mean(prefix):>15.1%}  {worst:>18.1e}  "
-              f"{statistics.mean(agree):>13.2%}")  # fmt: skip
+        print(
+            f"{v.precision:>9}  {equal:>9}/{len(prompts):<4}  {statistics.mean(prefix):>15.1%} "
+            f" {worst:>18.1e}  {statistics.mean(agree):>13.2%}"
+        )
 
 
 if __name__ == "__main__":

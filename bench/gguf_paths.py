@@ -52,8 +52,15 @@ def main() -> None:
     head = v.model.lm_head.weight_gguf.packed
     float_path = kernel._lib.specui_gguf_matmul_float
     float_path.restype = ctypes.c_int
-    float_path.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                           ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
+    float_path.argtypes = [
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+    ]
     paths = {"float": float_path, "integer": kernel._gguf}
     gen = torch.Generator().manual_seed(0)
     print(f"{len(layers)} Q4 matmuls + the {head.type} head, one thread; medians of {args.repeats}")
@@ -71,9 +78,11 @@ def main() -> None:
                     times[name].append(one_pass(fn, weights, outs, xs))
             ratios = sorted(f / i for f, i in zip(times["float"], times["integer"], strict=True))
             p10, p90 = ratios[len(ratios) // 10], ratios[-1 - len(ratios) // 10]
-            print(f"{rows:4d}  {part:11s}  {statistics.median(times['float']):8.2f}  "
-                  f"{statistics.median(times['integer']):10.2f}  "
-                  f"{statistics.median(ratios):.2f}x [{p10:.2f}, {p90:.2f}]")  # fmt: skip
+            print(
+                f"{rows:4d}  {part:11s}  {statistics.median(times['float']):8.2f}  "
+                f"{statistics.median(times['integer']):10.2f}  "
+                f"{statistics.median(ratios):.2f}x [{p10:.2f}, {p90:.2f}]"
+            )
 
 
 if __name__ == "__main__":

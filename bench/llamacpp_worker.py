@@ -1,6 +1,7 @@
 """llama.cpp for bench/engine_peer.py: runs in .venv-llamacpp (scripts/setup_llamacpp.sh).
 
-    .venv-llamacpp/bin/python bench/llamacpp_worker.py GGUF --threads 1 --modes plain,ngram-simple,draft
+    .venv-llamacpp/bin/python bench/llamacpp_worker.py GGUF --threads 1 --modes
+    plain,ngram-simple,draft
 
 Standard library and ``xllamacpp`` only, so SpecUI's venv carries no llama.cpp.  One
 ``xllamacpp.Server`` per mode, each holding the model; then one JSON request per line on
@@ -57,16 +58,27 @@ def server(
 
 
 def complete(srv: xl.Server, prompt: list[int], max_tokens: int, cache: bool) -> dict:
-    req = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "seed": 0,
-           "cache_prompt": cache, "return_tokens": True}  # fmt: skip
+    req = {
+        "prompt": prompt,
+        "n_predict": max_tokens,
+        "temperature": 0.0,
+        "top_k": 1,
+        "seed": 0,
+        "cache_prompt": cache,
+        "return_tokens": True,
+    }
     t0 = time.perf_counter()
     out = srv.handle_completions(req)
     wall = time.perf_counter() - t0
     if "error" in out:
         raise RuntimeError(out["error"])
     timings = out.get("timings", {})
-    return {"tokens": out.get("tokens") or out["choices"][0].get("tokens"), "text": out["choices"][0]["text"],
-            "wall_s": wall, **timings}  # fmt: skip
+    return {
+        "tokens": out.get("tokens") or out["choices"][0].get("tokens"),
+        "text": out["choices"][0]["text"],
+        "wall_s": wall,
+        **timings,
+    }
 
 
 def main() -> None:

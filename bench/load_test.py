@@ -1,6 +1,7 @@
 """A bounded load test of the running dashboard on loopback, run by hand.
 
-    .venv/bin/python bench/load_test.py [--sessions 20] [--duration 120] [--max-new-tokens 24] [--queue-size 16]
+    .venv/bin/python bench/load_test.py [--sessions 20] [--duration 120] [--max-new-tokens 24]
+    [--queue-size 16]
 
 Starts ``app.py`` on a free loopback port with a fresh data dir, then
 ``--sessions`` concurrent ``gradio_client`` sessions (one ``Client`` each, in
@@ -115,13 +116,13 @@ def main() -> int:
         f"({tokens} tokens)"
     )
     print(
-        f"RSS (app tree) first {res.rss_first_bytes / 2**20:.0f} MiB, peak {res.rss_peak_bytes / 2**20:.0f} MiB, "
-        f"last {res.rss_last_bytes / 2**20:.0f} MiB"
+        f"RSS (app tree) first {res.rss_first_bytes / 2**20:.0f} MiB, peak"
+        f" {res.rss_peak_bytes / 2**20:.0f} MiB, last {res.rss_last_bytes / 2**20:.0f} MiB"
     )
     print(
-        f"runs stored  {check.stored_done} done of {len(ok)} ok calls; missing {check.missing}, "
-        f"not done {check.not_done}, wrong output {check.wrong_output}, wrong owner {check.wrong_owner}, "
-        f"left running {check.left_running}, extra {check.extra}"
+        f"runs stored  {check.stored_done} done of {len(ok)} ok calls; missing {check.missing}, not"
+        f" done {check.not_done}, wrong output {check.wrong_output}, wrong owner"
+        f" {check.wrong_owner}, left running {check.left_running}, extra {check.extra}"
     )
     print(f"app answers after the load: {alive}")
     print(

@@ -12,7 +12,8 @@ the share of the step in oneDNN's matmuls, and the top ops by self time.
 
 ``--ablate`` instead times the fast path whole, then with its matmuls replaced by zeros of the
 right shape, then also without the per-row input preparation (bf16 cast and pad, or int8
-quantization), then also without attention, at 1 and 9 tokens: the differences are what each part costs inside a real step
+quantization), then also without attention, at 1 and 9 tokens: the differences are what each part
+costs inside a real step
 (the profiler's per-op times include its own overhead, and an isolated matmul loop runs from
 warmer caches than a step does).  The numbers it prints are timings, never outputs: the
 ablated steps compute garbage on purpose.
@@ -82,7 +83,8 @@ def main() -> None:
             step(name)
             walls[name].append(time.perf_counter() - t0)
     print(
-        f"{a.precision}: {a.block}-token steps after {a.context} cached positions, {a.threads} thread(s)"
+        f"{a.precision}: {a.block}-token steps after {a.context} cached positions, {a.threads}"
+        " thread(s)"
     )
     for name in paths:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -95,16 +97,21 @@ def main() -> None:
         )  # bf16 and int8 (qlinear)
         calls = sum(e.count for e in events if e.key.startswith("aten::")) / a.steps
         wall = statistics.median(walls[name][3:]) * 1e3
-        print(f"\n{name}: {wall:.1f} ms/step (median, profiler off); profiled {total / a.steps / 1e3:.1f} ms/step, "
-              f"{matmul / total:.0%} in oneDNN matmuls, {calls:.0f} aten calls/step")  # fmt: skip
+        print(
+            f"\n{name}: {wall:.1f} ms/step (median, profiler off); profiled"
+            f" {total / a.steps / 1e3:.1f} ms/step, {matmul / total:.0%} in oneDNN matmuls,"
+            f" {calls:.0f} aten calls/step"
+        )
         for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[: a.rows]:
             print(
-                f"  {e.key[:48]:<48}{e.self_cpu_time_total / total:>7.1%}{e.count / a.steps:>8.0f} calls/step"
+                f"  {e.key[:48]:<48}{e.self_cpu_time_total / total:>7.1%}{e.count / a.steps:>8.0f}"
+                " calls/step"
             )
 
 
 def ab(precisions: list[str], context: int, steps: int) -> None:
-    """Median wall ms of fast-path steps of 1 and 9 tokens per precision, interleaved in one process."""
+    """Median wall ms of fast-path steps of 1 and 9 tokens per precision, interleaved in one
+    process."""
     verifiers = {p: Verifier.load("embedded", precision=p) for p in precisions}
     vocab = next(iter(verifiers.values())).vocab_size
     ids = torch.randint(100, vocab, (context + 9,), generator=torch.Generator().manual_seed(0))
@@ -117,7 +124,8 @@ def ab(precisions: list[str], context: int, steps: int) -> None:
         caches[p] = v.new_cache()
         v.forward(ids[:context], caches[p], logits=False)
     print(
-        f"fast-path steps after {context} cached positions, median of {steps} (interleaved), one thread"
+        f"fast-path steps after {context} cached positions, median of {steps} (interleaved), one"
+        " thread"
     )
     print(f"{'tokens':>6}  " + "  ".join(f"{p:>16}" for p in precisions))
     for n in (1, 9):
@@ -135,7 +143,8 @@ def ab(precisions: list[str], context: int, steps: int) -> None:
 
 
 def ablate(v: Verifier, context: int, steps: int) -> None:
-    """Median wall ms of a fast-path step whole, then without matmuls, row preparation and attention in turn."""
+    """Median wall ms of a fast-path step whole, then without matmuls, row preparation and attention
+    in turn."""
     fd = v._fast
     if fd is None:
         raise SystemExit("this verifier does not run through specui.verifier.decoder.FastDecoder")
@@ -164,7 +173,8 @@ def ablate(v: Verifier, context: int, steps: int) -> None:
     cache = v.new_cache()
     v.forward(ids[:context], cache, logits=False)
     print(
-        f"{v.precision}: fast-path step after {context} cached positions, median of {steps} (interleaved)"
+        f"{v.precision}: fast-path step after {context} cached positions, median of {steps}"
+        " (interleaved)"
     )
     print(f"{'tokens':>6}  " + "  ".join(f"{name:>24}" for name in variants))
     try:

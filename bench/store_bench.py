@@ -138,14 +138,15 @@ def main() -> int:
         cmp.to_csv(buf)
         t_csv = time.perf_counter() - t0
         print(
-            f"2. comparison of {args.runs} runs ({args.steps:,} steps, with confidences): {t_cmp:.3f} s; "
-            f"its CSV: {1000 * t_csv:.1f} ms ({len(cmp.columns)} columns)"
+            f"2. comparison of {args.runs} runs ({args.steps:,} steps, with confidences):"
+            f" {t_cmp:.3f} s; its CSV: {1000 * t_csv:.1f} ms ({len(cmp.columns)} columns)"
         )
         t0 = time.perf_counter()
         buf = io.StringIO()
         write_steps_csv(store, [ids[1]], buf)
         print(
-            f"   per-step CSV of one run ({per_run:,} steps): {1000 * (time.perf_counter() - t0):.0f} ms"
+            f"   per-step CSV of one run ({per_run:,} steps):"
+            f" {1000 * (time.perf_counter() - t0):.0f} ms"
         )
         store.close()
     return 0

@@ -88,8 +88,13 @@ def main() -> int:
     verifier.model.to(device)
     prompts = load_prompts(args.prompts, "train", limit=args.num_prompts)
     samples = self_distill(verifier, prompts, args.max_new_tokens, cache_dir=cache_dir() / "bench")
-    cfg = TrainConfig(algorithm="dflash", verifier=args.verifier, layers=args.layers, block_size=args.block_size,
-                      draft_vocab_size=args.draft_vocab_size)  # fmt: skip
+    cfg = TrainConfig(
+        algorithm="dflash",
+        verifier=args.verifier,
+        layers=args.layers,
+        block_size=args.block_size,
+        draft_vocab_size=args.draft_vocab_size,
+    )
     kept = None
     if args.draft_vocab_size:
         from specui.algorithms.objective import most_frequent_tokens
@@ -121,27 +126,41 @@ def main() -> int:
         seconds = time.perf_counter() - t0
         step_peak = peak(device) - before
         anchors = int(metrics["anchors"])
-        results.append({"max_anchors": "all" if max_anchors == 10**9 else max_anchors, "anchors": anchors,
-                        "peak_bytes": step_peak, "seconds": seconds})  # fmt: skip
+        results.append(
+            {
+                "max_anchors": "all" if max_anchors == 10**9 else max_anchors,
+                "anchors": anchors,
+                "peak_bytes": step_peak,
+                "seconds": seconds,
+            }
+        )
         del loss, metrics
         model.zero_grad(set_to_none=True)
 
     full = results[-1]["peak_bytes"]
     report = {
-        "verifier": verifier.name, "device": str(device), "tokens": tokens, "sequences": len(batch),
-        "block_size": args.block_size, "layers": args.layers,
-        "draft_vocab_size": args.draft_vocab_size or verifier.vocab_size, "all_positions": all_anchors,
+        "verifier": verifier.name,
+        "device": str(device),
+        "tokens": tokens,
+        "sequences": len(batch),
+        "block_size": args.block_size,
+        "layers": args.layers,
+        "draft_vocab_size": args.draft_vocab_size or verifier.vocab_size,
+        "all_positions": all_anchors,
         "runs": [{**r, "ratio_to_all": r["peak_bytes"] / full} for r in results],
-    }  # fmt: skip
+    }
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"DFlash training step, {verifier.name}, {device}: {len(batch)} sequences, {tokens} tokens, "
-          f"B={args.block_size}, {args.layers} layers, draft vocab {report['draft_vocab_size']}")  # fmt: skip
+    print(
+        f"DFlash training step, {verifier.name}, {device}: {len(batch)} sequences, {tokens} tokens,"
+        f" B={args.block_size}, {args.layers} layers, draft vocab {report['draft_vocab_size']}"
+    )
     print(f"{'max_anchors':>12} {'anchors':>8} {'peak MiB':>10} {'vs all':>8} {'step s':>8}")
     for r in report["runs"]:
         print(
-            f"{r['max_anchors']!s:>12} {r['anchors']:>8} {r['peak_bytes'] / 2**20:>10.1f} {r['ratio_to_all']:>8.3f} {r['seconds']:>8.2f}"
+            f"{r['max_anchors']!s:>12} {r['anchors']:>8} {r['peak_bytes'] / 2**20:>10.1f}"
+            f" {r['ratio_to_all']:>8.3f} {r['seconds']:>8.2f}"
         )
     return 0
 

@@ -75,8 +75,8 @@ def main() -> None:
     ui, lib = statistics.median(ui_total), statistics.median(lib_total)
     print(f"click -> first drafted step on screen: median {statistics.median(first):.2f} s")
     print(
-        f"decode {args.max_new_tokens} tokens: UI median {ui:.2f} s, library (CLI path) median {lib:.2f} s, "
-        f"UI/library = {ui / lib:.2f}"
+        f"decode {args.max_new_tokens} tokens: UI median {ui:.2f} s, library (CLI path) median"
+        f" {lib:.2f} s, UI/library = {ui / lib:.2f}"
     )
 
 

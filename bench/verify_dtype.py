@@ -106,7 +106,8 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     prompts = load_prompts("gsm-symbolic", "eval", limit=a.prompts)
     print(
-        f"{'verifier':<16}{'t1 ms':>8}{'tv ms':>8}{'tv/t1':>7}  argmax flips (block {a.block} vs plain)"
+        f"{'verifier':<16}{'t1 ms':>8}{'tv ms':>8}{'tv/t1':>7}  argmax flips (block {a.block} vs"
+        " plain)"
     )
     with torch.inference_mode():
         for label, load in VARIANTS.items():
@@ -115,8 +116,11 @@ def main() -> None:
             counts = [flips(v, p.encode(v), a.tokens, a.block) for p in prompts]
             bad, total = sum(c[0] for c in counts), sum(c[1] for c in counts)
             per_prompt = " ".join(str(c[0]) for c in counts)
-            print(f"{label:<16}{t1 * 1e3:>8.1f}{tv * 1e3:>8.1f}{tv / t1:>7.2f}  "
-                  f"{bad}/{total} positions (per prompt: {per_prompt})", flush=True)  # fmt: skip
+            print(
+                f"{label:<16}{t1 * 1e3:>8.1f}{tv * 1e3:>8.1f}{tv / t1:>7.2f}  "
+                f"{bad}/{total} positions (per prompt: {per_prompt})",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ each side's greedy output equals its own plain decoding token for token, and
 whether the two sides' outputs agree.  vLLM-CPU serves float32, so the sides can
 agree only with the local engine in float32 too (``--precision fp32``); in its
 default bf16 (``auto``) the local engine is faster, and a bf16 rounding that
-tips a near-tie continues a prompt differently from vLLM's float32 (column "-").  vLLM's tau is from its
+tips a near-tie continues a prompt differently from vLLM's float32 (column "-").  vLLM's tau is from
+its
 Prometheus counters (subtracted around the run); the local one from the engine's
 step traces.  The n-gram sizes (``--max-ngram`` / ``--min-ngram``) go to both sides
 as one ``NgramConfig``.  A vLLM server is started per configuration (about a minute each on
@@ -121,12 +122,13 @@ def main() -> int:
         lo, so = local_out[lrow["run_id"]], served_out[srow["run_id"]]
         tl, ts = lrow.get("acceptance_length") or 1.0, srow.get("acceptance_length") or 1.0
         print(
-            f"{str(lrow['drafter'])[:21]:<22}{lrow.get('num_speculative_tokens') or '-':>3} {tl:>9.3f} {ts:>9.3f} "
-            f"{ts / tl:>6.3f} {lrow.get('tokens_per_step') or 1.0:>14.3f} "
-            f"{srow.get('tokens_per_step') or 1.0:>13.3f} "
-            f"{lrow['tokens_per_s'] or 0:>11.2f} {srow['tokens_per_s'] or 0:>10.2f} "
-            f"{lrow.get('speedup') or 1.0:>12.2f}x {srow.get('speedup') or 1.0:>11.2f}x  "
-            f"{_yes(lo == local_plain) + '/' + _yes(so == served_plain):>18}  {_yes(lo == so) if comparable else '-':>12}"
+            f"{str(lrow['drafter'])[:21]:<22}{lrow.get('num_speculative_tokens') or '-':>3}"
+            f" {tl:>9.3f} {ts:>9.3f} {ts / tl:>6.3f} {lrow.get('tokens_per_step') or 1.0:>14.3f}"
+            f" {srow.get('tokens_per_step') or 1.0:>13.3f} {lrow['tokens_per_s'] or 0:>11.2f}"
+            f" {srow['tokens_per_s'] or 0:>10.2f} {lrow.get('speedup') or 1.0:>12.2f}x"
+            f" {srow.get('speedup') or 1.0:>11.2f}x "
+            f" {_yes(lo == local_plain) + '/' + _yes(so == served_plain):>18} "
+            f" {_yes(lo == so) if comparable else '-':>12}"
         )
     print(f"\nstore: {db} (runs {local_ids + [r.run_id for r in runs]})", file=sys.stderr)
     return 0

@@ -155,7 +155,8 @@ def responses(a: argparse.Namespace) -> None:
     bar.close()
     tokens = sum(len(s.response_ids) for s in samples)
     print(
-        f"responses: {len(samples)} samples, {tokens} response tokens, {time.time() - t0:.0f} s this run",
+        f"responses: {len(samples)} samples, {tokens} response tokens, {time.time() - t0:.0f} s"
+        " this run",
         flush=True,
     )
 

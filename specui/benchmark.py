@@ -53,7 +53,8 @@ class BenchResult:
     prompts: list[Prompt]
 
     def groups(self, store: Store) -> dict[str, Comparison]:
-        """The comparison on each task group of the prompts (Spec-Bench's six); {} when ungrouped."""
+        """The comparison on each task group of the prompts (Spec-Bench's six); {} when
+        ungrouped."""
         return group_comparisons(store, self.run_ids, self.prompts)
 
 

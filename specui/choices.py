@@ -15,7 +15,8 @@ from specui.paths import confine_choice
 
 
 def ui_verifier(choice: str) -> str:
-    """A verifier a visitor chose: ``embedded``, a hub id, or a folder / .gguf in the app's folders."""
+    """A verifier a visitor chose: ``embedded``, a hub id, or a folder / .gguf in the app's
+    folders."""
     return confine_choice(choice, ("embedded",), hub_ids=True)
 
 

@@ -80,9 +80,11 @@ _FROM_COMPARISON = {
 def position_column(i: int) -> Column:
     """speculators' 0-based position column; it holds SpecUI's a_{i+1}."""
     return Column(
-        f"acceptance_at_pos_{i}", f"a_{i + 1}",
-        f"Drafts whose first {i + 1} draft token(s) were all accepted / drafts", "fraction",
-    )  # fmt: skip
+        f"acceptance_at_pos_{i}",
+        f"a_{i + 1}",
+        f"Drafts whose first {i + 1} draft token(s) were all accepted / drafts",
+        "fraction",
+    )
 
 
 @dataclass(frozen=True)

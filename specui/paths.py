@@ -29,7 +29,8 @@ def data_dir() -> Path:
 
 
 def app_roots() -> list[Path]:
-    """The folders visitors may name: the data dir, the shipped ``data/``, and the operator's extras."""
+    """The folders visitors may name: the data dir, the shipped ``data/``, and the operator's
+    extras."""
     extra = os.environ.get(EXTRA_ROOTS_ENV, "")
     return [data_dir(), shipped_data_dir(), *(Path(p) for p in extra.split(os.pathsep) if p)]
 
@@ -84,6 +85,7 @@ def confine_choice(value: str, names: Iterable[str] = (), *, hub_ids: bool = Fal
         # Name what the visitor typed, not the server's folders it resolved to.
         known = ", ".join(sorted(n for n in set(names) if n)) or "none"
         raise SpecUIError(
-            f"{v!r} is neither a known name ({known}) nor an existing folder or file in the app's folders"
+            f"{v!r} is neither a known name ({known}) nor an existing folder or file in the app's"
+            " folders"
         )
     return str(path)

@@ -88,7 +88,8 @@ class Registry(Generic[T]):
     # --- finding ----------------------------------------------------------------------
 
     def load(self, extra: Iterable[str] = ()) -> None:
-        """Import every module that registers entries (built-in, ``$env``, ``extra``) not yet imported."""
+        """Import every module that registers entries (built-in, ``$env``, ``extra``) not yet
+        imported."""
         if self._loading:  # a module being imported asked the registry: it has what is there so far
             return
         modules = self._modules() if callable(self._modules) else self._modules

@@ -81,9 +81,9 @@ def step_source(run: Run) -> StepSource:
             "histogram",
             False,
             False,
-            "NOT the real per-step order: vLLM reported only a per-request "
-            "histogram of accepted counts, so these steps have the right counts (τ and a_k are exact) "
-            "but their order, and which tokens each step emitted, is invented (fewest accepted first). "
+            "NOT the real per-step order: vLLM reported only a per-request histogram of accepted"
+            " counts, so these steps have the right counts (τ and a_k are exact) but their order,"
+            " and which tokens each step emitted, is invented (fewest accepted first). "
             + _UNKNOWN_DRAFTS,
         )
     if "histogram" in parts:

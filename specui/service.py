@@ -37,8 +37,11 @@ class DecodeRequest:
 
     def __post_init__(self) -> None:
         # Checked here, before any run row exists: a bad setting stores nothing.
-        check_decode_settings(max_new_tokens=self.max_new_tokens, seed=self.seed,
-                              num_speculative_tokens=self.num_speculative_tokens)  # fmt: skip
+        check_decode_settings(
+            max_new_tokens=self.max_new_tokens,
+            seed=self.seed,
+            num_speculative_tokens=self.num_speculative_tokens,
+        )
 
 
 def run_settings(
@@ -58,18 +61,30 @@ def run_settings(
     )
 
 
-def start_run(store: Store, verifier: Verifier, drafter: Drafter, *, prompt_set: str,
-              request: DecodeRequest, owner: str | None = None) -> Run:  # fmt: skip
+def start_run(
+    store: Store,
+    verifier: Verifier,
+    drafter: Drafter,
+    *,
+    prompt_set: str,
+    request: DecodeRequest,
+    owner: str | None = None,
+) -> Run:
     """Create the stored run for decoding with ``drafter`` as ``request`` asks (status running)."""
     # The drafter's own settings too (the n-gram sizes): a run must say what it measured.
     own = dict(getattr(drafter, "stored_settings", None) or {})
     extra = {"verifier_precision": verifier.precision, **own}
     settings = run_settings(request, drafter.num_speculative_tokens, extra)
     return store.create_run(
-        verifier=verifier.name, verifier_fingerprint=verifier.fingerprint, prompt_set=prompt_set,
-        algorithm=drafter.algorithm, drafter=drafter.name, settings=settings, seed=request.seed,
+        prompt_set=prompt_set,
+        settings=settings,
+        seed=request.seed,
         owner=owner,
-    )  # fmt: skip
+        verifier=verifier.name,
+        verifier_fingerprint=verifier.fingerprint,
+        algorithm=drafter.algorithm,
+        drafter=drafter.name,
+    )
 
 
 @dataclass
@@ -132,17 +147,37 @@ def decode_and_record(
     ``store`` None decodes without recording (``specui decode`` without ``--db``).
     """
     for _, request in runs:
-        check_decode_settings(max_new_tokens=request.max_new_tokens,
-                              max_context=verifier.max_context)  # fmt: skip
+        check_decode_settings(
+            max_new_tokens=request.max_new_tokens, max_context=verifier.max_context
+        )
     decodings = [
-        [Decoding(verifier, drafter, ids, max_new_tokens=r.max_new_tokens, sampling=r.sampling,
-                  seed=r.seed + i, should_stop=should_stop, stop_strings=list(r.stop_strings))
-         for drafter, r in runs]
+        [
+            Decoding(
+                verifier,
+                drafter,
+                ids,
+                max_new_tokens=r.max_new_tokens,
+                sampling=r.sampling,
+                seed=r.seed + i,
+                should_stop=should_stop,
+                stop_strings=list(r.stop_strings),
+            )
+            for drafter, r in runs
+        ]
         for i, (ids, _) in enumerate(prompts)
-    ]  # fmt: skip
+    ]
     lanes = [Lane(d, request, None) for d, request in runs]
-    return Recording(store, verifier, lanes, decodings, [text for _, text in prompts], prompt_set, owner,
-                     should_stop, side_by_side)  # fmt: skip
+    return Recording(
+        store,
+        verifier,
+        lanes,
+        decodings,
+        [text for _, text in prompts],
+        prompt_set,
+        owner,
+        should_stop,
+        side_by_side,
+    )
 
 
 @dataclass
@@ -166,8 +201,14 @@ class Recording:
                 if self.store is None:
                     recorders.append(None)
                     continue
-                run = start_run(self.store, self.verifier, lane.drafter, prompt_set=self.prompt_set,
-                                request=lane.request, owner=self.owner)  # fmt: skip
+                run = start_run(
+                    self.store,
+                    self.verifier,
+                    lane.drafter,
+                    prompt_set=self.prompt_set,
+                    request=lane.request,
+                    owner=self.owner,
+                )
                 lane.run_id = run.id
                 recorders.append(recording.enter_context(RunRecorder(self.store, run.id)))
 
@@ -234,8 +275,15 @@ def record_runs(
     """``decode_and_record`` to the end: one stored run per (drafter, request).
 
     ``progress(done, total)`` is called after each prompt has been decoded by every run."""
-    recording = decode_and_record(store, verifier, runs, encode_prompts(verifier, prompts), prompt_set=prompt_set,
-                                  owner=owner, should_stop=should_stop)  # fmt: skip
+    recording = decode_and_record(
+        store,
+        verifier,
+        runs,
+        encode_prompts(verifier, prompts),
+        prompt_set=prompt_set,
+        owner=owner,
+        should_stop=should_stop,
+    )
     for event in recording:
         if progress is not None and event.step is None and all(lane.done for lane in event.lanes):
             progress(event.prompt + 1, len(prompts))
@@ -258,5 +306,12 @@ def record_run(
     should_stop: Callable[[], bool] | None = None,
 ) -> RecordedRun:
     """One drafter's run over ``prompts`` (see ``record_runs``)."""
-    return record_runs(store, verifier, [(drafter, request)], prompts, prompt_set=prompt_set,
-                       owner=owner, should_stop=should_stop)[0]  # fmt: skip
+    return record_runs(
+        store,
+        verifier,
+        [(drafter, request)],
+        prompts,
+        prompt_set=prompt_set,
+        owner=owner,
+        should_stop=should_stop,
+    )[0]

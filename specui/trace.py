@@ -59,7 +59,8 @@ def check_decode_settings(
     num_speculative_tokens: Any = None,
     max_context: int | None = None,
 ) -> None:
-    """One SpecUIError for the first bad setting; ``num_speculative_tokens`` None = the drafter's own K.
+    """One SpecUIError for the first bad setting; ``num_speculative_tokens`` None = the drafter's
+    own K.
 
     ``max_context`` (the verifier's window) caps max_new_tokens: no generation can be longer.
     """

@@ -113,8 +113,9 @@ class Workbench:
         return thread
 
     @contextmanager
-    def drafter(self, choice: str, verifier: Verifier, k: int | None = None,
-                **options) -> Iterator[Drafter]:  # fmt: skip
+    def drafter(
+        self, choice: str, verifier: Verifier, k: int | None = None, **options
+    ) -> Iterator[Drafter]:
         """A drafter for ``choice`` (see ``resolve_drafter``), from the idle pool when one is
         there; it goes back to the pool (while the pool has room) when the block ends."""
         key = (choice, verifier.name, k, tuple(sorted(options.items())))

@@ -9,6 +9,7 @@ import logging
 import signal
 import sys
 
+from specui.commands import add_worker_arguments
 from specui.errors import SpecUIError
 from specui.jobs import Runner, run_job
 from specui.store import JobStatus, default_db_path
@@ -27,17 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         default=10.0,
         help="seconds between a cancel request and SIGTERM",
     )
-    p.add_argument(
-        "--until-idle", action="store_true", help="exit when nothing is queued or running"
-    )
-    p.add_argument(
-        "--import",
-        dest="modules",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="also import MODULE (registers job kinds)",
-    )
+    add_worker_arguments(p)
     p.add_argument("--heartbeat", type=float, default=1.0, help=argparse.SUPPRESS)
     p.add_argument("--job", type=int, help=argparse.SUPPRESS)  # child mode: run this claimed job
     args = p.parse_args(argv)
@@ -64,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         # SIGTERM / Ctrl-C stop claiming; running jobs carry on in their own processes.
         signal.signal(signal.SIGTERM, lambda *_: runner.stop(wait=False))
         print(
-            f"runner: {runner.store.path}, up to {runner.max_jobs} job(s), kinds: {', '.join(runner.kinds)}",
+            f"runner: {runner.store.path}, up to {runner.max_jobs} job(s), kinds:"
+            f" {', '.join(runner.kinds)}",
             flush=True,
         )
         try:

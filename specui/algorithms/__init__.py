@@ -1,6 +1,7 @@
 """The drafting algorithms: one package each, in the speculators layout, plus what they share.
 
-    base.py        Drafter / DraftContext (what the engine calls), DraftConfig, DraftModel, LearnedDrafter
+    base.py        Drafter / DraftContext (what the engine calls), DraftConfig, DraftModel,
+    LearnedDrafter
     layers.py      decoder layer config, RMSNorm, RoPE, MLP, attention, draft-vocabulary maps
     checkpoint.py  speculators-format folders: validate, load, save
     spec.py        AlgorithmSpec and the registry every list of algorithms is read from
@@ -28,14 +29,36 @@ from specui.algorithms.spec import (
     register_algorithm,
 )
 
-__getattr__, __dir__ = lazy_exports(__name__, {
-    "DraftContext": "base", "Drafter": "base", "DraftConfig": "base", "DraftModel": "base",
-    "LearnedDrafter": "base", "load_drafter": "checkpoint", "load_model": "checkpoint",
-    "save_drafter": "checkpoint", "validate_checkpoint": "checkpoint",
-})  # fmt: skip
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "DraftContext": "base",
+        "Drafter": "base",
+        "DraftConfig": "base",
+        "DraftModel": "base",
+        "LearnedDrafter": "base",
+        "load_drafter": "checkpoint",
+        "load_model": "checkpoint",
+        "save_drafter": "checkpoint",
+        "validate_checkpoint": "checkpoint",
+    },
+)
 
 __all__ = [
-    "ALGORITHMS", "AlgorithmSpec", "DraftConfig", "DraftContext", "DraftModel", "Drafter", "LearnedDrafter",
-    "algorithm", "algorithm_names", "algorithm_specs", "create_drafter", "load_drafter", "load_model",
-    "register_algorithm", "save_drafter", "validate_checkpoint",
-]  # fmt: skip
+    "ALGORITHMS",
+    "AlgorithmSpec",
+    "DraftConfig",
+    "DraftContext",
+    "DraftModel",
+    "Drafter",
+    "LearnedDrafter",
+    "algorithm",
+    "algorithm_names",
+    "algorithm_specs",
+    "create_drafter",
+    "load_drafter",
+    "load_model",
+    "register_algorithm",
+    "save_drafter",
+    "validate_checkpoint",
+]

@@ -87,7 +87,8 @@ _REQUIRED = object()
 
 
 def read_field(d: dict[str, Any], key: str, kind: str, default: Any = _REQUIRED) -> Any:
-    """``d[key]`` checked against ``kind`` (int, bool, float, str, int-list, str-list; '?' = may be null)."""
+    """``d[key]`` checked against ``kind`` (int, bool, float, str, int-list, str-list; '?' = may be
+    null)."""
     optional = kind.endswith("?")
     kind = kind.rstrip("?")
     if key not in d:
@@ -242,7 +243,8 @@ class DraftConfig:
         layer = self.layer
         if layer.hidden_size != verifier.hidden_size:
             out.append(
-                f"hidden size {layer.hidden_size} does not match the verifier's {verifier.hidden_size}"
+                f"hidden size {layer.hidden_size} does not match the verifier's"
+                f" {verifier.hidden_size}"
             )
         if layer.vocab_size != verifier.vocab_size:
             out.append(
@@ -258,7 +260,8 @@ class DraftConfig:
             )
         if not 1 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
             out.append(
-                f"speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {self.num_speculative_tokens}"
+                f"speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got"
+                f" {self.num_speculative_tokens}"
             )
         return out
 
@@ -267,7 +270,8 @@ class DraftConfig:
             return ["mask_token_id is not set"]
         if not 0 <= mask_token_id < self.layer.vocab_size:
             return [
-                f"mask_token_id {mask_token_id} is outside the vocabulary (0..{self.layer.vocab_size - 1})"
+                f"mask_token_id {mask_token_id} is outside the vocabulary"
+                f" (0..{self.layer.vocab_size - 1})"
             ]
         return []
 
@@ -422,7 +426,8 @@ class LearnedDrafter:
     ) -> None:
         if options:
             raise SpecUIError(
-                f"the {model.config.model_type} drafter has no option(s) {', '.join(sorted(options))}"
+                f"the {model.config.model_type} drafter has no option(s)"
+                f" {', '.join(sorted(options))}"
             )
         self.model = model.eval()
         cfg = model.config
@@ -453,13 +458,14 @@ class LearnedDrafter:
         feats = ctx.features
         if feats is None:
             raise SpecUIError(
-                f"the {self.algorithm} drafter needs verifier features (aux layers {self.aux_layer_ids})"
+                f"the {self.algorithm} drafter needs verifier features (aux layers"
+                f" {self.aux_layer_ids})"
             )
         feats = feats.reshape(-1, feats.shape[-1]).to(device, torch.float32)
         if feats.shape[-1] != width or feats.shape[0] < ids.numel() - 1:
             raise SpecUIError(
-                f"verifier features have shape {list(feats.shape)}; the {self.algorithm} drafter needs "
-                f"[{ids.numel() - 1}, {width}] (aux layers {self.aux_layer_ids})"
+                f"verifier features have shape {list(feats.shape)}; the {self.algorithm} drafter"
+                f" needs [{ids.numel() - 1}, {width}] (aux layers {self.aux_layer_ids})"
             )
         return ids, feats[: ids.numel() - 1]
 

@@ -76,7 +76,8 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise SpecUIError(f"{path.parent} has no {WEIGHTS_FILE}")
     try:
         with safe_open(str(path), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no __iter__
+            # safe_open has no __iter__
+            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
         raise SpecUIError(f"{path} is not a readable safetensors file ({e})") from None
 
@@ -127,7 +128,8 @@ def _inspect(
 
 
 def validate_checkpoint(path: str | os.PathLike, verifier: Verifier) -> list[str]:
-    """Problems that keep the checkpoint at ``path`` from running with ``verifier`` (empty: fine)."""
+    """Problems that keep the checkpoint at ``path`` from running with ``verifier`` (empty:
+    fine)."""
     return _inspect(Path(path), verifier)[0]
 
 

@@ -31,27 +31,68 @@ from specui.errors import SpecUIError
 # The keys transformers 5.x writes for these two model types (to_diff_dict of a
 # Qwen3Config / LlamaConfig, as in the speculators 0.9.0 fixtures).  Saving
 # always writes all of them so the file has the same shape vLLM and speculators read.
-_QWEN3_KEYS = (
-    "attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "head_dim",
-    "hidden_act", "hidden_size", "initializer_range", "intermediate_size", "layer_types",
-    "max_position_embeddings", "max_window_layers", "model_type", "num_attention_heads",
-    "num_hidden_layers", "num_key_value_heads", "pad_token_id", "rms_norm_eps",
-    "rope_parameters", "sliding_window", "tie_word_embeddings", "use_cache",
-    "use_sliding_window", "vocab_size",
-)  # fmt: skip
-_LLAMA_KEYS = (
-    "attention_bias", "attention_dropout", "bos_token_id", "eos_token_id", "head_dim",
-    "hidden_act", "hidden_size", "initializer_range", "intermediate_size", "layer_types",
-    "max_position_embeddings", "mlp_bias", "model_type", "num_attention_heads",
-    "num_hidden_layers", "num_key_value_heads", "pad_token_id", "pretraining_tp",
-    "rms_norm_eps", "rope_parameters", "sliding_window", "tie_word_embeddings", "use_cache",
-    "use_sliding_window", "vocab_size",
-)  # fmt: skip
+_COMMON_KEYS = (
+    "attention_bias",
+    "attention_dropout",
+    "bos_token_id",
+    "eos_token_id",
+    "head_dim",
+    "hidden_act",
+    "hidden_size",
+    "initializer_range",
+    "intermediate_size",
+    "layer_types",
+    "max_position_embeddings",
+    "model_type",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "num_key_value_heads",
+    "pad_token_id",
+    "rms_norm_eps",
+    "rope_parameters",
+    "sliding_window",
+    "tie_word_embeddings",
+    "use_cache",
+    "use_sliding_window",
+    "vocab_size",
+)
+_QWEN3_KEYS = tuple(sorted([*_COMMON_KEYS, "max_window_layers"]))
+_LLAMA_KEYS = tuple(sorted([*_COMMON_KEYS, "mlp_bias", "pretraining_tp"]))
+# The sizes a layer config must give (positive integers; head_dim may be derived).
+_SHAPE_SIZES = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+)
+# The fields to_dict writes as the config holds them.
+_SAVED_AS_IS = (
+    "attention_bias",
+    "head_dim",
+    "hidden_size",
+    "initializer_range",
+    "intermediate_size",
+    "max_position_embeddings",
+    "model_type",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "num_key_value_heads",
+    "rms_norm_eps",
+    "sliding_window",
+    "vocab_size",
+)
 _DEFAULTS: dict[str, Any] = {
-    "attention_dropout": 0.0, "bos_token_id": None, "eos_token_id": None,
-    "max_window_layers": 28, "pad_token_id": None, "pretraining_tp": 1,
-    "tie_word_embeddings": False, "use_cache": True, "use_sliding_window": False,
-}  # fmt: skip
+    "attention_dropout": 0.0,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "max_window_layers": 28,
+    "pad_token_id": None,
+    "pretraining_tp": 1,
+    "tie_word_embeddings": False,
+    "use_cache": True,
+    "use_sliding_window": False,
+}
 
 
 @dataclass(kw_only=True)
@@ -95,8 +136,7 @@ class LayerConfig:
             raise SpecUIError(f"config.json field {where!r} must be an object")
         known = {f.name for f in fields(cls)} - {"extra", "rope_theta"}
         kw: dict[str, Any] = {}
-        for name in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "vocab_size"):  # fmt: skip
+        for name in ("model_type", *_SHAPE_SIZES, "vocab_size"):
             if name not in d:
                 raise SpecUIError(f"config.json {where} has no {name!r}")
         if d["model_type"] not in ("qwen3", "llama"):
@@ -118,8 +158,7 @@ class LayerConfig:
             raise SpecUIError(
                 f"{where}: hidden_act {d['hidden_act']!r} is not supported (only 'silu')"
             )
-        for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "vocab_size"):  # fmt: skip
+        for name in (*_SHAPE_SIZES, "head_dim", "vocab_size"):
             if not isinstance(kw[name], int) or isinstance(kw[name], bool) or kw[name] <= 0:
                 raise SpecUIError(f"{where}.{name} must be a positive integer, got {kw[name]!r}")
         if kw["num_attention_heads"] % kw["num_key_value_heads"]:
@@ -127,10 +166,13 @@ class LayerConfig:
                 f"{where}: num_attention_heads must be a multiple of num_key_value_heads"
             )
         types = kw.get("layer_types") or []
-        if types and (len(types) != kw["num_hidden_layers"]
-                      or set(types) - {"full_attention", "sliding_attention"}):  # fmt: skip
+        if types and (
+            len(types) != kw["num_hidden_layers"]
+            or set(types) - {"full_attention", "sliding_attention"}
+        ):
             raise SpecUIError(
-                f"{where}.layer_types must list 'full_attention'/'sliding_attention' once per layer, got {types}"
+                f"{where}.layer_types must list 'full_attention'/'sliding_attention' once per"
+                f" layer, got {types}"
             )
         if "sliding_attention" in types and not kw.get("sliding_window"):
             raise SpecUIError(f"{where}: sliding_attention layers need a sliding_window")
@@ -146,16 +188,12 @@ class LayerConfig:
         keys = _LLAMA_KEYS if self.model_type == "llama" else _QWEN3_KEYS
         out: dict[str, Any] = {k: _DEFAULTS.get(k) for k in keys}
         out.update({k: v for k, v in self.extra.items() if not k.startswith("_")})
+        out.update({k: getattr(self, k) for k in _SAVED_AS_IS})
         out.update(
-            attention_bias=self.attention_bias, head_dim=self.head_dim, hidden_act="silu",
-            hidden_size=self.hidden_size, initializer_range=self.initializer_range,
-            intermediate_size=self.intermediate_size, layer_types=list(self.layer_types),
-            max_position_embeddings=self.max_position_embeddings, model_type=self.model_type,
-            num_attention_heads=self.num_attention_heads, num_hidden_layers=self.num_hidden_layers,
-            num_key_value_heads=self.num_key_value_heads, rms_norm_eps=self.rms_norm_eps,
+            hidden_act="silu",
+            layer_types=list(self.layer_types),
             rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"},
-            sliding_window=self.sliding_window, vocab_size=self.vocab_size,
-        )  # fmt: skip
+        )
         if self.model_type == "llama":
             out["mlp_bias"] = self.mlp_bias
         return dict(sorted(out.items()))
@@ -175,16 +213,23 @@ class LayerConfig:
         )
         eos = getattr(c, "eos_token_id", None)
         kw: dict[str, Any] = dict(
-            model_type=model_type, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-            num_hidden_layers=num_layers, num_attention_heads=heads,
+            model_type=model_type,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=heads,
             num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
-            head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab_size=c.vocab_size,
-            rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=float(theta),
+            head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+            vocab_size=c.vocab_size,
+            rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
             max_position_embeddings=int(getattr(c, "max_position_embeddings", 2048) or 2048),
             initializer_range=float(getattr(c, "initializer_range", 0.02) or 0.02),
-            extra={"bos_token_id": getattr(c, "bos_token_id", None),
-                   "eos_token_id": eos if isinstance(eos, int | None) else list(eos)},
-        )  # fmt: skip
+            extra={
+                "bos_token_id": getattr(c, "bos_token_id", None),
+                "eos_token_id": eos if isinstance(eos, int | None) else list(eos),
+            },
+        )
         kw.update(overrides)
         return cls(**kw)
 
@@ -490,7 +535,8 @@ def draft_target_ids(d2t: torch.Tensor) -> torch.Tensor:
 def to_target_vocab(
     logits: torch.Tensor, d2t: torch.Tensor | None, vocab_size: int
 ) -> torch.Tensor:
-    """Draft logits [.., Vd] -> target-vocabulary logits [.., V] (-inf where the draft has no token)."""
+    """Draft logits [.., Vd] -> target-vocabulary logits [.., V] (-inf where the draft has no
+    token)."""
     if d2t is None:
         return logits
     out = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))

@@ -39,7 +39,8 @@ Metrics = dict[str, torch.Tensor]  # scalar tensors, averaged over samples and p
 
 
 def objective_for(cfg: Any, verifier: Any) -> Objective:
-    """The training objective of ``cfg.algorithm`` (its AlgorithmSpec's), ready to build and train."""
+    """The training objective of ``cfg.algorithm`` (its AlgorithmSpec's), ready to build and
+    train."""
     spec = ALGORITHMS.get(cfg.algorithm)
     if spec is None or spec.objective is None:
         raise SpecUIError(f"no training objective for algorithm {cfg.algorithm!r}")

@@ -25,8 +25,9 @@ def shipped_drafters() -> dict[str, Path]:
     return {p.name: p for p in sorted(root.iterdir()) if (p / "config.json").is_file()}
 
 
-def resolve_drafter(choice: str, verifier: Verifier, num_speculative_tokens: int | None = None,
-                    **options) -> Drafter:  # fmt: skip
+def resolve_drafter(
+    choice: str, verifier: Verifier, num_speculative_tokens: int | None = None, **options
+) -> Drafter:
     """The drafter a choice names: ``none`` | ``ngram`` | a shipped drafter's name | a
     speculators-format folder (a speculator)."""
     choice = choice.strip()

@@ -180,8 +180,12 @@ def algorithm_for_vllm(speculative_config: Mapping[str, Any] | None) -> str | No
     """The algorithm a vLLM --speculative-config serves (the most specific match), or None."""
     if not speculative_config:
         return None
-    fits = [s for s in algorithm_specs() if s.vllm_method == speculative_config.get("method")
-            and all(speculative_config.get(k) == v for k, v in s.vllm_extra.items())]  # fmt: skip
+    fits = [
+        s
+        for s in algorithm_specs()
+        if s.vllm_method == speculative_config.get("method")
+        and all(speculative_config.get(k) == v for k, v in s.vllm_extra.items())
+    ]
     return max(fits, key=lambda s: len(s.vllm_extra)).name if fits else None
 
 
@@ -192,6 +196,29 @@ def create_drafter(name: str, verifier: Any, **kw: Any) -> Any:
     block_size, num_speculative_tokens, aux_layer_ids, mask_token_id, markov_rank, seed).
     """
     return algorithm(name).drafter_class.create(verifier, **kw)
+
+
+def package_spec(package: str, prefix: str, **fields: Any) -> AlgorithmSpec:
+    """The AlgorithmSpec of an algorithm ``package``: named after the package (and served by vLLM
+    under that method unless ``fields`` say otherwise), its classes ``{prefix}Drafter``
+    (drafter.py), ``{prefix}Objective`` (objective.py) and ``{prefix}Options`` (options.py)."""
+    name = package.rpartition(".")[2]
+    return AlgorithmSpec(
+        **{"name": name, "vllm_method": name, **fields},
+        drafter=f"{package}.drafter:{prefix}Drafter",
+        objective=f"{package}.objective:{prefix}Objective",
+        train_options=f"{package}.options:{prefix}Options",
+    )
+
+
+def package_exports(
+    package: str, prefix: str, **more: str
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """:func:`lazy_exports` of an algorithm package: ``{prefix}Config``, ``{prefix}Options``,
+    ``{prefix}Model``, ``{prefix}Drafter`` and ``{prefix}Objective`` from the sub-modules of
+    those names, and ``more`` (name=sub-module)."""
+    kinds = ("config", "options", "model", "drafter", "objective")
+    return lazy_exports(package, {**{f"{prefix}{k.capitalize()}": k for k in kinds}, **more})
 
 
 def lazy_exports(

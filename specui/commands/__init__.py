@@ -5,6 +5,35 @@ from __future__ import annotations
 import argparse
 
 
+def arg_values(args: argparse.Namespace, *names: str) -> dict:
+    """``{name: args.name}`` for the given names: parsed flags passed on by the same names."""
+    return {name: getattr(args, name) for name in names}
+
+
+def int_list(text: str) -> list[int]:
+    """An argparse type: comma-separated integers (spaces ignored)."""
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags shared by ``specui jobs worker`` and ``workers.runner``: --until-idle, --import."""
+    flag = p.add_argument
+    flag("--until-idle", action="store_true", help="exit when nothing is queued or running")
+    flag(
+        "--import",
+        dest="modules",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="also import MODULE (registers job kinds)",
+    )
+
+
 def add_precision_argument(p: argparse.ArgumentParser) -> None:
     """``--precision`` for commands that load a verifier, defaulting to the app's own."""
     from specui.verifier.model import PRECISIONS, default_precision

@@ -8,7 +8,12 @@ import sys
 
 import torch
 
-from specui.commands import add_ngram_arguments, add_precision_argument, ngram_options
+from specui.commands import (
+    add_ngram_arguments,
+    add_precision_argument,
+    arg_values,
+    ngram_options,
+)
 from specui.errors import SpecUIError
 from specui.trace import SamplingParams, check_decode_settings
 
@@ -69,11 +74,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecUIError(f"--limit must be >= 1, got {args.limit}")
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     # Before the store opens: a bad setting must not even create the database file.
-    check_decode_settings(
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        num_speculative_tokens=args.num_speculative_tokens,
-    )
+    check_decode_settings(**arg_values(args, "max_new_tokens", "seed", "num_speculative_tokens"))
     ngram = ngram_options(args)
     if args.threads < 1:
         raise SpecUIError(f"--threads must be >= 1, got {args.threads}")

@@ -1,4 +1,5 @@
-"""``specui doctor``: why a speculator's acceptance is low, and how to fix it (``specui.doctor``)."""
+"""``specui doctor``: why a speculator's acceptance is low, and how to fix it
+(``specui.doctor``)."""
 
 from __future__ import annotations
 

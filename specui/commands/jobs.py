@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from specui.commands import add_worker_arguments
 from specui.commands.runs import _table, _when, add_db_option
 from specui.jobs import queue
 from specui.store import JobStatus, Store
@@ -23,20 +24,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--limit", type=int, default=50)
     ls.set_defaults(func=cmd_list)
 
-    show = js.add_parser("show", parents=[common], help="one job: parameters, log tail, latest metrics")
+    show = js.add_parser(
+        "show", parents=[common], help="one job: parameters, log tail, latest metrics"
+    )
     show.add_argument("job_id", type=int)
     show.set_defaults(func=cmd_show)
 
     ca = js.add_parser("cancel", parents=[common], help="cancel a queued or running job")
     ca.add_argument("job_id", type=int)
-    ca.add_argument("--force", action="store_true", help="also cancel a job that a dashboard session owns")
+    ca.add_argument(
+        "--force", action="store_true", help="also cancel a job that a dashboard session owns"
+    )
     ca.set_defaults(func=cmd_cancel)
 
     wk = js.add_parser("worker", parents=[common], help="run queued jobs (each in its own process)")
     wk.add_argument("--max-jobs", type=int, help="jobs at once (default: $SPECUI_MAX_JOBS or 1)")
-    wk.add_argument("--until-idle", action="store_true", help="exit when nothing is queued or running")
-    wk.add_argument("--import", dest="modules", action="append", default=[], metavar="MODULE",
-                    help="also import MODULE (registers job kinds)")
+    add_worker_arguments(wk)
     wk.set_defaults(func=cmd_worker)
 
 
@@ -47,9 +50,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("no jobs")
         return 0
     rows = [
-        [str(j.id), j.kind,
-         str(j.status) + (" (cancelling)" if j.cancel_requested_at and j.status == JobStatus.RUNNING else ""),
-         f"{100 * j.progress:.0f}%", _when(j.created_at), (j.error or j.message or "")[:60]]
+        [
+            str(j.id),
+            j.kind,
+            str(j.status)
+            + (" (cancelling)" if j.cancel_requested_at and j.status == JobStatus.RUNNING else ""),
+            f"{100 * j.progress:.0f}%",
+            _when(j.created_at),
+            (j.error or j.message or "")[:60],
+        ]
         for j in jobs
     ]
     print(_table(["ID", "KIND", "STATUS", "PROGRESS", "CREATED", "MESSAGE"], rows))
@@ -62,9 +71,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         metrics = store.job_metrics(args.job_id)
     print(f"job {job.id}: {job.kind}  [{job.status}]  {100 * job.progress:.0f}%")
     print(f"  params   {job.params_json}")
-    for key, value in (("created", _when(job.created_at)), ("started", _when(job.started_at)),
-                       ("ended", _when(job.ended_at)), ("message", job.message), ("error", job.error),
-                       ("result", job.result_json)):
+    for key, value in (
+        ("created", _when(job.created_at)),
+        ("started", _when(job.started_at)),
+        ("ended", _when(job.ended_at)),
+        ("message", job.message),
+        ("error", job.error),
+        ("result", job.result_json),
+    ):
         if value not in (None, "-"):
             print(f"  {key:<8} {value}")
     latest: dict[str, tuple[int, float]] = {}
@@ -94,7 +108,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from specui.jobs import Runner
 
     runner = Runner(args.db, max_jobs=args.max_jobs, modules=tuple(args.modules))
-    print(f"worker: {runner.store.path}, up to {runner.max_jobs} job(s), kinds: {', '.join(runner.kinds)}", flush=True)
+    print(
+        f"worker: {runner.store.path}, up to {runner.max_jobs} job(s), kinds:"
+        f" {', '.join(runner.kinds)}",
+        flush=True,
+    )
     started = time.monotonic()
     try:
         runner.run(until_idle=args.until_idle)

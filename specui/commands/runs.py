@@ -21,7 +21,9 @@ def add_db_option(parser: argparse.ArgumentParser, *, on_subcommand: bool = Fals
         "--db",
         default=argparse.SUPPRESS if on_subcommand else None,
         metavar="PATH",
-        help="store file (default: $SPECUI_DATA_DIR/specui.db, else ~/.local/share/specui/specui.db)",
+        help=(
+            "store file (default: $SPECUI_DATA_DIR/specui.db, else ~/.local/share/specui/specui.db)"
+        ),
     )
 
 
@@ -34,7 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_db_option(p)
     common = argparse.ArgumentParser(add_help=False)
     add_db_option(common, on_subcommand=True)
-    rs = p.add_subparsers(dest="runs_command", required=True, metavar="{list,show,replay,export,delete}")
+    rs = p.add_subparsers(
+        dest="runs_command", required=True, metavar="{list,show,replay,export,delete}"
+    )
 
     ls = rs.add_parser("list", parents=[common], help="stored runs, newest first")
     ls.add_argument("--status", choices=[s.value for s in RunStatus])
@@ -48,27 +52,62 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.add_argument("run_id", type=int)
     show.set_defaults(func=cmd_show)
 
-    rp = rs.add_parser("replay", parents=[common], help="one request's stored steps, step by step (as the Playground replays them)")
+    rp = rs.add_parser(
+        "replay",
+        parents=[common],
+        help="one request's stored steps, step by step (as the Playground replays them)",
+    )
     rp.add_argument("run_id", type=int)
-    rp.add_argument("--request", type=int, default=None, metavar="N", help="prompt index within the run (default: the first with steps)")
-    rp.add_argument("--rate", type=float, default=0.0, metavar="STEPS_PER_S", help="pace of the output (default 0: all at once)")
-    rp.add_argument("--json", action="store_true", help="one JSON object per step (unknown values as null), then a summary object")
+    rp.add_argument(
+        "--request",
+        type=int,
+        default=None,
+        metavar="N",
+        help="prompt index within the run (default: the first with steps)",
+    )
+    rp.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        metavar="STEPS_PER_S",
+        help="pace of the output (default 0: all at once)",
+    )
+    rp.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per step (unknown values as null), then a summary object",
+    )
     rp.set_defaults(func=cmd_replay)
 
-    ex = rs.add_parser("export", parents=[common], help="write a comparison (or per-step) CSV, or speculators' acceptance.csv")
+    ex = rs.add_parser(
+        "export",
+        parents=[common],
+        help="write a comparison (or per-step) CSV, or speculators' acceptance.csv",
+    )
     ex.add_argument("--csv", required=True, metavar="FILE", help="output file ('-' for stdout)")
-    ex.add_argument("--format", choices=EXPORT_FORMATS, default="csv",
-                    help="csv: SpecUI's comparison (or --steps) columns; speculators: the acceptance.csv of "
-                         "speculators' scripts/evaluate/evaluate.py (subset = prompt set, one row per run with drafts, "
-                         "acceptance_at_pos_i = a_(i+1); one drafter's runs, one per prompt set)")
-    ex.add_argument("--runs", type=int, nargs="+", metavar="ID", help="runs to include (default: all, oldest first)")
-    ex.add_argument("--steps", action="store_true", help="one row per decoding step instead of one per run")
-    ex.add_argument("--excel", action="store_true", help="start the file with a UTF-8 BOM (Excel needs it for non-ASCII text)")
+    ex.add_argument(
+        "--format",
+        choices=EXPORT_FORMATS,
+        default="csv",
+        help=(
+            "csv: SpecUI's comparison (or --steps) columns; speculators: the acceptance.csv of"
+            " speculators' scripts/evaluate/evaluate.py (subset = prompt set, one row per run with"
+            " drafts, acceptance_at_pos_i = a_(i+1); one drafter's runs, one per prompt set)"
+        ),
+    )
+    flag = ex.add_argument
+    runs_help = "runs to include (default: all, oldest first)"
+    flag("--runs", type=int, nargs="+", metavar="ID", help=runs_help)
+    flag("--steps", action="store_true", help="one row per decoding step instead of one per run")
+    excel_help = "start the file with a UTF-8 BOM (Excel needs it for non-ASCII text)"
+    flag("--excel", action="store_true", help=excel_help)
     ex.set_defaults(func=cmd_export)
 
     de = rs.add_parser("delete", parents=[common], help="delete a run with its results and steps")
     de.add_argument("run_id", type=int)
-    de.add_argument("--force", action="store_true", help="also delete a run that a dashboard session owns")
+    de.add_argument(
+        "--force", action="store_true", help="also delete a run that a dashboard session owns"
+    )
     de.set_defaults(func=cmd_delete)
 
 
@@ -85,7 +124,9 @@ def _fmt(value: Any) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return "\n".join(lines)
@@ -93,19 +134,48 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int:
     with Store(args.db) as store:
-        runs = store.list_runs(status=args.status, algorithm=args.algorithm, prompt_set=args.prompt_set,
-                               verifier=args.verifier, limit=args.limit)
+        runs = store.list_runs(
+            status=args.status,
+            algorithm=args.algorithm,
+            prompt_set=args.prompt_set,
+            verifier=args.verifier,
+            limit=args.limit,
+        )
         if not runs:
             print(f"no runs in {store.path}")
             return 0
         counts = store.count_results([r.id for r in runs if r.id is not None])
         rows = [
-            [str(r.id), str(r.status), r.display_name, r.algorithm, str(r.backend), r.prompt_set,
-             str(counts[r.id][0]), str(counts[r.id][1]), _when(r.started_at)]
+            [
+                str(r.id),
+                str(r.status),
+                r.display_name,
+                r.algorithm,
+                str(r.backend),
+                r.prompt_set,
+                str(counts[r.id][0]),
+                str(counts[r.id][1]),
+                _when(r.started_at),
+            ]
             for r in runs
             if r.id is not None
         ]
-    print(_table(["ID", "STATUS", "NAME", "ALGORITHM", "BACKEND", "PROMPT SET", "PROMPTS", "STEPS", "STARTED"], rows))
+    print(
+        _table(
+            [
+                "ID",
+                "STATUS",
+                "NAME",
+                "ALGORITHM",
+                "BACKEND",
+                "PROMPT SET",
+                "PROMPTS",
+                "STEPS",
+                "STARTED",
+            ],
+            rows,
+        )
+    )
     return 0
 
 
@@ -131,7 +201,16 @@ def cmd_show(args: argparse.Namespace) -> int:
     print("  versions    " + ", ".join(f"{k} {v}" for k, v in sorted(run.versions.items())))
     print("metrics:")
     row = cmp.rows[0]
-    skip = {"run_id", "label", "algorithm", "drafter", "verifier", "backend", "prompt_set", "status"}
+    skip = {
+        "run_id",
+        "label",
+        "algorithm",
+        "drafter",
+        "verifier",
+        "backend",
+        "prompt_set",
+        "status",
+    }
     for c in cmp.columns:
         if c.key not in skip and row.get(c.key) is not None:
             print(f"  {c.label:<24} {_fmt(row[c.key])} {c.unit}".rstrip())
@@ -153,8 +232,13 @@ def _step_line(step: Any) -> str:
     def tok(t: int, text: str) -> str:
         return "?" if t < 0 else repr(text)
 
-    drafts = " ".join(tok(t, x) for t, x in zip(step.draft_token_ids, step.draft_texts, strict=True))
-    line = f"#{step.step:<4} drafted {step.num_drafted:<2} accepted {step.num_accepted:<2} +{len(step.emitted_token_ids)}"
+    drafts = " ".join(
+        tok(t, x) for t, x in zip(step.draft_token_ids, step.draft_texts, strict=True)
+    )
+    line = (
+        f"#{step.step:<4} drafted {step.num_drafted:<2} accepted {step.num_accepted:<2}"
+        f" +{len(step.emitted_token_ids)}"
+    )
     if step.num_drafted:
         line += f"  draft [{drafts}]"
     if len(step.emitted_token_ids) > step.num_accepted:
@@ -169,7 +253,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         rp = load_replay(store, args.run_id, args.request)
     run, src = rp.run, rp.source
     if not args.json:
-        print(f"run {run.id}: {run.display_name} · {run.backend} · {run.prompt_set} · request {rp.prompt_index}")
+        print(
+            f"run {run.id}: {run.display_name} · {run.backend} · {run.prompt_set} · request"
+            f" {rp.prompt_index}"
+        )
         print(f"steps from: {src.label}. {src.note}")
         print("'?' = a draft token the backend did not report")
     for step in play(rp.steps, args.rate):
@@ -178,16 +265,29 @@ def cmd_replay(args: argparse.Namespace) -> int:
         else:
             print(_step_line(step), flush=True)
     res = rp.result()
-    summary = {"summary": True, "run_id": run.id, "request": rp.prompt_index, "backend": str(run.backend),
-               "step_source": src.key, "real_order": src.real_order, "drafts_known": src.drafts_known, "note": src.note,
-               "num_steps": res.num_steps, "num_output_tokens": len(res.output_token_ids),
-               "acceptance_length": res.acceptance_length, "per_position_acceptance": res.per_position_acceptance,
-               "stop_reason": rp.stop_reason}
+    summary = {
+        "summary": True,
+        "run_id": run.id,
+        "request": rp.prompt_index,
+        "backend": str(run.backend),
+        "step_source": src.key,
+        "real_order": src.real_order,
+        "drafts_known": src.drafts_known,
+        "note": src.note,
+        "num_steps": res.num_steps,
+        "num_output_tokens": len(res.output_token_ids),
+        "acceptance_length": res.acceptance_length,
+        "per_position_acceptance": res.per_position_acceptance,
+        "stop_reason": rp.stop_reason,
+    }
     if args.json:
         print(json.dumps(_json_safe(summary), ensure_ascii=False))
     else:
         a = ", ".join(f"{x:.2f}" for x in res.per_position_acceptance) or "-"
-        print(f"{res.num_steps} steps, {len(res.output_token_ids)} tokens, tau {res.acceptance_length:.2f}, a_k: {a}")
+        print(
+            f"{res.num_steps} steps, {len(res.output_token_ids)} tokens, tau"
+            f" {res.acceptance_length:.2f}, a_k: {a}"
+        )
     return 0
 
 
@@ -224,16 +324,25 @@ def _export_speculators(args: argparse.Namespace) -> int:
     if args.steps:
         raise user_error("--format speculators writes one row per run; --steps is for --format csv")
     if args.excel:
-        raise user_error("--format speculators has no --excel: a BOM breaks the 'subset' header for speculators' readers")
+        raise user_error(
+            "--format speculators has no --excel: a BOM breaks the 'subset' header for speculators'"
+            " readers"
+        )
     with Store(args.db) as store:
         ids = args.runs or [r.id for r in reversed(store.list_runs())]
         dest = sys.stdout if args.csv == "-" else args.csv
         table = write_acceptance_csv(store, ids, dest)
     if table.skipped:
-        print(f"skipped run(s) {', '.join(map(str, table.skipped))}: no drafts (speculators writes no row for them)",
-              file=sys.stderr)
+        print(
+            f"skipped run(s) {', '.join(map(str, table.skipped))}: no drafts (speculators writes no"
+            " row for them)",
+            file=sys.stderr,
+        )
     if args.csv != "-":
-        print(f"wrote {len(table.rows)} subset row(s) (run(s) {', '.join(map(str, table.run_ids))}) to {args.csv}")
+        print(
+            f"wrote {len(table.rows)} subset row(s) (run(s) {', '.join(map(str, table.run_ids))})"
+            f" to {args.csv}"
+        )
     return 0
 
 

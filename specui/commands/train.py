@@ -19,6 +19,7 @@ from typing import Any
 
 from specui.algorithms.options import flag_of
 from specui.algorithms.spec import algorithm_names, algorithm_specs, labels, train_knobs
+from specui.commands import int_list
 from specui.data import prompt_sets, training_prompt_sets
 from specui.errors import SpecUIError
 from specui.training.config import DEFAULT_PROMPTS, PRECISIONS, TrainConfig
@@ -36,12 +37,14 @@ SPECULATORS_FLAG_ALIASES: dict[str, str] = {
     "--speculator-type": "--algorithm",  # values: speculator_types()
     "--verifier-name-or-path": "--verifier",
     "--save-path": "--out",
-    "--from-pretrained": "--init-from",  # warm start; SpecUI copies the tensors whose name and shape fit
+    # warm start; SpecUI copies the tensors whose name and shape fit
+    "--from-pretrained": "--init-from",
     "--max-steps": "--steps",  # optimizer steps; SpecUI's LR schedule spans them, theirs the epochs
     "--scheduler-type": "--schedule",  # values: SPECULATORS_SCHEDULES
     "--scheduler-warmup-steps": "--warmup-steps",
     "--num-layers": "--layers",
-    "--target-layer-ids": "--aux-layers",  # theirs space-separated (2 15 27), ours 2,15,27: both take both
+    # theirs space-separated (2 15 27), ours 2,15,27: both take both
+    "--target-layer-ids": "--aux-layers",
     "--num-depths": "--depths",  # P-EAGLE parallel depths
     "--dflash-decay-gamma": "--gamma",  # both weight slot k by exp(-(k-1)/gamma)
     "--confidence-head-alpha": "--confidence-weight",  # DSpark confidence-head BCE weight
@@ -54,35 +57,80 @@ SPECULATORS_FLAG_ALIASES: dict[str, str] = {
 # the form differs (a value where SpecUI has a switch, or the switch's opposite):
 SPECULATORS_FLAG_REWRITES: dict[str, str] = {
     "--per-position-loss-weight": "--dpace",  # dpace -> --dpace; fixed-exp-decay -> without it
-    "--embed-requires-grad": "--freeze-embeddings",  # the opposite: trains the embedding (SpecUI: P-EAGLE only)
+    # the opposite: trains the embedding (SpecUI: P-EAGLE only)
+    "--embed-requires-grad": "--freeze-embeddings",
     "--no-embed-requires-grad": "--freeze-embeddings",
     "--no-resume-from-checkpoint": "--resume",  # the opposite; SpecUI resumes only with --resume
 }
 # Spelled the same in both (nothing to add; listed so the table is the whole mapping):
 SPECULATORS_SHARED_FLAGS: tuple[str, ...] = (
-    "--seed", "--lr", "--weight-decay", "--block-size", "--max-anchors", "--ttt-steps",
-    "--draft-vocab-size", "--mask-token-id", "--markov-rank",
-)  # fmt: skip
+    "--seed",
+    "--lr",
+    "--weight-decay",
+    "--block-size",
+    "--max-anchors",
+    "--ttt-steps",
+    "--draft-vocab-size",
+    "--mask-token-id",
+    "--markov-rank",
+)
 # Their flags with no SpecUI equivalent, and why; not accepted (a silent no-op would
 # train something other than what the command line says):
 SPECULATORS_FLAGS_WITHOUT_EQUIVALENT: dict[str, str] = {
     # No SpecUI training setting at all:
-    **dict.fromkeys((
-        "--config", "--dump-config", "--dry-run", "--deterministic-cuda", "--trust-remote-code",
-        "--draft-config", "--draft-arch", "--draft-hidden-act", "--draft-mrope-full-head-hack",
-        "--no-draft-mrope-full-head-hack", "--norm-before-residual", "--no-norm-before-residual",
-        "--norm-before-fc", "--no-norm-before-fc", "--fc-norm", "--norm-output", "--no-norm-output",
-        "--sliding-window", "--full-attention-indices", "--sliding-window-non-causal", "--draft-attn-impl",
-        "--train-data-ratio", "--noise-std", "--hidden-states-dtype", "--num-workers", "--prefetch-factor",
-        "--on-missing", "--on-generate", "--request-timeout", "--max-retries", "--loss-implementation",
-        "--ttt-step-loss-decay", "--scheduler-warmup-ratio", "--save-best", "--fsdp-shard", "--logger",
-        "--log-dir", "--run-name", "--markov-head-type", "--enable-confidence-head",
-        "--no-enable-confidence-head", "--confidence-head-with-markov", "--no-confidence-head-with-markov",
-    ), "no SpecUI setting"),
+    **dict.fromkeys(
+        (
+            "--config",
+            "--dump-config",
+            "--dry-run",
+            "--deterministic-cuda",
+            "--trust-remote-code",
+            "--draft-config",
+            "--draft-arch",
+            "--draft-hidden-act",
+            "--draft-mrope-full-head-hack",
+            "--no-draft-mrope-full-head-hack",
+            "--norm-before-residual",
+            "--no-norm-before-residual",
+            "--norm-before-fc",
+            "--no-norm-before-fc",
+            "--fc-norm",
+            "--norm-output",
+            "--no-norm-output",
+            "--sliding-window",
+            "--full-attention-indices",
+            "--sliding-window-non-causal",
+            "--draft-attn-impl",
+            "--train-data-ratio",
+            "--noise-std",
+            "--hidden-states-dtype",
+            "--num-workers",
+            "--prefetch-factor",
+            "--on-missing",
+            "--on-generate",
+            "--request-timeout",
+            "--max-retries",
+            "--loss-implementation",
+            "--ttt-step-loss-decay",
+            "--scheduler-warmup-ratio",
+            "--save-best",
+            "--fsdp-shard",
+            "--logger",
+            "--log-dir",
+            "--run-name",
+            "--markov-head-type",
+            "--enable-confidence-head",
+            "--no-enable-confidence-head",
+            "--confidence-head-with-markov",
+            "--no-confidence-head-with-markov",
+        ),
+        "no SpecUI setting",
+    ),
     # A near neighbour that means something else:
     "--data-path": "a preprocessed dataset; SpecUI distills from --prompts itself",
     "--token-freq-path": "SpecUI counts token frequencies in its distilled samples",
-    "--d2t-path": "SpecUI builds the draft vocabulary mapping", "--t2d-path": "SpecUI builds the mapping",
+    "--d2t-path": "SpecUI builds the draft vocabulary mapping",
+    "--t2d-path": "SpecUI builds the mapping",
     "--hidden-states-backend": "a transfer backend; --extractor picks who computes the states",
     "--hidden-states-path": "their files; --cache-dir holds SpecUI's own layout",
     "--vllm-endpoint": "a running server; --extractor vllm launches its own",
@@ -91,12 +139,17 @@ SPECULATORS_FLAGS_WITHOUT_EQUIVALENT: dict[str, str] = {
     "--checkpoint-freq": "in epochs; --checkpoint-every is in steps",
     "--scheduler-total-steps": "SpecUI's schedule always spans --steps",
     "--scheduler-num-cosine-cycles": "SpecUI's cosine is half a cycle, down to lr * --min-lr-ratio",
-    "--optimizer": "SpecUI trains with AdamW only", "--muon-lr": "AdamW only", "--muon-momentum": "AdamW only",
-    "--muon-weight-decay": "AdamW only", "--muon-ns-steps": "AdamW only", "--muon-adjust-lr-fn": "AdamW only",
+    "--optimizer": "SpecUI trains with AdamW only",
+    "--muon-lr": "AdamW only",
+    "--muon-momentum": "AdamW only",
+    "--muon-weight-decay": "AdamW only",
+    "--muon-ns-steps": "AdamW only",
+    "--muon-adjust-lr-fn": "AdamW only",
     "--sample-from-anchor": "fixed by the algorithm (DSpark yes, DFlash no: their defaults)",
     "--no-sample-from-anchor": "fixed by the algorithm",
     "--dpace-alpha": "SpecUI's D-PACE smoothing is fixed at 0.5, their default",
-    "--num-speculative-steps": "MTP: no SpecUI trainer", "--step-weight-beta": "MTP: no SpecUI trainer",
+    "--num-speculative-steps": "MTP: no SpecUI trainer",
+    "--step-weight-beta": "MTP: no SpecUI trainer",
     # hs_connectors' backend flags (--hidden-states-path, --mooncake-*) have none either.
 }
 # Values of aliased flags: speculators value -> SpecUI value (None: none in SpecUI).
@@ -107,15 +160,18 @@ SPECULATOR_TYPES_WITHOUT_TRAINER: tuple[str, ...] = ("mtp",)
 
 def speculator_types() -> dict[str, str | None]:
     """speculators --speculator-type value -> SpecUI algorithm (None: no SpecUI trainer)."""
-    specs = sorted((s for s in algorithm_specs() if s.trainable), key=lambda s: s.speculators_rank)  # stable
+    # stable
+    specs = sorted((s for s in algorithm_specs() if s.trainable), key=lambda s: s.speculators_rank)
     return {**{s.name: s.name for s in specs}, **dict.fromkeys(SPECULATOR_TYPES_WITHOUT_TRAINER)}
 
 
-
-SPECULATORS_SCHEDULES: dict[str, str] = {"linear": "linear", "cosine": "cosine", "none": "constant"}  # none: constant LR
-# kl_div is KL(p_target || q_draft), SpecUI's kl; rkl, jsd, tv, nla, lk_hybrid and JSON mixes have none.
+# none: constant LR
+SPECULATORS_SCHEDULES: dict[str, str] = {"linear": "linear", "cosine": "cosine", "none": "constant"}
+# kl_div is KL(p_target || q_draft), SpecUI's kl; rkl, jsd, tv, nla, lk_hybrid and JSON mixes have
+# none.
 SPECULATORS_LOSSES: dict[str, str] = {"ce": "ce", "kl_div": "kl"}
-SPECULATORS_POSITION_WEIGHTS: dict[str, bool] = {"fixed-exp-decay": False, "dpace": True}  # -> --dpace
+# -> --dpace
+SPECULATORS_POSITION_WEIGHTS: dict[str, bool] = {"fixed-exp-decay": False, "dpace": True}
 
 
 def _spellings(flag: str) -> list[str]:
@@ -123,18 +179,16 @@ def _spellings(flag: str) -> list[str]:
     return [flag, *(theirs for theirs, ours in SPECULATORS_FLAG_ALIASES.items() if ours == flag)]
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
 class _IntsAction(argparse.Action):
     """--aux-layers 2,15,27 and speculators' --target-layer-ids 2 15 27 (or a mix): one list."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, [i for part in values for i in part])
 
 
@@ -143,8 +197,11 @@ def _algorithm(text: str) -> str:
     types = speculator_types()
     if key in types and types[key] is None:
         known = ", ".join(v for v in types.values() if v)
-        raise argparse.ArgumentTypeError(f"speculators' {key!r} has no SpecUI trainer; use one of {known}")
-    # Anything else as given: the config reports an unknown algorithm with the list, as the job API does.
+        raise argparse.ArgumentTypeError(
+            f"speculators' {key!r} has no SpecUI trainer; use one of {known}"
+        )
+    # Anything else as given: the config reports an unknown algorithm with the list, as the job API
+    # does.
     return types.get(key) or text
 
 
@@ -167,7 +224,9 @@ def _loss(text: str) -> str:
 
 def _position_weights(text: str) -> bool:
     if text not in SPECULATORS_POSITION_WEIGHTS:
-        raise argparse.ArgumentTypeError(f"expected one of {', '.join(SPECULATORS_POSITION_WEIGHTS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(SPECULATORS_POSITION_WEIGHTS)}, got {text!r}"
+        )
     return SPECULATORS_POSITION_WEIGHTS[text]
 
 
@@ -177,8 +236,10 @@ def _prompts_help() -> str:
     trainable = training_prompt_sets()
     # Evaluation-only sets by family ("spec-bench" for it and its "spec-bench:qa" groups).
     refused = sorted({name.split(":", 1)[0] for name, ps in sets.items() if ps.evaluation_only})
-    text = (f"a prompt set ({', '.join(trainable)}; default {DEFAULT_PROMPTS}), a JSONL file, "
-            "or a mix a,b (alternating)")
+    text = (
+        f"a prompt set ({', '.join(trainable)}; default {DEFAULT_PROMPTS}), a JSONL file, "
+        "or a mix a,b (alternating)"
+    )
     if refused:
         its = "its" if len(refused) == 1 else "their"
         text += f"; evaluation sets ({', '.join(refused)} and {its} groups) are refused"
@@ -190,8 +251,11 @@ def _add_knobs(groups: dict[str, argparse._ArgumentGroup]) -> None:
     in its group, its help led by the algorithms that read it."""
     for name, f in train_knobs().items():
         # Unset unless given: TrainConfig then fills in the chosen algorithm's own default.
-        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS,
-                              "help": f"{labels(name)} {f.metadata['help']}"}
+        kw: dict[str, Any] = {
+            "dest": name,
+            "default": argparse.SUPPRESS,
+            "help": f"{labels(name)} {f.metadata['help']}",
+        }
         if isinstance(f.default, bool):
             kw["action"] = "store_true" if f.default is False else argparse.BooleanOptionalAction
         else:
@@ -203,22 +267,52 @@ def _config_defaults(p: argparse.ArgumentParser) -> None:
     """Each shared flag's default is TrainConfig's, read from its field (written there only);
     a dest that a speculators spelling also writes keeps its own (SUPPRESS: never overrides)."""
     suppressed = {a.dest for a in p._actions if a.default is argparse.SUPPRESS}
-    p.set_defaults(**{f.name: f.default for f in dataclasses.fields(TrainConfig)
-                      if f.default is not dataclasses.MISSING and f.name not in suppressed})
+    p.set_defaults(
+        **{
+            f.name: f.default
+            for f in dataclasses.fields(TrainConfig)
+            if f.default is not dataclasses.MISSING and f.name not in suppressed
+        }
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a drafter (DFlash, DSpark, P-EAGLE, EAGLE-3) on the verifier's own outputs")
-    # Not argparse choices: the config reports an unknown algorithm with the list, as the job API does.
-    p.add_argument(*_spellings("--algorithm"), dest="algorithm", type=_algorithm, required=True,
-                   help=" | ".join(algorithm_names(trainable=True)))
-    p.add_argument(*_spellings("--verifier"), dest="verifier",
-                   help="embedded | HF folder | .gguf file | hub id")
+    p = sub.add_parser(
+        "train",
+        help="train a drafter (DFlash, DSpark, P-EAGLE, EAGLE-3) on the verifier's own outputs",
+    )
+    # Not argparse choices: the config reports an unknown algorithm with the list, as the job API
+    # does.
+    p.add_argument(
+        *_spellings("--algorithm"),
+        dest="algorithm",
+        type=_algorithm,
+        required=True,
+        help=" | ".join(algorithm_names(trainable=True)),
+    )
+    p.add_argument(
+        *_spellings("--verifier"),
+        dest="verifier",
+        help="embedded | HF folder | .gguf file | hub id",
+    )
     p.add_argument("--prompts", help=_prompts_help())
-    p.add_argument(*_spellings("--out"), dest="out", required=True, help="output folder (final drafter, checkpoints/, metrics.jsonl)")
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
-    p.add_argument("--no-resume-from-checkpoint", dest="resume", action="store_const", const=False, default=argparse.SUPPRESS,
-                   help="speculators' spelling of the default: start afresh (without --resume)")
+    p.add_argument(
+        *_spellings("--out"),
+        dest="out",
+        required=True,
+        help="output folder (final drafter, checkpoints/, metrics.jsonl)",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue from the last checkpoint in --out"
+    )
+    p.add_argument(
+        "--no-resume-from-checkpoint",
+        dest="resume",
+        action="store_const",
+        const=False,
+        default=argparse.SUPPRESS,
+        help="speculators' spelling of the default: start afresh (without --resume)",
+    )
 
     o = p.add_argument_group("optimisation")
     o.add_argument(*_spellings("--steps"), dest="steps", type=int, help="optimizer steps")
@@ -226,8 +320,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--lr", type=float)
     o.add_argument("--min-lr-ratio", type=float)
     o.add_argument(*_spellings("--warmup-steps"), dest="warmup_steps", type=int)
-    o.add_argument(*_spellings("--schedule"), dest="schedule", type=_schedule,
-                   help="cosine | linear | constant (speculators' none = constant; the warmup still applies)")
+    o.add_argument(
+        *_spellings("--schedule"),
+        dest="schedule",
+        type=_schedule,
+        help="cosine | linear | constant (speculators' none = constant; the warmup still applies)",
+    )
     o.add_argument("--weight-decay", type=float)
     o.add_argument("--grad-clip", type=float)
     o.add_argument("--seed", type=int)
@@ -236,52 +334,111 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     d = p.add_argument_group("data")
     d.add_argument("--num-prompts", type=int, help="use the first N training prompts")
-    d.add_argument("--max-new-tokens", type=int,
-                   help="length of the self-distilled responses (default: that of the shipped "
-                        "general responses; a longer one generates again every response that "
-                        "reached it: hours on a CPU)")
+    d.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="length of the self-distilled responses (default: that of the shipped "
+        "general responses; a longer one generates again every response that "
+        "reached it: hours on a CPU)",
+    )
     d.add_argument("--gen-batch-size", type=int, help="rows the generator decodes at once")
     d.add_argument("--max-seq-len", type=int)
-    d.add_argument("--extraction",
-                   help="hidden states and targets: mixed (each extracted once when first needed, then read "
-                        "from disk) | offline (all first: long runs) | online (never kept)")
-    d.add_argument("--extract-batch-tokens", type=int,
-                   help="padded tokens per batched extraction forward (local extractor)")
-    d.add_argument("--precision", choices=PRECISIONS,
-                   help="training matmuls: bf16 autocast with float32 master weights, fp32, or auto "
-                        "(bf16 where the CPU has AMX / AVX512-BF16, or on a GPU)")
+    d.add_argument(
+        "--extraction",
+        help="hidden states and targets: mixed (each extracted once when first needed, then read "
+        "from disk) | offline (all first: long runs) | online (never kept)",
+    )
+    d.add_argument(
+        "--extract-batch-tokens",
+        type=int,
+        help="padded tokens per batched extraction forward (local extractor)",
+    )
+    d.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="training matmuls: bf16 autocast with float32 master weights, fp32, or auto "
+        "(bf16 where the CPU has AMX / AVX512-BF16, or on a GPU)",
+    )
     d.add_argument("--cache-dir", help="responses and hidden states (default OUT/cache)")
-    d.add_argument("--extractor",
-                   help="hidden states from the verifier in this process (local) or from a vLLM server the run "
-                        "launches, extracting offline and stopping it before training (vllm); both fill the same cache")
-    d.add_argument("--vllm-python", help="with --extractor vllm: vLLM's Python "
-                   "(default $SPECUI_VLLM_PYTHON or .venv-vllm/bin/python)")
-    d.add_argument("--vllm-gpu-memory-utilization", type=float,
-                   help="with --extractor vllm on a GPU: vLLM's share of its memory (the trainer holds the verifier there too)")
+    d.add_argument(
+        "--extractor",
+        help=(
+            "hidden states from the verifier in this process (local) or from a vLLM server the run"
+            " launches, extracting offline and stopping it before training (vllm); both fill the"
+            " same cache"
+        ),
+    )
+    d.add_argument(
+        "--vllm-python",
+        help="with --extractor vllm: vLLM's Python "
+        "(default $SPECUI_VLLM_PYTHON or .venv-vllm/bin/python)",
+    )
+    d.add_argument(
+        "--vllm-gpu-memory-utilization",
+        type=float,
+        help=(
+            "with --extractor vllm on a GPU: vLLM's share of its memory (the trainer holds the"
+            " verifier there too)"
+        ),
+    )
 
     m = p.add_argument_group("drafter")
-    m.add_argument(*_spellings("--layers"), dest="layers", type=int,
-                   help=f"draft decoder layers (default: {_default_layers()})")
-    m.add_argument(*_spellings("--aux-layers"), dest="aux_layer_ids", type=_int_list, nargs="+",
-                   action=_IntsAction,
-                   metavar="IDS", help="verifier layer ids, e.g. 2,15,27 (or 2 15 27)")
-    m.add_argument("--draft-vocab-size", type=int,
-                   help="reduced draft vocabulary (most frequent tokens)")
+    m.add_argument(
+        *_spellings("--layers"),
+        dest="layers",
+        type=int,
+        help=f"draft decoder layers (default: {_default_layers()})",
+    )
+    m.add_argument(
+        *_spellings("--aux-layers"),
+        dest="aux_layer_ids",
+        type=int_list,
+        nargs="+",
+        action=_IntsAction,
+        metavar="IDS",
+        help="verifier layer ids, e.g. 2,15,27 (or 2 15 27)",
+    )
+    m.add_argument(
+        "--draft-vocab-size", type=int, help="reduced draft vocabulary (most frequent tokens)"
+    )
     m.add_argument("--mask-token-id", type=int)
-    m.add_argument(*_spellings("--init-from"), dest="init_from",
-                   help="warm start from a checkpoint (DSpark from DFlash)")
+    m.add_argument(
+        *_spellings("--init-from"),
+        dest="init_from",
+        help="warm start from a checkpoint (DSpark from DFlash)",
+    )
 
     loss = p.add_argument_group("loss")
     _add_knobs({"drafter": m, "loss": loss})
     # speculators' spellings of two knobs, in another form (SPECULATORS_FLAG_REWRITES)
-    m.add_argument("--no-embed-requires-grad", dest="freeze_embeddings", action="store_const", const=True,
-                   default=argparse.SUPPRESS, help="speculators' spelling of --freeze-embeddings")
-    m.add_argument("--embed-requires-grad", dest="freeze_embeddings", action="store_const", const=False,
-                   default=argparse.SUPPRESS, help="speculators' spelling of the default: train the embedding")
-    loss.add_argument("--per-position-loss-weight", dest="dpace", type=_position_weights, default=argparse.SUPPRESS,
-                      metavar="{fixed-exp-decay,dpace}", help="speculators' spelling: dpace = --dpace")
-    loss.add_argument(*_spellings("--loss"), dest="loss", type=_loss, default=None,
-                      help="override the per-slot loss: ce | kl (speculators' kl_div = kl)")
+    freeze = {"dest": "freeze_embeddings", "action": "store_const", "default": argparse.SUPPRESS}
+    m.add_argument(
+        "--no-embed-requires-grad",
+        const=True,
+        help="speculators' spelling of --freeze-embeddings",
+        **freeze,
+    )
+    m.add_argument(
+        "--embed-requires-grad",
+        const=False,
+        help="speculators' spelling of the default: train the embedding",
+        **freeze,
+    )
+    loss.add_argument(
+        "--per-position-loss-weight",
+        dest="dpace",
+        type=_position_weights,
+        default=argparse.SUPPRESS,
+        metavar="{fixed-exp-decay,dpace}",
+        help="speculators' spelling: dpace = --dpace",
+    )
+    loss.add_argument(
+        *_spellings("--loss"),
+        dest="loss",
+        type=_loss,
+        default=None,
+        help="override the per-slot loss: ce | kl (speculators' kl_div = kl)",
+    )
 
     b = p.add_argument_group("bookkeeping")
     b.add_argument(*_spellings("--log-every"), dest="log_every", type=int, help="steps")
@@ -296,8 +453,9 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig of parsed ``specui train`` arguments (SpecUIError for a bad value)."""
     # Every key TrainConfig reads (a knob added to an algorithm's options has its flag): the
     # parser's dest of each is its name.
-    values = {k: getattr(args, k) for k in TrainConfig.config_keys()
-              if k != "extra" and hasattr(args, k)}
+    values = {
+        k: getattr(args, k) for k in TrainConfig.config_keys() if k != "extra" and hasattr(args, k)
+    }
     return TrainConfig(**values, extra={"loss": args.loss} if args.loss else {})
 
 
@@ -324,11 +482,21 @@ def run(args: argparse.Namespace) -> int:
         if args.no_progress or not main:
             return
         if bar is None:
-            bar = tqdm(total=total, initial=step, desc="training", unit="step", dynamic_ncols=True,
-                       file=sys.stderr)
+            bar = tqdm(
+                total=total,
+                initial=step,
+                desc="training",
+                unit="step",
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
         bar.update(step - bar.n)  # update, not n =: tqdm's rate (and ETA) follows the updates
         if metrics:
-            bar.set_postfix(loss=f"{metrics['loss']:.3f}", tau=f"{metrics.get('accept_len', float('nan')):.2f}", refresh=False)
+            bar.set_postfix(
+                loss=f"{metrics['loss']:.3f}",
+                tau=f"{metrics.get('accept_len', float('nan')):.2f}",
+                refresh=False,
+            )
         bar.refresh()
 
     def stage(what: str, done: int, total: int) -> None:
@@ -342,8 +510,14 @@ def run(args: argparse.Namespace) -> int:
         if b is None:
             if done >= total:
                 return  # nothing left to do (all cached): no bar
-            b = stage_bars[what] = tqdm(total=total, initial=done, desc=what, unit=stage_unit(what),
-                                        dynamic_ncols=True, file=sys.stderr)
+            b = stage_bars[what] = tqdm(
+                total=total,
+                initial=done,
+                desc=what,
+                unit=stage_unit(what),
+                dynamic_ncols=True,
+                file=sys.stderr,
+            )
         b.update(done - b.n)
         if done >= total:
             b.close()
@@ -358,7 +532,10 @@ def run(args: argparse.Namespace) -> int:
         m = result.metrics
         summary = f"{result.status} at step {result.step}: {result.out}"
         if m:
-            summary += f" (loss {m.get('loss', float('nan')):.4f}, accept_len {m.get('accept_len', float('nan')):.2f})"
+            summary += (
+                f" (loss {m.get('loss', float('nan')):.4f}, accept_len"
+                f" {m.get('accept_len', float('nan')):.2f})"
+            )
         print(summary)
     if result.status == "cancelled":
         raise SpecUIError("training was cancelled")

@@ -105,9 +105,15 @@ EXTRACT = (
     "Read the text and write three questions it answers, with their answers.\n\n{p}",
 )
 ANSWER = (
-    "Use the passage to answer the question.\n\nPassage: {p}\n\nQuestion: What is this passage mainly about?",
+    (
+        "Use the passage to answer the question.\n\nPassage: {p}\n\nQuestion: What is this passage"
+        " mainly about?"
+    ),
     "Context: {p}\n\nBased on the context above, what should a programmer remember from it?",
-    "Document: {p}\n\nAnswer using only the document: what problem does it describe, and what is the solution?",
+    (
+        "Document: {p}\n\nAnswer using only the document: what problem does it describe, and what"
+        " is the solution?"
+    ),
     "Here is some documentation:\n{p}\n\nExplain it to someone who is new to Python.",
 )
 REWRITE = (
@@ -115,8 +121,11 @@ REWRITE = (
     "Make this text more concise without losing information:\n\n{p}",
     "Rewrite this paragraph as a friendly email to a colleague.\n\n{p}",
 )
-TO_ENGLISH = ("Translate {lang} to English: {p}", "Translate this {lang} text into English:\n\n{p}",
-              "What does this {lang} quote mean in English? \"{p}\"")  # fmt: skip
+TO_ENGLISH = (
+    "Translate {lang} to English: {p}",
+    "Translate this {lang} text into English:\n\n{p}",
+    'What does this {lang} quote mean in English? "{p}"',
+)
 FROM_ENGLISH = (
     "Translate English to {lang}: {p}",
     "Translate the following sentence into {lang}: {p}",
@@ -154,16 +163,47 @@ def text_tasks(seed: int = 0, n_docs: int = 1600, n_quotes: int = 500) -> list[R
 CODE = (
     "Write a Python function `{name}{sig}` that does the following: {doc}",
     "Implement `{name}{sig}` in plain Python without importing `{module}`. {doc}",
-    "Explain what `{module}.{name}` does and show a short example of using it. Its documentation says: {doc}",
+    (
+        "Explain what `{module}.{name}` does and show a short example of using it. Its"
+        " documentation says: {doc}"
+    ),
     "Write a unit test for a function `{name}{sig}`, which should behave like this: {doc}",
 )
-_CODE_MODULES = ("os.path", "string", "textwrap", "itertools", "functools", "statistics", "math", "bisect", "heapq",
-                 "shutil", "json", "re", "collections", "datetime", "random", "fnmatch", "difflib", "html", "base64",
-                 "urllib.parse", "operator", "calendar", "copy", "glob", "zlib", "csv", "secrets", "ipaddress")  # fmt: skip
+_CODE_MODULES = (
+    "os.path",
+    "string",
+    "textwrap",
+    "itertools",
+    "functools",
+    "statistics",
+    "math",
+    "bisect",
+    "heapq",
+    "shutil",
+    "json",
+    "re",
+    "collections",
+    "datetime",
+    "random",
+    "fnmatch",
+    "difflib",
+    "html",
+    "base64",
+    "urllib.parse",
+    "operator",
+    "calendar",
+    "copy",
+    "glob",
+    "zlib",
+    "csv",
+    "secrets",
+    "ipaddress",
+)
 
 
 def code_tasks(seed: int = 0, limit: int = 500) -> list[Row]:
-    """Programming requests made from the standard library's public functions and their docstrings."""
+    """Programming requests made from the standard library's public functions and their
+    docstrings."""
     import importlib
 
     rng = random.Random(seed)
@@ -196,10 +236,26 @@ def code_tasks(seed: int = 0, limit: int = 500) -> list[Row]:
 
 
 # reasoning-gym tasks that are logic, language or string puzzles rather than arithmetic.
-REASONING_TASKS = ("syllogism", "propositional_logic", "knights_knaves", "letter_counting", "word_sorting",
-                   "spell_backward", "sentence_reordering", "word_sequence_reversal", "caesar_cipher",
-                   "letter_jumble", "group_anagrams", "isomorphic_strings", "ransom_note", "number_sequence",
-                   "base_conversion", "course_schedule", "zebra_puzzles", "self_reference")  # fmt: skip
+REASONING_TASKS = (
+    "syllogism",
+    "propositional_logic",
+    "knights_knaves",
+    "letter_counting",
+    "word_sorting",
+    "spell_backward",
+    "sentence_reordering",
+    "word_sequence_reversal",
+    "caesar_cipher",
+    "letter_jumble",
+    "group_anagrams",
+    "isomorphic_strings",
+    "ransom_note",
+    "number_sequence",
+    "base_conversion",
+    "course_schedule",
+    "zebra_puzzles",
+    "self_reference",
+)
 REASONING_SEED = 20261201
 
 
@@ -215,8 +271,11 @@ def reasoning_tasks(per_task: int = 40) -> list[Row]:
 
 def registered(name: str, kind: str, limit: int) -> list[Row]:
     """The training split of a registered set, as corpus rows (their held-out splits stay out)."""
-    return [{"id": p.id, "prompt": p.text, "kind": kind, "source": name}
-            for p in load_prompts(name, split="train", limit=limit) if p.text is not None]  # fmt: skip
+    return [
+        {"id": p.id, "prompt": p.text, "kind": kind, "source": name}
+        for p in load_prompts(name, split="train", limit=limit)
+        if p.text is not None
+    ]
 
 
 def magpie_rows(kept: Iterable[dict]) -> list[Row]:

@@ -75,10 +75,19 @@ def prompt_key(prompt_ids: Sequence[int]) -> str:
 # the response cache the repository ships must keep answering after an upgrade, or a fresh
 # machine regenerates hours of responses.  The weights are in ``verifier.fingerprint``.
 _ARCHITECTURE_FIELDS = (
-    "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "vocab_size", "hidden_act", "tie_word_embeddings", "attention_bias",
-    "mlp_bias", "sliding_window",
-)  # fmt: skip
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "hidden_act",
+    "tie_word_embeddings",
+    "attention_bias",
+    "mlp_bias",
+    "sliding_window",
+)
 
 
 def _rope(cfg) -> dict[str, object]:
@@ -150,7 +159,8 @@ def self_distill(
         bad = [t for t in ids if not 0 <= t < verifier.vocab_size]
         if bad:
             raise SpecUIError(
-                f"prompt {p.id}: token ids {bad[:5]} outside the verifier's vocabulary ({verifier.vocab_size})"
+                f"prompt {p.id}: token ids {bad[:5]} outside the verifier's vocabulary"
+                f" ({verifier.vocab_size})"
             )
         encoded.append((p, tuple(ids)))
 
@@ -436,8 +446,11 @@ def export_cache(
     out = []
     for src in sorted(Path(cache_dir).glob("responses-*.jsonl")):
         rows = _read_cache(src)
-        lines = "".join(json.dumps({"key": k, "response_ids": list(v)}) + "\n" for k, v in sorted(rows.items())
-                        if keep is None or k in keep)  # fmt: skip
+        lines = "".join(
+            json.dumps({"key": k, "response_ids": list(v)}) + "\n"
+            for k, v in sorted(rows.items())
+            if keep is None or k in keep
+        )
         dest = Path(dest_dir) / f"{src.name}.gz"
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_suffix(".tmp")

@@ -26,7 +26,8 @@ Files are content-addressed (verifier, layers, token ids), so a cache is shared
 by runs and a stale file is never used for another verifier.
 
 ``HiddenStateExtractor`` is the interface; ``LocalExtractor`` runs the verifier
-with ``transformers`` in this process, in bf16, many samples per forward.  A vLLM extractor (batched, on a server)
+with ``transformers`` in this process, in bf16, many samples per forward.  A vLLM extractor
+(batched, on a server)
 implements the same ``extract`` and returns the files vLLM wrote.
 """
 
@@ -312,7 +313,8 @@ def read_sample(path: Path, n_aux: int, targets: TargetFn | None = None) -> Samp
     if not stored:
         if targets is None:
             raise SpecUIError(
-                f"hidden-state file {path} has no targets and no verifier head was given to add them"
+                f"hidden-state file {path} has no targets and no verifier head was given to add"
+                " them"
             )
         ids, lps = targets(taps[:, n_aux].float())
         write_sample(
@@ -382,8 +384,9 @@ class HiddenStateStore:
         free = shutil.disk_usage(where).free
         if need > 0.95 * free:
             raise SpecUIError(
-                f"extracting hidden states needs {need / 2**30:.1f} GiB in {self.cache_dir}, but only "
-                f"{free / 2**30:.1f} GiB are free; free some space, or pass --cache-dir on a larger disk"
+                f"extracting hidden states needs {need / 2**30:.1f} GiB in {self.cache_dir}, but"
+                f" only {free / 2**30:.1f} GiB are free; free some space, or pass --cache-dir on a"
+                " larger disk"
             )
         return need
 
@@ -423,7 +426,8 @@ class HiddenStateStore:
         if missing:
             if self.mode == ExtractionMode.OFFLINE:
                 raise SpecUIError(
-                    f"{len(missing)} hidden-state files missing from {self.cache_dir}; run the offline extraction first"
+                    f"{len(missing)} hidden-state files missing from {self.cache_dir}; run the"
+                    " offline extraction first"
                 )
             self.extractor.extract([self.samples[i] for i in missing], self.cache_dir)
         return [read_sample(self.path(i), self.n_aux, self.target_fn) for i in indices]

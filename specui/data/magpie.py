@@ -35,15 +35,33 @@ _MARK = "\x00MAGPIE\x00"
 # template's own default system prompt.
 KINDS: dict[str, str | None] = {
     "chat": None,
-    "advice": "You are a friendly assistant who gives practical advice on everyday life, work, health and travel.",
-    "writing": "You are a writing assistant. Users ask you to write stories, poems, emails, essays, slogans and blog posts.",
-    "code": "You are a programming assistant. Users ask you to write, explain and fix code in Python, JavaScript, SQL and other languages.",
-    "math": "You are a math tutor. Users ask you to solve arithmetic, algebra, geometry and word problems step by step.",
-    "reasoning": "You are a careful thinker. Users give you logic puzzles, riddles and questions that need step-by-step reasoning.",
-    "knowledge": "You are an expert teacher. Users ask you to explain concepts in science, history, economics and technology.",
+    "advice": (
+        "You are a friendly assistant who gives practical advice on everyday life, work, health and"
+        " travel."
+    ),
+    "writing": (
+        "You are a writing assistant. Users ask you to write stories, poems, emails, essays,"
+        " slogans and blog posts."
+    ),
+    "code": (
+        "You are a programming assistant. Users ask you to write, explain and fix code in Python,"
+        " JavaScript, SQL and other languages."
+    ),
+    "math": (
+        "You are a math tutor. Users ask you to solve arithmetic, algebra, geometry and word"
+        " problems step by step."
+    ),
+    "reasoning": (
+        "You are a careful thinker. Users give you logic puzzles, riddles and questions that need"
+        " step-by-step reasoning."
+    ),
+    "knowledge": (
+        "You are an expert teacher. Users ask you to explain concepts in science, history,"
+        " economics and technology."
+    ),
     "text": (
-        "You are a language assistant. Users paste a text and ask you to summarize it, extract facts from it, "
-        "rewrite it or translate it."
+        "You are a language assistant. Users paste a text and ask you to summarize it, extract"
+        " facts from it, rewrite it or translate it."
     ),
 }
 
@@ -170,7 +188,8 @@ def _complete_batches(path: Path, batch_size: int) -> list[dict]:
     rows = read_samples(path)
     sizes = Counter(r["batch"] for r in rows)
     if sizes and max(sizes.values()) != batch_size:
-        # Another batch size draws other samples per seed: refuse rather than drop the file's batches.
+        # Another batch size draws other samples per seed: refuse rather than drop the file's
+        # batches.
         raise SpecUIError(
             f"{path} was sampled {max(sizes.values())} turns per batch; resume it with that "
             f"batch size (not {batch_size}), or use another file"

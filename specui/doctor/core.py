@@ -77,7 +77,8 @@ def diagnose(
     verifier_choice: str = EMBEDDED,
     options: DoctorOptions | None = None,
 ) -> Report:
-    """Examine the speculator at ``speculator`` for ``verifier``: ranked findings and measurements."""
+    """Examine the speculator at ``speculator`` for ``verifier``: ranked findings and
+    measurements."""
     opts = options or DoctorOptions()
     t0 = time.perf_counter()
     folder = speculator_folder(speculator)

@@ -75,10 +75,17 @@ def acceptance_findings(tf: Acceptance, real: Acceptance | None) -> list[Finding
                 "acceptance_near_zero",
                 Severity.ERROR,
                 f"acceptance near zero (a_1 = {a[0]:.3f})",
-                evidence=f"{tf.anchors} teacher-forced blocks on the verifier's own greedy continuations",
-                cause="the drafter does not predict this verifier: see the causes above (verifier, vocab map, "
-                "aux layers, mask token, chat template)",
-                fix="fix the first cause listed; if none is, the drafter needs training for this verifier",
+                evidence=(
+                    f"{tf.anchors} teacher-forced blocks on the verifier's own greedy continuations"
+                ),
+                cause=(
+                    "the drafter does not predict this verifier: see the causes above (verifier,"
+                    " vocab map, aux layers, mask token, chat template)"
+                ),
+                fix=(
+                    "fix the first cause listed; if none is, the drafter needs training for this"
+                    " verifier"
+                ),
             )
         )
     for k in range(1, len(a)):
@@ -88,9 +95,15 @@ def acceptance_findings(tf: Acceptance, real: Acceptance | None) -> list[Finding
                     "collapse",
                     Severity.WARNING,
                     f"acceptance collapses after position {k}",
-                    evidence=f"a_{k} = {a[k - 1]:.3f}, a_{k + 1} = {a[k]:.3f} (falls by more than {COLLAPSE_FACTOR:g}x)",
-                    cause="the slots after the first see another input than in training: in-block attention "
-                    "(sliding_window_non_causal), the mask token, or K beyond the trained block",
+                    evidence=(
+                        f"a_{k} = {a[k - 1]:.3f}, a_{k + 1} = {a[k]:.3f} (falls by more than"
+                        f" {COLLAPSE_FACTOR:g}x)"
+                    ),
+                    cause=(
+                        "the slots after the first see another input than in training: in-block"
+                        " attention (sliding_window_non_causal), the mask token, or K beyond the"
+                        " trained block"
+                    ),
                     fix="check those settings against the training run",
                 )
             )
@@ -112,7 +125,10 @@ def acceptance_findings(tf: Acceptance, real: Acceptance | None) -> list[Finding
                     Severity.WARNING,
                     "the engine accepts far less than teacher forcing",
                     evidence=f"engine tau {real.tau:.2f} vs teacher-forced {tf.tau:.2f}",
-                    cause="the drafter's incremental cache or its features differ between the loop and a fresh start",
+                    cause=(
+                        "the drafter's incremental cache or its features differ between the loop"
+                        " and a fresh start"
+                    ),
                     fix="report it with this output",
                 )
             )
@@ -156,10 +172,15 @@ def aux_shift_findings(
                     "aux_layers_shifted",
                     Severity.ERROR,
                     f"aux layer ids {ids} look off by one: {back} drafts better",
-                    evidence=f"{ids} is the verifier's default {back} shifted by {pattern:+d}; teacher-forced tau "
-                    f"{base.tau:.2f} as configured, {acc.tau:.2f} with {back} ({gain:+.2f} drafts per block, z {z:.1f})",
-                    cause="the ids were counted from another origin (hidden_states index vs layer index) when the "
-                    "config was written",
+                    evidence=(
+                        f"{ids} is the verifier's default {back} shifted by {pattern:+d};"
+                        f" teacher-forced tau {base.tau:.2f} as configured, {acc.tau:.2f} with"
+                        f" {back} ({gain:+.2f} drafts per block, z {z:.1f})"
+                    ),
+                    cause=(
+                        "the ids were counted from another origin (hidden_states index vs layer"
+                        " index) when the config was written"
+                    ),
                     fix=f"set the aux layer ids to {back}",
                     data={"configured": ids, "better": back, "gain": gain, "z": z},
                 )
@@ -169,7 +190,10 @@ def aux_shift_findings(
                 "aux_layers_shifted",
                 Severity.WARNING,
                 f"aux layer ids {ids} are the default shifted by {pattern:+d}",
-                evidence=f"but {back} drafts no better (tau {acc.tau:.2f} vs {base.tau:.2f}): probably trained this way",
+                evidence=(
+                    f"but {back} drafts no better (tau {acc.tau:.2f} vs {base.tau:.2f}): probably"
+                    " trained this way"
+                ),
                 cause="",
                 fix="",
             )
@@ -182,8 +206,10 @@ def aux_shift_findings(
                     "aux_layers_shifted",
                     Severity.WARNING,
                     f"aux layers shifted by {s:+d} draft better",
-                    evidence=f"teacher-forced tau {acc.tau:.2f} with {[i + s for i in ids]} vs {base.tau:.2f} as "
-                    f"configured ({gain:+.2f} drafts per block, z {z:.1f})",
+                    evidence=(
+                        f"teacher-forced tau {acc.tau:.2f} with {[i + s for i in ids]} vs"
+                        f" {base.tau:.2f} as configured ({gain:+.2f} drafts per block, z {z:.1f})"
+                    ),
                     cause="the config may not record the layers the drafter was trained on",
                     fix="check the training run's aux layer ids",
                 )
@@ -223,10 +249,15 @@ def chat_findings(
             "chat_template",
             Severity.ERROR if big else Severity.WARNING,
             "the drafter drafts better without the chat template",
-            evidence=f"teacher-forced tau {with_chat.tau:.2f} with the template, {without.tau:.2f} without, on the same "
-            f"continuations ({gain:+.2f} drafts per block, z {z:.1f})",
+            evidence=(
+                f"teacher-forced tau {with_chat.tau:.2f} with the template, {without.tau:.2f}"
+                f" without, on the same continuations ({gain:+.2f} drafts per block, z {z:.1f})"
+            ),
             cause="its training data did not use this chat template",
-            fix="serve prompts the way the training data was formatted, or retrain on chat-formatted data",
+            fix=(
+                "serve prompts the way the training data was formatted, or retrain on"
+                " chat-formatted data"
+            ),
         )
     ]
 

@@ -69,8 +69,14 @@ def read_facts(folder: Path) -> tuple[Facts, list[Finding]]:
                 Severity.ERROR,
                 f"{WEIGHTS_FILE} is truncated or damaged",
                 evidence=problem,
-                cause="an interrupted download, copy or save (the file ends before the tensors its header lists)",
-                fix="download or copy model.safetensors again and compare its size and sha256 with the source",
+                cause=(
+                    "an interrupted download, copy or save (the file ends before the tensors its"
+                    " header lists)"
+                ),
+                fix=(
+                    "download or copy model.safetensors again and compare its size and sha256 with"
+                    " the source"
+                ),
             )
         )
         return facts, findings
@@ -120,7 +126,10 @@ def weights_integrity(path: Path) -> str | None:
     ]
     need = 8 + n + max(ends, default=0)
     if size < need:
-        return f"{path.name} has {size:,} bytes; its header lists tensors up to byte {need:,} ({size / need:.0%} present)"
+        return (
+            f"{path.name} has {size:,} bytes; its header lists tensors up to byte {need:,}"
+            f" ({size / need:.0%} present)"
+        )
     try:
         with safe_open(str(path), framework="pt") as f:
             for k in f.keys():  # noqa: SIM118

@@ -55,10 +55,18 @@ def check_algorithm(facts: Facts) -> list[Finding]:
                 "algorithm_mismatch",
                 Severity.ERROR,
                 f"config.json claims {claimed}, but the weights are a {exact[0]} checkpoint",
-                evidence=f"the tensors match the {exact[0]} model exactly; as {claimed}, {fits[claimed]} tensors are "
-                "missing or left unused",
-                cause=f"the config was copied from another checkpoint or edited: a {claimed} loader ignores or lacks parts",
-                fix=f"set speculators_model_type, architectures and speculators_config.algorithm to {exact[0]}",
+                evidence=(
+                    f"the tensors match the {exact[0]} model exactly; as {claimed}, {fits[claimed]}"
+                    " tensors are missing or left unused"
+                ),
+                cause=(
+                    f"the config was copied from another checkpoint or edited: a {claimed} loader"
+                    " ignores or lacks parts"
+                ),
+                fix=(
+                    "set speculators_model_type, architectures and speculators_config.algorithm to"
+                    f" {exact[0]}"
+                ),
                 data={"claimed": claimed, "weights": exact[0]},
             )
         )
@@ -72,7 +80,10 @@ def check_algorithm(facts: Facts) -> list[Finding]:
                 "algorithm_mismatch",
                 Severity.WARNING,
                 "config.json names two algorithms",
-                evidence=f"speculators_model_type {claimed!r}, architectures {[arch]}, speculators_config.algorithm {inner!r}",
+                evidence=(
+                    f"speculators_model_type {claimed!r}, architectures {[arch]},"
+                    f" speculators_config.algorithm {inner!r}"
+                ),
                 cause="an edited config",
                 fix=f"architectures [{want!r}] and algorithm {claimed!r}",
             )
@@ -120,7 +131,10 @@ def check_verifier(facts: Facts, verifier: Verifier, verifier_folder: Path | Non
                 evidence="; ".join(shape)
                 + f"; declared verifier {name!r}, given {given['verifier_name_or_path']!r}",
                 cause="the drafter conditions on another model's hidden states and vocabulary",
-                fix=f"serve it with the verifier it was trained for ({name}), or train a drafter for this one",
+                fix=(
+                    f"serve it with the verifier it was trained for ({name}), or train a drafter"
+                    " for this one"
+                ),
                 data={"declared": name, "given": given["verifier_name_or_path"]},
             )
         ]
@@ -134,9 +148,15 @@ def check_verifier(facts: Facts, verifier: Verifier, verifier_folder: Path | Non
                 "verifier_revision",
                 Severity.WARNING,
                 f"declared verifier {name!r}, running with {given['verifier_name_or_path']!r}",
-                evidence="hidden size, vocab size and architecture agree; the declared weights are not at hand to compare",
+                evidence=(
+                    "hidden size, vocab size and architecture agree; the declared weights are not"
+                    " at hand to compare"
+                ),
                 cause="another model of the same shape, or another revision or fine-tune of it",
-                fix="check that this is the model the drafter was trained on (the acceptance below tells)",
+                fix=(
+                    "check that this is the model the drafter was trained on (the acceptance below"
+                    " tells)"
+                ),
             )
         )
     return out
@@ -153,8 +173,14 @@ def _content_checks(declared: Path, verifier: Verifier, verifier_folder: Path) -
                 "verifier_revision",
                 Severity.ERROR,
                 "trained for another revision of the verifier's weights",
-                evidence=f"weights fingerprint of {declared}: {theirs}; of the verifier given: {verifier.fingerprint}",
-                cause="same architecture and shapes, other weights: the hidden states the drafter learned differ",
+                evidence=(
+                    f"weights fingerprint of {declared}: {theirs}; of the verifier given:"
+                    f" {verifier.fingerprint}"
+                ),
+                cause=(
+                    "same architecture and shapes, other weights: the hidden states the drafter"
+                    " learned differ"
+                ),
                 fix=f"verify with {declared}, or retrain on this verifier",
             )
         )

@@ -31,7 +31,8 @@ class Sample:
     agree: torch.Tensor  # [T] bool: ids[t] is the verifier's greedy token after ids[:t]
 
     def features(self, layer_ids: list[int]) -> torch.Tensor:
-        """[T, len(layer_ids) * H]: what the engine hands a drafter conditioning on ``layer_ids``."""
+        """[T, len(layer_ids) * H]: what the engine hands a drafter conditioning on
+        ``layer_ids``."""
         return self.taps[:, layer_ids].reshape(self.taps.shape[0], -1)
 
 
@@ -129,7 +130,8 @@ def teacher_forced(
     greedy = SamplingParams()
     for s in samples:
         feats = s.features(layer_ids)
-        drafter.reset()  # anchors only move forward within a sample: the drafter's cache stays valid
+        # anchors only move forward within a sample: the drafter's cache stays valid
+        drafter.reset()
         for a in anchors_of(s, k, per_sample):
             ctx = DraftContext(
                 token_ids=s.ids[: a + 1], features=feats[:a], sampling=greedy, generator=None
@@ -139,7 +141,8 @@ def teacher_forced(
                 s.ids[a + 1 : a + 1 + len(drafts)].tolist(),
                 s.agree[a + 1 : a + 1 + len(drafts)].tolist(),
             )
-            # Accepted while the draft is the next token and that token is the verifier's greedy one.
+            # Accepted while the draft is the next token and that token is the verifier's greedy
+            # one.
             n = next(
                 (i for i, d in enumerate(drafts) if i >= len(truth) or d != truth[i] or not ok[i]),
                 len(drafts),

@@ -87,12 +87,13 @@ def to_html(report: Report) -> str:
             if value
         )
         items.append(
-            f"<li data-code='{html.escape(f.code)}' data-severity='{f.severity}'>{ICON[f.severity]} "
-            f"<b>{html.escape(f.title)}</b>{detail}</li>"
+            f"<li data-code='{html.escape(f.code)}' data-severity='{f.severity}'>{ICON[f.severity]}"
+            f" <b>{html.escape(f.title)}</b>{detail}</li>"
         )
     head = (
-        f"<p><code>{html.escape(report.speculator)}</code> · verifier <code>{html.escape(report.verifier)}</code>"
-        f" · prompts <code>{html.escape(report.prompts or '-')}</code> · {report.wall_time_s:.1f} s · "
-        f"{len(report.errors)} error(s)</p>"
+        f"<p><code>{html.escape(report.speculator)}</code> · verifier"
+        f" <code>{html.escape(report.verifier)}</code> · prompts"
+        f" <code>{html.escape(report.prompts or '-')}</code> · {report.wall_time_s:.1f} s ·"
+        f" {len(report.errors)} error(s)</p>"
     )
     return f"<div id='doctor-findings'>{head}<ol>{''.join(items)}</ol></div>"

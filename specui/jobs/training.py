@@ -65,7 +65,23 @@ def train_job(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         except Exception as e:  # a locked or full disk: the points stay queued for the next beat
             ctx.log(f"metrics not written before the step-{step} checkpoint: {e}")
 
-    result = train(cfg, TrainHooks(progress=progress, log=ctx.log, metric=metric, cancelled=ctx.cancelled, stage=stage,
-                                   checkpoint=before_checkpoint))
-    metrics = {k: v for k, v in result.metrics.items() if not math.isnan(v)}  # the result is strict JSON
-    return {"out": str(result.out), "step": result.step, "status": result.status, "metrics": metrics}
+    result = train(
+        cfg,
+        TrainHooks(
+            progress=progress,
+            log=ctx.log,
+            metric=metric,
+            cancelled=ctx.cancelled,
+            stage=stage,
+            checkpoint=before_checkpoint,
+        ),
+    )
+    metrics = {
+        k: v for k, v in result.metrics.items() if not math.isnan(v)
+    }  # the result is strict JSON
+    return {
+        "out": str(result.out),
+        "step": result.step,
+        "status": result.status,
+        "metrics": metrics,
+    }

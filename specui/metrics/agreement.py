@@ -40,8 +40,11 @@ class StepAgreement:
     disagreements: list[Disagreement] = field(default_factory=list)
 
     def describe(self) -> list[str]:
-        return [f"prompt {d.prompt} position {d.position}: {d.accepted_a} vs {d.accepted_b} accepted; "
-                f"drafts {d.drafts_a}, output {d.output}" for d in self.disagreements]  # fmt: skip
+        return [
+            f"prompt {d.prompt} position {d.position}: {d.accepted_a} vs {d.accepted_b} accepted; "
+            f"drafts {d.drafts_a}, output {d.output}"
+            for d in self.disagreements
+        ]
 
 
 def _by_position(steps: Sequence[StepTrace]) -> tuple[dict[int, StepTrace], list[int]]:

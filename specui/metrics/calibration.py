@@ -211,7 +211,8 @@ def _arrays(
 
 
 def bootstrap_indices(n: int, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> np.ndarray:
-    """[resamples, n] prompt indices drawn with replacement (seeded: a comparison is reproducible)."""
+    """[resamples, n] prompt indices drawn with replacement (seeded: a comparison is
+    reproducible)."""
     return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
 
 

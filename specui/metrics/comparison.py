@@ -80,7 +80,8 @@ def _settings_k(run: Run) -> int | None:
 def _finished_prompts(
     store: Store, run_ids: Sequence[int], only: Collection[int] | None = None
 ) -> dict[int, dict[int, tuple[int, float]]]:
-    """run id -> prompt index -> (output tokens, wall time s), finished prompts only (of ``only``)."""
+    """run id -> prompt index -> (output tokens, wall time s), finished prompts only (of
+    ``only``)."""
     out: dict[int, dict[int, tuple[int, float]]] = {rid: {} for rid in run_ids}
     if not run_ids:
         return out
@@ -167,17 +168,24 @@ def _read_steps(store: Store, ids: Sequence[int], where: str) -> dict[int, _RunS
         return out
     marks = ",".join("?" * len(ids))
     keys = (
-        "steps", "drafts", "drafted", "accepted", "max_drafted", "draft_s", "verify_s", "emitted",
-    )  # fmt: skip
+        "steps",
+        "drafts",
+        "drafted",
+        "accepted",
+        "max_drafted",
+        "draft_s",
+        "verify_s",
+        "emitted",
+    )
     with store.read() as s:
         conn = s.connection()
         for rid, idx, *values in conn.exec_driver_sql(
-            f"SELECT r.run_id, r.prompt_index, count(s.id), sum(s.num_drafted > 0), sum(s.num_drafted), "
-            f"sum(CASE WHEN s.num_drafted > 0 THEN s.num_accepted ELSE 0 END), max(s.num_drafted), "
-            f"sum(s.draft_time_s), sum(s.verify_time_s), "
-            f"sum(json_array_length(s.emitted_token_ids)) "
-            f"FROM results r JOIN steps s ON s.result_id = r.id WHERE r.run_id IN ({marks}){where} "
-            f"GROUP BY r.run_id, r.prompt_index",
+            "SELECT r.run_id, r.prompt_index, count(s.id), sum(s.num_drafted > 0),"
+            " sum(s.num_drafted), sum(CASE WHEN s.num_drafted > 0 THEN s.num_accepted ELSE 0 END),"
+            " max(s.num_drafted), sum(s.draft_time_s), sum(s.verify_time_s),"
+            " sum(json_array_length(s.emitted_token_ids)) FROM results r JOIN steps s ON"
+            f" s.result_id = r.id WHERE r.run_id IN ({marks}){where} GROUP BY r.run_id,"
+            " r.prompt_index",
             tuple(ids),
         ):
             row = dict(zip(keys, (v or 0 for v in values), strict=True))
@@ -187,8 +195,9 @@ def _read_steps(store: Store, ids: Sequence[int], where: str) -> dict[int, _RunS
             for key, v in row.items():
                 st[key] = max(st.get(key, 0), v) if key == "max_drafted" else st.get(key, 0) + v
         for rid, n_acc, count in conn.exec_driver_sql(
-            f"SELECT r.run_id, s.num_accepted, count(*) FROM results r JOIN steps s ON s.result_id = r.id "
-            f"WHERE r.run_id IN ({marks}) AND s.num_drafted > 0{where} GROUP BY r.run_id, s.num_accepted",
+            "SELECT r.run_id, s.num_accepted, count(*) FROM results r JOIN steps s ON s.result_id"
+            f" = r.id WHERE r.run_id IN ({marks}) AND s.num_drafted > 0{where} GROUP BY r.run_id,"
+            " s.num_accepted",
             tuple(ids),
         ):
             out[rid].histogram[n_acc] = count

@@ -49,12 +49,15 @@ def load_confidences(
             for n_acc, text in (
                 s.connection()
                 .exec_driver_sql(
-                    f"SELECT s.num_accepted, s.confidences FROM steps s JOIN results r ON s.result_id = r.id "
-                    f"WHERE r.run_id IN ({marks}) AND s.confidences IS NOT NULL"
+                    "SELECT s.num_accepted, s.confidences FROM steps s JOIN results r ON"
+                    f" s.result_id = r.id WHERE r.run_id IN ({marks}) AND s.confidences IS NOT NULL"
                     + (
                         ""
                         if prompt_indices is None
-                        else f" AND r.prompt_index IN ({','.join(str(int(i)) for i in prompt_indices) or 'NULL'})"
+                        else (
+                            " AND r.prompt_index IN"
+                            f" ({','.join(str(int(i)) for i in prompt_indices) or 'NULL'})"
+                        )
                     ),
                     tuple(ids),
                 )

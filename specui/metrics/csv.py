@@ -75,8 +75,9 @@ def _step_rows(store: Store, run_ids: list[int]) -> Iterator[dict[str, Any]]:
     for rid in run_ids:
         with store.read() as s:
             rows = s.connection().exec_driver_sql(
-                f"SELECT r.prompt_index, s.step, {', '.join('s.' + k for k in keys)} FROM steps s "
-                f"JOIN results r ON s.result_id = r.id WHERE r.run_id = ? ORDER BY r.prompt_index, s.step",
+                f"SELECT r.prompt_index, s.step, {', '.join('s.' + k for k in keys)} FROM steps s"
+                " JOIN results r ON s.result_id = r.id WHERE r.run_id = ? ORDER BY r.prompt_index,"
+                " s.step",
                 (rid,),
             )
             for row in rows:

@@ -282,7 +282,8 @@ class RunRecorder:
                 kind, idx = item[0], item[1]
                 if kind == "begin":
                     cur = conn.exec_driver_sql(
-                        "INSERT INTO results (run_id, prompt_index, prompt_text, started_at) VALUES (?, ?, ?, ?)",
+                        "INSERT INTO results (run_id, prompt_index, prompt_text, started_at) VALUES"
+                        " (?, ?, ?, ?)",
                         (self.run_id, idx, item[2], item[3]),
                     )
                     result_ids[idx] = cur.lastrowid
@@ -291,9 +292,10 @@ class RunRecorder:
                 elif kind == "end":
                     r: GenerationResult = item[2]
                     conn.exec_driver_sql(
-                        "UPDATE results SET output_text=?, output_token_ids_json=?, num_prompt_tokens=?, num_output_tokens=?, "
-                        "num_speculative_tokens=?, num_steps=?, wall_time_s=?, draft_time_s=?, verify_time_s=?, stop_reason=?, "
-                        "ended_at=? WHERE id=?",
+                        "UPDATE results SET output_text=?, output_token_ids_json=?,"
+                        " num_prompt_tokens=?, num_output_tokens=?, num_speculative_tokens=?,"
+                        " num_steps=?, wall_time_s=?, draft_time_s=?, verify_time_s=?,"
+                        " stop_reason=?, ended_at=? WHERE id=?",
                         (
                             r.output_text,
                             json.dumps(r.output_token_ids),

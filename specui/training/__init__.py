@@ -2,7 +2,8 @@
 each bringing its objective (``specui/algorithms/<algo>/objective.py``).
 
     from specui.training import TrainConfig, train
-    train(TrainConfig(algorithm="dflash", verifier="embedded", prompts="gsm-symbolic", out="runs/dflash"))
+    train(TrainConfig(algorithm="dflash", verifier="embedded", prompts="gsm-symbolic",
+    out="runs/dflash"))
 
 An algorithm's ``AlgorithmSpec`` names its ``Objective`` subclass (``build`` a fresh
 drafter, ``loss`` of a batch through the model's own training-layout forward);

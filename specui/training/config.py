@@ -148,7 +148,8 @@ class TrainConfig:
         spec = ALGORITHMS.get(self.algorithm)
         if spec is None or not spec.trainable:
             raise SpecUIError(
-                f"unknown algorithm {self.algorithm!r}; use one of {', '.join(algorithm_names(trainable=True))}"
+                f"unknown algorithm {self.algorithm!r}; use one of"
+                f" {', '.join(algorithm_names(trainable=True))}"
             )
         self._check_options()
         if self.schedule not in SCHEDULES:
@@ -161,15 +162,22 @@ class TrainConfig:
             )
         if self.extraction not in EXTRACTION_MODES:
             raise SpecUIError(
-                f"unknown extraction mode {self.extraction!r}; use one of {', '.join(EXTRACTION_MODES)}"
+                f"unknown extraction mode {self.extraction!r}; use one of"
+                f" {', '.join(EXTRACTION_MODES)}"
             )
-        check_positive({
-            "steps": self.steps, "batch_size": self.batch_size, "max_new_tokens": self.max_new_tokens,
-            "gen_batch_size": self.gen_batch_size, "max_seq_len": self.max_seq_len,
-            "log_every": self.log_every, "checkpoint_every": self.checkpoint_every,
-            "keep_checkpoints": self.keep_checkpoints,
-            "extract_batch_tokens": self.extract_batch_tokens,
-        })  # fmt: skip
+        check_positive(
+            {
+                "steps": self.steps,
+                "batch_size": self.batch_size,
+                "max_new_tokens": self.max_new_tokens,
+                "gen_batch_size": self.gen_batch_size,
+                "max_seq_len": self.max_seq_len,
+                "log_every": self.log_every,
+                "checkpoint_every": self.checkpoint_every,
+                "keep_checkpoints": self.keep_checkpoints,
+                "extract_batch_tokens": self.extract_batch_tokens,
+            }
+        )
         if self.layers is not None and self.layers < 1:
             raise SpecUIError(f"layers must be >= 1, got {self.layers}")
         if not self.lr > 0:

@@ -77,7 +77,8 @@ class TrainHooks:
     cancelled: Callable[[], bool] | None = None
     stage: Callable[[str, int, int], None] | None = None  # data preparation: (what, done, total)
     # Called with the step just before a checkpoint of it is written: a caller that buffers the
-    # metrics (the job worker) commits them here, so a checkpoint on disk implies its curve is stored.
+    # metrics (the job worker) commits them here, so a checkpoint on disk implies its curve is
+    # stored.
     checkpoint: Callable[[int], None] | None = None
 
     def say(self, line: str) -> None:
@@ -272,7 +273,8 @@ def _train(
     ckpt = latest_checkpoint(out)
     if ckpt is not None and not cfg.resume:
         raise SpecUIError(
-            f"{out} already holds training checkpoints (step {ckpt.step}); pass --resume to continue, or choose another --out"
+            f"{out} already holds training checkpoints (step {ckpt.step}); pass --resume to"
+            " continue, or choose another --out"
         )
     if d.is_main:
         _check_creatable(out)
@@ -305,8 +307,8 @@ def _train(
     usable = [s for s in samples if objective.usable(s)]
     if not usable:
         raise SpecUIError(
-            f"none of the {len(samples)} samples has a response long enough to train {cfg.algorithm} on; "
-            "raise --max-new-tokens (or --max-seq-len), or lower --block-size"
+            f"none of the {len(samples)} samples has a response long enough to train"
+            f" {cfg.algorithm} on; raise --max-new-tokens (or --max-seq-len), or lower --block-size"
         )
     if len(usable) < len(samples):
         hooks.say(f"{len(samples) - len(usable)} samples with too short a response skipped")
@@ -324,7 +326,8 @@ def _train(
     optimizer = make_optimizer(trainable, cfg)
     n_params = sum(p.numel() for p in trainable)
     hooks.say(
-        f"{cfg.algorithm} drafter: {cfg.num_layers} layers, {n_params / 1e6:.2f} M trainable parameters, {len(samples)} samples"
+        f"{cfg.algorithm} drafter: {cfg.num_layers} layers, {n_params / 1e6:.2f} M trainable"
+        f" parameters, {len(samples)} samples"
     )
 
     start, resumed_from = 0, None
@@ -440,7 +443,8 @@ def _train(
                     for k, v in last.items():
                         hooks.metric(step, k, v)
                 hooks.say(
-                    f"step {step}/{cfg.steps} loss {last['loss']:.4f} accept_len {last.get('accept_len', float('nan')):.2f} lr {lr:.2e}"
+                    f"step {step}/{cfg.steps} loss {last['loss']:.4f} accept_len"
+                    f" {last.get('accept_len', float('nan')):.2f} lr {lr:.2e}"
                 )
         if d.is_main and hooks.progress:
             hooks.progress(step, cfg.steps, last)
@@ -460,7 +464,8 @@ def _train(
             except (OSError, SafetensorError) as e:
                 reason = getattr(e, "strerror", None) or e
                 raise SpecUIError(
-                    f"could not save the final drafter in {out}: {reason} (the last checkpoint is kept)"
+                    f"could not save the final drafter in {out}: {reason} (the last checkpoint is"
+                    " kept)"
                 ) from None
             hooks.say(f"saved drafter to {out}")
         run = json.loads((out / RUN_FILE).read_text())
@@ -491,16 +496,19 @@ def make_extractor(
     # context that short lets vLLM reserve far less KV cache than the model's full one.
     max_len = cfg.max_seq_len + 1
     server = ServerConfig(
-        python=cfg.vllm_python, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-        max_model_len=max_len if max_len <= verifier.max_context else None, log_path=str(out / VLLM_LOG),
-    )  # fmt: skip
+        python=cfg.vllm_python,
+        gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        max_model_len=max_len if max_len <= verifier.max_context else None,
+        log_path=str(out / VLLM_LOG),
+    )
     # Requests in flight: vLLM batches them.  Four keep vLLM-CPU's one or few cores busy;
     # a GPU takes many more at once.
     concurrency = 4 if is_cpu_build(vllm_python(cfg.vllm_python)) else 32
 
     def launched(s: VLLMServer) -> None:
         hooks.say(
-            f"vLLM extraction server on {s.base_url} (pid {s.server_pid}), ready after {s.ready_after_s or 0:.0f} s; log {s.log_path}"
+            f"vLLM extraction server on {s.base_url} (pid {s.server_pid}), ready after"
+            f" {s.ready_after_s or 0:.0f} s; log {s.log_path}"
         )
 
     return VLLMExtractor.from_verifier(

@@ -17,14 +17,16 @@ TITLE = "SpecUI — parallel speculative decoding workbench"
 
 
 def build_app(store: Store, queue_size: int | None = None) -> gr.Blocks:
-    """The dashboard over ``store``; at most ``queue_size`` requests wait (default SPECUI_QUEUE_SIZE or 16)."""
+    """The dashboard over ``store``; at most ``queue_size`` requests wait (default SPECUI_QUEUE_SIZE
+    or 16)."""
     if queue_size is None:
         queue_size = int(os.environ.get("SPECUI_QUEUE_SIZE", "16"))
     if queue_size < 1:
         raise ValueError(f"the queue size must be at least 1, got {queue_size}")
     with gr.Blocks(title=TITLE) as app:
         gr.Markdown(
-            f"# {TITLE}\nP-EAGLE · DFlash · DSpark, with EAGLE-3 and plain / n-gram decoding as baselines."
+            f"# {TITLE}\nP-EAGLE · DFlash · DSpark, with EAGLE-3 and plain / n-gram decoding as"
+            " baselines."
         )
         with gr.Tabs():
             with gr.Tab("Playground", id="playground"):

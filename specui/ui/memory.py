@@ -86,7 +86,8 @@ def drop_idle(app: gr.Blocks, idle_s: float, now: datetime.datetime | None = Non
 
 
 def expire_idle_sessions(app: gr.Blocks, every_s: float = 60.0) -> threading.Thread:
-    """Start the daemon thread that runs ``drop_idle`` (and ``trim_malloc``) every ``every_s`` seconds."""
+    """Start the daemon thread that runs ``drop_idle`` (and ``trim_malloc``) every ``every_s``
+    seconds."""
 
     def loop() -> None:
         stop = threading.Event()

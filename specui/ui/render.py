@@ -23,7 +23,8 @@ CSS = """
 .tok.corrected { background: #ffe2b3; color: #7a4300; font-weight: 600; }
 .tok.bonus     { background: #cfe3ff; color: #003c8f; font-weight: 600; }
 .tok.prompt    { color: #777; }
-.tok.unknown   { font-style: italic; text-decoration: none; outline: 1px dashed currentColor; outline-offset: -2px; }
+.tok.unknown   { font-style: italic; text-decoration: none;
+                 outline: 1px dashed currentColor; outline-offset: -2px; }
 .specui-step .counts { color: #888; font-size: 11px; margin-left: 4px; }
 .tok sup.conf  { font-size: 9px; color: #555; margin-left: 1px; }
 .specui-output { font-size: 14px; max-height: 460px; overflow-y: auto; }
@@ -155,11 +156,17 @@ def stats_markdown(result: GenerationResult, running: bool, state: str | None = 
     a = ", ".join(f"{x:.2f}" for x in result.per_position_acceptance) or "–"
     state = state or ("running" if running else f"done ({result.stop_reason})")
     if wall > 0:
-        timing = f"**{n_tokens / wall:.1f} tok/s** · draft {s['draft_time_s']:.2f} s vs verify {s['verify_time_s']:.2f} s"
+        timing = (
+            f"**{n_tokens / wall:.1f} tok/s** · draft {s['draft_time_s']:.2f} s vs verify"
+            f" {s['verify_time_s']:.2f} s"
+        )
     else:  # vLLM does not report per-step times; a finished request has its wall time
         timing = "per-step times not recorded"
         if not running and result.wall_time_s > 0:
-            timing += f" · request: **{n_tokens / result.wall_time_s:.1f} tok/s** over {result.wall_time_s:.2f} s"
+            timing += (
+                f" · request: **{n_tokens / result.wall_time_s:.1f} tok/s** over"
+                f" {result.wall_time_s:.2f} s"
+            )
     return (
         f"**{state}** · steps {len(result.steps)} · tokens {n_tokens}  \n"
         f"**tau** (1 + accepted/drafts) **{result.acceptance_length:.2f}** · "

@@ -56,9 +56,10 @@ def describe(folder: Path) -> str:
     )
     layer = cfg.get("transformer_layer_config", {})
     head = (
-        f"**{folder.name}** · `{cfg.get('speculators_model_type')}` · K={k} · "
-        f"{layer.get('num_hidden_layers')} layer(s) · aux layers "
-        f"{cfg.get('aux_hidden_state_layer_ids') or cfg.get('eagle_aux_hidden_state_layer_ids')}  \n`{folder}`\n\n"
+        f"**{folder.name}** · `{cfg.get('speculators_model_type')}` · K={k} ·"
+        f" {layer.get('num_hidden_layers')} layer(s) · aux layers"
+        f" {cfg.get('aux_hidden_state_layer_ids') or cfg.get('eagle_aux_hidden_state_layer_ids')} "
+        f" \n`{folder}`\n\n"
     )
     return head + (card.read_text()[:20_000] if card.is_file() else "_no model card_")
 

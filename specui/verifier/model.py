@@ -104,7 +104,8 @@ class Verifier:
         gguf_file = gguf_source(spec) if precision in ("gguf", "auto") else None
         if precision == "gguf" and gguf_file is None:
             raise SpecUIError(
-                f"the gguf precision keeps a GGUF file's own blocks: load {EMBEDDED!r} or a .gguf file, not {spec!r}"
+                f"the gguf precision keeps a GGUF file's own blocks: load {EMBEDDED!r} or a .gguf"
+                f" file, not {spec!r}"
             )
         verifier = cls(*_load_model(spec, dtype))
         # Now, while every weight is still there: bf16 verification frees the float32 ones.
@@ -135,7 +136,10 @@ class Verifier:
                 verifier._use_fast_decoder()
                 if batch_invariant.check(verifier):
                     return verifier
-                reason = f"this machine's {weights} kernels give a token other logits inside a block than alone"
+                reason = (
+                    f"this machine's {weights} kernels give a token other logits inside a block"
+                    " than alone"
+                )
             if precision != "auto":
                 raise SpecUIError(f"cannot verify {verifier.name} in {weights}: {reason}")
             if (
@@ -194,7 +198,8 @@ class Verifier:
         bad = [i for i in ids if not 0 <= i <= self.num_layers]
         if bad:
             raise SpecUIError(
-                f"aux hidden-state layer ids {bad} out of range for a verifier with {self.num_layers} layers (0..{self.num_layers})"
+                f"aux hidden-state layer ids {bad} out of range for a verifier with"
+                f" {self.num_layers} layers (0..{self.num_layers})"
             )
 
     # --- forward --------------------------------------------------------------------
@@ -396,7 +401,8 @@ def _load_model(spec: str, dtype: torch.dtype) -> tuple[nn.Module, object, str]:
         model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, use_safetensors=True)
     except Exception as e:  # noqa: BLE001 - hub errors come in many types
         raise SpecUIError(
-            f"verifier {spec!r} is neither a local path nor a reachable hub model ({type(e).__name__})"
+            f"verifier {spec!r} is neither a local path nor a reachable hub model"
+            f" ({type(e).__name__})"
         ) from None
     return model, _load_tokenizer(spec), spec
 

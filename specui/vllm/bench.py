@@ -239,7 +239,10 @@ def read_counters(server: VLLMServer, client: httpx.Client | None = None) -> Spe
 
 def _server_error(server: VLLMServer, doing: str, exc: BaseException) -> SpecUIError:
     """One message for every way a server can go away mid-run."""
-    msg = f"the vLLM server at {redact_url(server.base_url)} failed while {doing}: {type(exc).__name__}: {exc}"
+    msg = (
+        f"the vLLM server at {redact_url(server.base_url)} failed while {doing}:"
+        f" {type(exc).__name__}: {exc}"
+    )
     if server.owned:
         # A server killed under us takes its watchdog a moment to report.
         deadline = time.monotonic() + 3.0
@@ -247,7 +250,8 @@ def _server_error(server: VLLMServer, doing: str, exc: BaseException) -> SpecUIE
             time.sleep(0.1)
         if server.state == "exited":
             return SpecUIError(
-                f"{msg}\nThe server process has exited (code {server.returncode}); last log lines:\n{server.log_tail(15)}"
+                f"{msg}\nThe server process has exited (code {server.returncode}); last log"
+                f" lines:\n{server.log_tail(15)}"
             )
     return SpecUIError(msg)
 
@@ -615,11 +619,16 @@ def run_benchmark(
         run = store.create_run(
             verifier=verifier_label(verifier, model),
             verifier_fingerprint=served_weights_fingerprint(source_model),
-            prompt_set=prompt_set, algorithm=algorithm, drafter=drafter,
-            backend=Backend.VLLM, label=label, owner=owner, seed=request.seed,
+            prompt_set=prompt_set,
+            algorithm=algorithm,
+            drafter=drafter,
+            backend=Backend.VLLM,
+            label=label,
+            owner=owner,
+            seed=request.seed,
             versions={**collect_versions(), "vllm_server": version},
             settings=run_settings(request, k, extra),
-        )  # fmt: skip
+        )
         assert run.id is not None
         results: list[RequestResult] = []
         sources: set[str] = set()
@@ -931,8 +940,9 @@ def bench(
             )
             runs.append(run)
             say(
-                f"{name}: run {run.run_id}, {run.num_output_tokens} tokens in {run.elapsed_s:.1f} s "
-                f"({run.aggregate_tokens_per_s:.1f} tok/s), {time.monotonic() - t0:.0f} s with start-up"
+                f"{name}: run {run.run_id}, {run.num_output_tokens} tokens in {run.elapsed_s:.1f} s"
+                f" ({run.aggregate_tokens_per_s:.1f} tok/s), {time.monotonic() - t0:.0f} s with"
+                " start-up"
             )
         finally:
             server.stop()

@@ -1,4 +1,5 @@
-"""A speculator that borrows the verifier's head and has a draft vocabulary, made servable by vLLM 0.32.
+"""A speculator that borrows the verifier's head and has a draft vocabulary, made servable by vLLM
+0.32.
 
 The DFlash family borrows the verifier's LM head, and a draft vocabulary smaller than the
 verifier's is stored as ``d2t``.  vLLM 0.32's DFlash model then shares the verifier's whole

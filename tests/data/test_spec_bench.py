@@ -1,4 +1,5 @@
-"""Spec-Bench is a prompt set for evaluation only: its groups load, and no training path takes it."""
+"""Spec-Bench is a prompt set for evaluation only: its groups load, and no training path takes
+it."""
 
 from __future__ import annotations
 
@@ -62,10 +63,18 @@ def _spec_bench_text(group: str) -> str:
 def test_a_corpus_containing_a_spec_bench_prompt_is_refused(tmp_path):
     question = _spec_bench_text("qa")
     # Changed case, punctuation and spacing, and pasted inside a longer request: still the question.
-    # (The suffix varies until the row falls in the file's training split, which is chosen by content.)
-    disguised = next(d for n in range(100)
-                     if split_of(Prompt("x", "f", text=(d := f"Please help ({n}):  {question.upper()}!! Thanks."))
-                                 .content_hash) == "train")  # fmt: skip
+    # (The suffix varies until the row falls in the file's training split, which is chosen by
+    # content.)
+    disguised = next(
+        d
+        for n in range(100)
+        if split_of(
+            Prompt(
+                "x", "f", text=(d := f"Please help ({n}):  {question.upper()}!! Thanks.")
+            ).content_hash
+        )
+        == "train"
+    )
     assert normalize_text(question) in normalize_text(disguised)
     rows = [Prompt(f"ok-{i}", "f", text=f"Tell me a fact about the number {i}.") for i in range(30)]
     path = write_prompt_file(tmp_path / "corpus.jsonl", [*rows, Prompt("bad", "f", text=disguised)])
@@ -77,8 +86,15 @@ def test_a_corpus_containing_a_spec_bench_prompt_is_refused(tmp_path):
 
 def test_a_chat_turn_with_a_spec_bench_prompt_is_refused():
     summary = _spec_bench_text("summarization")
-    chat = Prompt("chat", "f", messages=({"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-                                         {"role": "user", "content": summary}))  # fmt: skip
+    chat = Prompt(
+        "chat",
+        "f",
+        messages=(
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": summary},
+        ),
+    )
     with pytest.raises(SpecUIError, match="evaluation-only"):
         check_training_prompts([chat])
     check_training_prompts(

@@ -21,7 +21,10 @@ from tests.support.verifiers import make_tiny_verifier
 
 PROMPTS = {
     "code": "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
-    "math": "Tom has 3 boxes with 12 apples each. He gives away 7 apples. How many apples are left? Explain step by step.",
+    "math": (
+        "Tom has 3 boxes with 12 apples each. He gives away 7 apples. How many apples are left?"
+        " Explain step by step."
+    ),
 }
 
 

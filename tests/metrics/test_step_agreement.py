@@ -11,11 +11,22 @@ from specui.trace import FinalTokenKind, StepTrace
 
 def _step(drafts: list[int], accepted: int, final: int) -> StepTrace:
     emitted = [*drafts[:accepted], final]
-    return StepTrace(step=0, context_len=0, draft_token_ids=drafts, draft_texts=[""] * len(drafts),
-                     draft_probs=[1.0] * len(drafts), target_probs=[1.0] * len(drafts), confidences=None,
-                     num_accepted=accepted, final_token_id=final, final_token_text="",
-                     final_token_kind=FinalTokenKind.CORRECTED, emitted_token_ids=emitted,
-                     draft_time_s=0.0, verify_time_s=0.0)  # fmt: skip
+    return StepTrace(
+        step=0,
+        context_len=0,
+        draft_token_ids=drafts,
+        draft_texts=[""] * len(drafts),
+        draft_probs=[1.0] * len(drafts),
+        target_probs=[1.0] * len(drafts),
+        confidences=None,
+        num_accepted=accepted,
+        final_token_id=final,
+        final_token_text="",
+        final_token_kind=FinalTokenKind.CORRECTED,
+        emitted_token_ids=emitted,
+        draft_time_s=0.0,
+        verify_time_s=0.0,
+    )
 
 
 def test_equal_steps_agree_and_a_different_count_is_named_with_its_drafts():

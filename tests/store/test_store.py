@@ -176,7 +176,8 @@ def test_v1_file_is_migrated_forward_keeping_its_data(tmp_path: Path) -> None:
         "VALUES ('ngram', 'ngram', 'v', 'local', 'ps', 'done', 1.0)"
     )
     conn.execute(
-        "INSERT INTO results (run_id, prompt_index, prompt_text, started_at, ended_at) VALUES (1, 0, 'p', 1.0, 2.0)"
+        "INSERT INTO results (run_id, prompt_index, prompt_text, started_at, ended_at) VALUES (1,"
+        " 0, 'p', 1.0, 2.0)"
     )
     conn.commit()
     conn.close()

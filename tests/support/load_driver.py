@@ -227,7 +227,8 @@ def _proc_tree_rss(pid: int) -> int:
 
 
 class RssSampler(threading.Thread):
-    """Samples :func:`tree_rss_bytes` every ``interval_s`` until stopped; keeps first, last, peak."""
+    """Samples :func:`tree_rss_bytes` every ``interval_s`` until stopped; keeps first, last,
+    peak."""
 
     def __init__(self, pid: int, interval_s: float = 0.5) -> None:
         super().__init__(daemon=True)
@@ -360,8 +361,9 @@ def run_load(
                     sum(c.outcome == "queue_full" for c in calls),
                 )
             progress(
-                f"t={time.monotonic() - t_start[0]:5.0f}s calls={n} ok={ok} queue_full={full} "
-                f"errors={n - ok - full} rss={sampler.last / 2**20:.0f} MiB (peak {sampler.peak / 2**20:.0f})"
+                f"t={time.monotonic() - t_start[0]:5.0f}s calls={n} ok={ok} queue_full={full}"
+                f" errors={n - ok - full} rss={sampler.last / 2**20:.0f} MiB (peak"
+                f" {sampler.peak / 2**20:.0f})"
             )
     for t in threads:
         t.join()

@@ -1,6 +1,7 @@
 """A run recorder in its own process, for the concurrency and SIGKILL tests.
 
-usage: python -m tests.support.store_writer DB PROMPTS STEPS_PER_PROMPT BATCH [PAUSE_EVERY PAUSE_S [GATE]]
+usage: python -m tests.support.store_writer DB PROMPTS STEPS_PER_PROMPT BATCH [PAUSE_EVERY PAUSE_S
+[GATE]]
 Prints "RUN <id>" once the run exists.  With GATE (a file holding the reader's
 read count), each pause also waits until the reader has read once more, so reads
 and writes interleave however slow or busy the machine is."""

@@ -22,5 +22,8 @@ def vllm_missing() -> bool:
 # The real-vLLM tests: skipped where vLLM is not installed, never in CI (which installs it).
 needs_vllm = pytest.mark.skipif(
     vllm_missing() and not os.environ.get("CI"),
-    reason="vLLM is not installed (.venv-vllm is missing: run `bash scripts/setup_vllm.sh`) and CI is unset",
+    reason=(
+        "vLLM is not installed (.venv-vllm is missing: run `bash scripts/setup_vllm.sh`) and CI is"
+        " unset"
+    ),
 )

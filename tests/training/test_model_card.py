@@ -29,12 +29,28 @@ def _run_folder(
 ) -> None:
     path.mkdir(parents=True)
     cfg = {
-        "algorithm": algorithm, "prompts": "gsm-symbolic", "num_prompts": num_prompts, "max_new_tokens": 256,
-        "layers": 3, "draft_vocab_size": 4096, "block_size": 8, "max_anchors": 64, "mask_token_id": 16,
-        "markov_rank": 256, "num_depths": 8, "ttt_steps": 4, "batch_size": 4, "lr": 3e-4, "schedule": "cosine", "warmup_steps": 30,
-        "log_every": 10, "threads": 1, "init_from": str(init_from) if init_from else None,
-        "confidence_temperature": 0.0, "confidence_weight": 4.0,
-    }  # fmt: skip
+        "algorithm": algorithm,
+        "prompts": "gsm-symbolic",
+        "num_prompts": num_prompts,
+        "max_new_tokens": 256,
+        "layers": 3,
+        "draft_vocab_size": 4096,
+        "block_size": 8,
+        "max_anchors": 64,
+        "mask_token_id": 16,
+        "markov_rank": 256,
+        "num_depths": 8,
+        "ttt_steps": 4,
+        "batch_size": 4,
+        "lr": 3e-4,
+        "schedule": "cosine",
+        "warmup_steps": 30,
+        "log_every": 10,
+        "threads": 1,
+        "init_from": str(init_from) if init_from else None,
+        "confidence_temperature": 0.0,
+        "confidence_weight": 4.0,
+    }
     (path / "train_run.json").write_text(
         json.dumps({"config": cfg, "status": "finished", "step": steps})
     )
@@ -43,18 +59,42 @@ def _run_folder(
 
 
 def _results(root: Path, tau: float, speedup: float, auroc: float) -> None:
-    drafted = {"drafter": "dspark", "algorithm": "dspark", "acceptance_length": tau, "speedup": speedup,
-               "tokens_per_s": 20.0, "num_speculative_tokens": 8, "acceptance_pos_1": 0.6, "acceptance_pos_2": 0.4,
-               "acceptance_length_ci_low": tau - 0.15, "acceptance_length_ci_high": tau + 0.2,
-               "speedup_ci_low": speedup - 0.1, "speedup_ci_high": speedup + 0.1, "verifier_precision": "bf16"}  # fmt: skip
+    drafted = {
+        "drafter": "dspark",
+        "algorithm": "dspark",
+        "acceptance_length": tau,
+        "speedup": speedup,
+        "tokens_per_s": 20.0,
+        "num_speculative_tokens": 8,
+        "acceptance_pos_1": 0.6,
+        "acceptance_pos_2": 0.4,
+        "acceptance_length_ci_low": tau - 0.15,
+        "acceptance_length_ci_high": tau + 0.2,
+        "speedup_ci_low": speedup - 0.1,
+        "speedup_ci_high": speedup + 0.1,
+        "verifier_precision": "bf16",
+    }
     plain = {"drafter": "none", "algorithm": "none", "acceptance_length": 1.0, "tokens_per_s": 15.0}
     for t in (0, 1):
         (root / f"bench-T{t}.json").write_text(json.dumps({"runs": [plain, drafted]}))
     metrics = {"n": 100, "ece": 0.1, "auroc": auroc, "brier": 0.2}
-    prefix = {"raw": {"n": 400, "ece": 0.05, "auroc": 0.9, "brier": 0.08},
-              "calibrated": {"n": 400, "ece": 0.03, "auroc": 0.88, "brier": 0.07}, "slot_index_auroc": 0.85}  # fmt: skip
-    (root / "calibration-dspark.json").write_text(json.dumps({"temperature": 2.0, "fit_slots": 90, "before": metrics, "after": metrics,
-                                                              "slot_index_auroc": 0.6, "prefix": prefix}))  # fmt: skip
+    prefix = {
+        "raw": {"n": 400, "ece": 0.05, "auroc": 0.9, "brier": 0.08},
+        "calibrated": {"n": 400, "ece": 0.03, "auroc": 0.88, "brier": 0.07},
+        "slot_index_auroc": 0.85,
+    }
+    (root / "calibration-dspark.json").write_text(
+        json.dumps(
+            {
+                "temperature": 2.0,
+                "fit_slots": 90,
+                "before": metrics,
+                "after": metrics,
+                "slot_index_auroc": 0.6,
+                "prefix": prefix,
+            }
+        )
+    )
     (root / "distill.done").write_text("3000 samples, 450000 response tokens")
 
 
@@ -71,8 +111,12 @@ def _card(tmp_path: Path, dest: Path) -> subprocess.CompletedProcess:
     round1, round2 = tmp_path / "runs" / "dflash", tmp_path / "runs" / "round2" / "dspark"
     _run_folder(round1, "dflash", steps=2400, num_prompts=1000, step_time_s=4.0, init_from=None)
     _run_folder(round2, "dspark", steps=1500, num_prompts=3000, step_time_s=4.5, init_from=round1)
-    return subprocess.run([sys.executable, str(TOOLS), "card", "dspark", str(round2), str(dest), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(TOOLS), "card", "dspark", str(round2), str(dest), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_card_of_a_drafter_that_meets_the_bar_reports_its_whole_training(tmp_path, shipped_copy):
@@ -106,11 +150,14 @@ def test_card_of_a_drafter_that_meets_the_bar_reports_its_whole_training(tmp_pat
     assert "Why the head stays below the bar" not in card
 
 
-@pytest.mark.parametrize(("tau", "speedup", "auroc", "missed"), [
-    (1.9, 1.6, 0.8, "held-out tau 1.90 < 2.0"),
-    (2.4, 1.2, 0.8, "best speedup in the bench run 1.20x < 1.5x"),
-    (2.4, 1.6, 0.7, "confidence AUROC 0.700 < 0.75"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tau", "speedup", "auroc", "missed"),
+    [
+        (1.9, 1.6, 0.8, "held-out tau 1.90 < 2.0"),
+        (2.4, 1.2, 0.8, "best speedup in the bench run 1.20x < 1.5x"),
+        (2.4, 1.6, 0.7, "confidence AUROC 0.700 < 0.75"),
+    ],
+)
 def test_card_refuses_a_drafter_below_the_bar(tmp_path, shipped_copy, tau, speedup, auroc, missed):
     _results(tmp_path, tau=tau, speedup=speedup, auroc=auroc)
     done = _card(tmp_path, shipped_copy)

@@ -20,19 +20,39 @@ STEPS = 300
 
 @pytest.fixture(scope="module")
 def store(fixture_verifier, tmp_path_factory):
-    prompts = synthetic_prompts(48, fixture_verifier.vocab_size, min_len=12, max_len=40, seed=11,
-                                exclude=[fixture_verifier.vocab_size - 1])  # fmt: skip
+    prompts = synthetic_prompts(
+        48,
+        fixture_verifier.vocab_size,
+        min_len=12,
+        max_len=40,
+        seed=11,
+        exclude=[fixture_verifier.vocab_size - 1],
+    )
     samples = self_distill(fixture_verifier, prompts, max_new_tokens=32, batch_size=16)
-    s = HiddenStateStore(LocalExtractor(fixture_verifier, AUX, dtype=torch.float32), samples, "offline",
-                         tmp_path_factory.mktemp("hidden"))  # fmt: skip
+    s = HiddenStateStore(
+        LocalExtractor(fixture_verifier, AUX, dtype=torch.float32),
+        samples,
+        "offline",
+        tmp_path_factory.mktemp("hidden"),
+    )
     s.prepare()
     return s
 
 
 def run(store, verifier, seed: int, fast: bool) -> tuple[list[float], float]:
     """(loss every 25 steps, held-out greedy accuracy at slot 1) of one fixed run."""
-    cfg = TrainConfig(algorithm="dflash", aux_layer_ids=AUX, steps=STEPS, batch_size=4, lr=3e-3,
-                      warmup_steps=20, block_size=4, max_anchors=16, layers=1, seed=seed)  # fmt: skip
+    cfg = TrainConfig(
+        algorithm="dflash",
+        aux_layer_ids=AUX,
+        steps=STEPS,
+        batch_size=4,
+        lr=3e-3,
+        warmup_steps=20,
+        block_size=4,
+        max_anchors=16,
+        layers=1,
+        seed=seed,
+    )
     obj = objective_for(cfg, verifier)
     obj.packed_attention = not fast
     torch.manual_seed(seed)

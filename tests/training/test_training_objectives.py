@@ -235,8 +235,12 @@ def test_draft_vocabulary_is_the_most_frequent_response_tokens():
 def two_documents(fixture_dir, verifier) -> list[SampleTensors]:
     s = verifier_sample(fixture_dir, verifier)
     n = len(s)
-    cut = SampleTensors(*(t[: n * 2 // 3] for t in (s.input_ids, s.hidden_states, s.target_ids,
-                                                   s.target_logprobs, s.loss_mask)))  # fmt: skip
+    cut = SampleTensors(
+        *(
+            t[: n * 2 // 3]
+            for t in (s.input_ids, s.hidden_states, s.target_ids, s.target_logprobs, s.loss_mask)
+        )
+    )
     return [s, cut]
 
 

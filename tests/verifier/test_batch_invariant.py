@@ -40,7 +40,8 @@ def test_bf16_keeps_the_residual_stream_and_what_drafters_borrow_in_float32(bf16
     layer_linears = [m for m in v.model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
     weight_dtype = {"bf16": torch.bfloat16, "int8": torch.int8, "gguf": torch.uint8}[v.precision]
     assert layer_linears and all(m.weight.dtype == weight_dtype for m in layer_linears)
-    # Each layer keeps one copy of its weight (packed for oneDNN or SpecUI's AMX kernel), not the float32 one too.
+    # Each layer keeps one copy of its weight (packed for oneDNN or SpecUI's AMX kernel), not the
+    # float32 one too.
     if v.precision == "bf16":
         one_copy = [(m.weight_packed is None) != (m.weight_kernel is None) for m in layer_linears]
         assert all(one_copy) and all(
@@ -137,7 +138,8 @@ def test_int8_rows_are_quantized_each_on_its_own_scale():
 
 
 def test_int8_is_never_autos_choice_and_stays_close_to_bf16():
-    # auto never requantizes: the embedded GGUF in its own blocks where SpecUI's kernel runs, else bf16
+    # auto never requantizes: the embedded GGUF in its own blocks where SpecUI's kernel runs, else
+    # bf16
     from specui.verifier import cpu_kernels
 
     assert Verifier.load("embedded", precision="auto").precision == (

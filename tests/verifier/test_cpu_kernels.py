@@ -104,11 +104,16 @@ def test_the_verifiers_own_int8_weights_give_onednns_bits():
 
     v = Verifier.load("embedded", precision="fp32")
     layer = v.model.model.layers[3]
-    text = "A train leaves at 3 pm at 60 km/h; a second one follows an hour later. When does it catch up?"
+    text = (
+        "A train leaves at 3 pm at 60 km/h; a second one follows an hour later. When does it"
+        " catch up?"
+    )
     ids = torch.tensor(v.tokenizer(text)["input_ids"])
     hidden = v.model.model.embed_tokens(ids).detach()
-    for linears, x in (([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], hidden),
-                       ([layer.mlp.down_proj], torch.randn(len(ids), layer.mlp.down_proj.in_features))):  # fmt: skip
+    for linears, x in (
+        ([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], hidden),
+        ([layer.mlp.down_proj], torch.randn(len(ids), layer.mlp.down_proj.in_features)),
+    ):
         w = int8_weight(linears)
         assert w.kernel is not None
         wq = (
@@ -179,13 +184,18 @@ def test_attention_gives_a_row_the_same_bits_in_any_block_and_stays_near_sdpa(he
                 kernel.attention(q[r : r + 1], keys, values, start + r, d**-0.5), block[r : r + 1]
             )
         assert torch.equal(kernel.attention(q[2:5], keys, values, start + 2, d**-0.5), block[2:5])
-        sdpa = torch.cat([
-            torch.nn.functional.scaled_dot_product_attention(
-                q[r].view(1, heads, 1, d), keys[None, :, : start + r + 1], values[None, :, : start + r + 1],
-                scale=d**-0.5, enable_gqa=True,
-            )[0, :, 0].reshape(1, -1)
-            for r in range(9)
-        ])  # fmt: skip
+        sdpa = torch.cat(
+            [
+                torch.nn.functional.scaled_dot_product_attention(
+                    q[r].view(1, heads, 1, d),
+                    keys[None, :, : start + r + 1],
+                    values[None, :, : start + r + 1],
+                    scale=d**-0.5,
+                    enable_gqa=True,
+                )[0, :, 0].reshape(1, -1)
+                for r in range(9)
+            ]
+        )
         torch.testing.assert_close(block, sdpa, atol=2e-5, rtol=1e-4)
 
 

@@ -1,5 +1,6 @@
 """``specui.verifier.decoder``: the bf16 (int8) verifier's fast forward computes what
-transformers' modules compute, bit for bit, and its preallocated cache crops and grows like a ``DynamicCache``."""
+transformers' modules compute, bit for bit, and its preallocated cache crops and grows like a
+``DynamicCache``."""
 
 from __future__ import annotations
 

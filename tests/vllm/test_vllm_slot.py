@@ -6,7 +6,8 @@ Both sessions go through the tab's own handlers (``specui.ui.vllm_tab``) with th
 own ``gr.Request``.  The servers here are stand-ins that answer the attach handshake
 (``/v1/models``, ``/health``) and hold every other request until released, so a
 benchmark stays running for as long as the test needs; the same rules against a real
-vLLM server: ``tests/vllm/test_vllm.py::test_two_sessions_share_a_real_server_only_its_owner_stops_it``.
+vLLM server:
+``tests/vllm/test_vllm.py::test_two_sessions_share_a_real_server_only_its_owner_stops_it``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ class DFlashConfig(DraftConfig):
 
     block_size: int = 8
     mask_token_id: int | None = None
-    # False: slot k predicts p+k, slot 0 unused (B-1 drafts).  True: slot k predicts p+k+1 (B drafts).
+    # False: slot k predicts p+k, slot 0 unused (B-1 drafts).  True: slot k predicts p+k+1 (B
+    # drafts).
     sample_from_anchor: bool = False
     # In-block causality of *sliding_attention* layers: causal unless this is True.
     # full_attention layers are always bidirectional inside the block (speculators trainer).

@@ -111,7 +111,8 @@ class DFlashModel(DraftModel):
             implied = num_speculative_tokens + (0 if from_anchor else 1)
             if block_size is not None and block_size != implied:
                 raise SpecUIError(
-                    f"block_size {block_size} does not give {num_speculative_tokens} speculative tokens"
+                    f"block_size {block_size} does not give {num_speculative_tokens} speculative"
+                    " tokens"
                 )
             block_size = implied
         block_size = block_size or 8
@@ -123,10 +124,13 @@ class DFlashModel(DraftModel):
                 f"mask_token_id {mask} is an end-of-sequence token; choose an unused token"
             )
         layer = LayerConfig.like_verifier(
-            verifier.config, "qwen3", num_layers,
-            layer_types=layer_types or ["full_attention"] * num_layers, sliding_window=sliding_window,
+            verifier.config,
+            "qwen3",
+            num_layers,
+            layer_types=layer_types or ["full_attention"] * num_layers,
+            sliding_window=sliding_window,
             **({"intermediate_size": intermediate_size} if intermediate_size else {}),
-        )  # fmt: skip
+        )
         config = cls.config_class(
             layer=layer,
             aux_layer_ids=aux,

@@ -21,7 +21,8 @@ class DFlashOptions(TrainOptions):
     def check(self) -> None:
         if self.block_size < 2:
             raise SpecUIError(
-                f"block-size must be >= 2 (an anchor plus at least one drafted slot), got {self.block_size}"
+                "block-size must be >= 2 (an anchor plus at least one drafted slot), got"
+                f" {self.block_size}"
             )
         if not self.gamma > 0:
             raise SpecUIError(f"gamma must be > 0, got {self.gamma}")

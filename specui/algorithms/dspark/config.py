@@ -23,15 +23,19 @@ class DSparkConfig(DFlashConfig):
     confidence_head_with_markov: bool = True  # confidence reads [h_k; W1[prev_k]] (else h_k)
 
     create_options: ClassVar[tuple[str, ...]] = (
-        "sample_from_anchor", "markov_rank", "markov_head_type", "enable_confidence_head",
+        "sample_from_anchor",
+        "markov_rank",
+        "markov_head_type",
+        "enable_confidence_head",
         "confidence_head_with_markov",
-    )  # fmt: skip
+    )
 
     def problems(self, verifier: Any) -> list[str]:
         out = super().problems(verifier)
         if self.markov_head_type not in MARKOV_HEAD_TYPES:
             out.append(
-                f"markov_head_type {self.markov_head_type!r} is not one of {', '.join(MARKOV_HEAD_TYPES)}"
+                f"markov_head_type {self.markov_head_type!r} is not one of"
+                f" {', '.join(MARKOV_HEAD_TYPES)}"
             )
         if self.markov_rank < 0:
             out.append(f"markov_rank must be >= 0, got {self.markov_rank}")

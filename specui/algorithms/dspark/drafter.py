@@ -125,6 +125,8 @@ class DSparkDrafter(DFlashDrafter):
         conf = torch.sigmoid(conf_logits).tolist()
         n = self.confidence_policy.keep(conf)
         return Proposal(
-            token_ids=tokens[:n].tolist(), probs=None if q is None else q[:n], confidences=conf[:n],
+            token_ids=tokens[:n].tolist(),
+            probs=None if q is None else q[:n],
+            confidences=conf[:n],
             truncated_confidences=conf[n:] or None,
-        )  # fmt: skip
+        )

@@ -29,7 +29,8 @@ from specui.algorithms.dspark.config import DSparkConfig
 
 
 class MarkovHead(nn.Module):
-    """Low-rank previous-token logit bias; W1 indexes the verifier vocabulary, W2 maps to the draft's.
+    """Low-rank previous-token logit bias; W1 indexes the verifier vocabulary, W2 maps to the
+    draft's.
 
     ``vanilla``: ``W2 W1[prev]``.  ``gated``: ``W2 (sigmoid(gate([h; e])) * e)``.
     ``rnn``: a gated recurrent state over the block's slots feeds W2.
@@ -118,7 +119,8 @@ class DSparkModel(DFlashModel):
 
     @classmethod
     def create(cls, verifier: Any, **sizes: Any) -> DSparkModel:
-        """DFlashModel.create; options add markov_rank (0 = none), markov_head_type, the confidence head."""
+        """DFlashModel.create; options add markov_rank (0 = none), markov_head_type, the confidence
+        head."""
         if (
             sizes.get("markov_rank", 256) == 0
         ):  # no Markov head: the confidence head reads h_k alone
@@ -137,7 +139,8 @@ class DSparkModel(DFlashModel):
     def heads(
         self, hidden: torch.Tensor, prev_ids: torch.Tensor, state: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-        """(Markov bias [.., Vd] or None, confidence logit [..] or None, rnn state) for hidden [.., H]."""
+        """(Markov bias [.., Vd] or None, confidence logit [..] or None, rnn state) for hidden [..,
+        H]."""
         bias = conf = e = None
         if self.markov_head is not None:
             e = self.markov_head.markov_w1(prev_ids)
@@ -184,6 +187,10 @@ class DSparkModel(DFlashModel):
             )
             conf = self.confidence_head(x)  # [A, B]
         return SparkBlockOutput(
-            hidden=out.hidden, logits=out.logits, layer_outputs=out.layer_outputs,
-            markov_logits=logits, confidence_logits=conf, prev_token_ids=prev_token_ids,
-        )  # fmt: skip
+            hidden=out.hidden,
+            logits=out.logits,
+            layer_outputs=out.layer_outputs,
+            markov_logits=logits,
+            confidence_logits=conf,
+            prev_token_ids=prev_token_ids,
+        )

@@ -15,8 +15,12 @@ class Eagle3Config(DraftConfig):
     config_class_name: ClassVar[str] = "Eagle3SpeculatorConfig"
     aux_key: ClassVar[str] = "eagle_aux_hidden_state_layer_ids"
     create_options: ClassVar[tuple[str, ...]] = (
-        "norm_before_fc", "fc_norm", "norm_before_residual", "norm_output", "embed_requires_grad",
-    )  # fmt: skip
+        "norm_before_fc",
+        "fc_norm",
+        "norm_before_residual",
+        "norm_output",
+        "embed_requires_grad",
+    )
 
     norm_before_fc: bool = False  # one RMSNorm (input_norm) over the concatenated taps before fc
     fc_norm: bool = False  # one RMSNorm per tap instead

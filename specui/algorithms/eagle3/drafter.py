@@ -23,7 +23,8 @@ class EagleRowCache:
         self.rows = 0
 
     def valid_rows(self, ids: torch.Tensor, max_rows: int) -> int:
-        """Rows still valid for committed ``ids`` (row i used tokens up to x[i+1]), at most ``max_rows``."""
+        """Rows still valid for committed ``ids`` (row i used tokens up to x[i+1]), at most
+        ``max_rows``."""
         if self.prefix.valid_length(ids, self.rows + 1) == 0:
             self.kv, self.rows = None, 0
         if (
@@ -58,7 +59,8 @@ class Eagle3Drafter(LearnedDrafter):
     def draft_steps(
         self, ctx: DraftContext, forced_tokens: list[int] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """(tokens [K], q [K, V] (None when greedy), draft logits [K, Vd]).  ``forced_tokens`` (tests) replaces
+        """(tokens [K], q [K, V] (None when greedy), draft logits [K, Vd]).  ``forced_tokens``
+        (tests) replaces
         the token fed to the next step."""
         m = self.model
         ids, feats = self.inputs(ctx)
@@ -74,9 +76,12 @@ class Eagle3Drafter(LearnedDrafter):
         keys = torch.arange(a + 1, device=dev)  # [have + n]
         vis0 = [self._visible(li, rows, keys) for li in range(len(m.layers))]
         h, kv = m.run_layers(
-            m.embed_tokens(ids[rows + 1])[None, None], m.features(feats[rows])[None, None], (rows + 1)[None, None],
-            [v[None, None] for v in vis0], past,
-        )  # fmt: skip
+            m.embed_tokens(ids[rows + 1])[None, None],
+            m.features(feats[rows])[None, None],
+            (rows + 1)[None, None],
+            [v[None, None] for v in vis0],
+            past,
+        )
         self._cache.append(ids, kv, rows.numel())
         step_logits, g = m.output(h[..., -1:, :])
 
@@ -92,7 +97,8 @@ class Eagle3Drafter(LearnedDrafter):
             logits_out.append(logits)
             if s == self.num_speculative_tokens - 1:
                 break
-            # Step s+1: the anchor row again, fed the drafted token and its own output, at position a+2+s.
+            # Step s+1: the anchor row again, fed the drafted token and its own output, at position
+            # a+2+s.
             # keys: every step-0 row (cached), this block's earlier speculative rows, this row
             past_s = extend_kv(self._cache.kv, spec) if spec is not None else self._cache.kv
             anchor = torch.tensor([a], device=dev)

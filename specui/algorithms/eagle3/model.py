@@ -113,8 +113,10 @@ class Eagle3Model(DraftModel):
     default_k: ClassVar[int] = 3
     default_model_type: ClassVar[str] = "llama"
     default_options: ClassVar[dict[str, bool]] = {  # the speculators trainer's eagle3 defaults
-        "norm_before_fc": True, "norm_output": True, "norm_before_residual": True,
-    }  # fmt: skip
+        "norm_before_fc": True,
+        "norm_output": True,
+        "norm_before_residual": True,
+    }
 
     @classmethod
     def create(
@@ -147,10 +149,13 @@ class Eagle3Model(DraftModel):
         verifier.check_aux_layer_ids(aux)
         n = num_layers or cls.default_layers
         layer = LayerConfig.like_verifier(
-            verifier.config, model_type or cls.default_model_type, n,
-            layer_types=layer_types or ["full_attention"] * n, sliding_window=sliding_window,
+            verifier.config,
+            model_type or cls.default_model_type,
+            n,
+            layer_types=layer_types or ["full_attention"] * n,
+            sliding_window=sliding_window,
             **({"intermediate_size": intermediate_size} if intermediate_size else {}),
-        )  # fmt: skip
+        )
         config = cls.config_class(
             layer=layer,
             aux_layer_ids=aux,

@@ -39,7 +39,7 @@ def pack_shifted(batch: list[SampleTensors]) -> Packed:
             target_ids=s.target_ids[1:],
             target_logprobs=s.target_logprobs[1:],
             loss_mask=s.loss_mask[1:],
-        )  # fmt: skip
+        )
         for s in batch
     ]
     return pack(shifted)
@@ -68,8 +68,12 @@ class Eagle3Objective(Objective):
             return model.forward_ttt(
                 p.hidden_states, p.input_ids, S, p.position_ids + 1, p.document_ids
             ).logits
-        outs = [model.forward_ttt(p.hidden_states[doc], p.input_ids[doc], S, p.position_ids[doc] + 1).logits
-                for doc in p.documents()]  # fmt: skip
+        outs = [
+            model.forward_ttt(
+                p.hidden_states[doc], p.input_ids[doc], S, p.position_ids[doc] + 1
+            ).logits
+            for doc in p.documents()
+        ]
         return torch.cat(outs, dim=1)
 
     def loss(

@@ -35,7 +35,8 @@ class PEagleDrafter(Eagle3Drafter):
         feats_in = torch.cat([feats[new], m.mask_hidden.reshape(1, -1).expand(K - 1, -1)])
         pos = torch.cat([new, a + depth])  # [R]
 
-        # Queries: new depth-0 rows, then mask rows.  Keys: cached depth-0 rows 0..have-1, then the queries.
+        # Queries: new depth-0 rows, then mask rows.  Keys: cached depth-0 rows 0..have-1, then the
+        # queries.
         key_row = torch.cat(
             [torch.arange(a + 1, device=dev), torch.full_like(depth, a)]
         )  # anchor of each key
