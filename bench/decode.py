@@ -64,14 +64,16 @@ def main() -> None:
                 outputs[n] = [r.output_token_ids for r in results]
     base = statistics.median(per_token["none"])
     print(
-        f"verifier={v.name} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} repeats={args.repeats} threads={args.threads}"
+        f"verifier={v.name} prompts={len(prompts)} max_new_tokens={args.max_new_tokens} "
+        f"repeats={args.repeats} threads={args.threads}"
     )
     print(f"{'drafter':<16}{'tok/s (median)':>16}{'tau':>8}{'speedup':>10}{'same output':>13}")
     for n in names:
         med = statistics.median(per_token[n])
         same = outputs[n] == outputs["none"]
         print(
-            f"{drafters[n].name:<16}{1 / med:>16.2f}{statistics.median(taus[n]):>8.2f}{base / med:>9.2f}x{str(same):>13}"
+            f"{drafters[n].name:<16}{1 / med:>16.2f}{statistics.median(taus[n]):>8.2f}"
+            f"{base / med:>9.2f}x{str(same):>13}"
         )
 
 

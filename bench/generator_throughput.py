@@ -1,7 +1,7 @@
 """How fast the verifier writes training responses here (issue 19), by hand:
 
-    PYTHONPATH=. .venv/bin/python bench/generator_throughput.py [--prompts 64] [--batch-sizes 1,16,64]
-                                                              [--max-new-tokens 128] [--vllm]
+    PYTHONPATH=. .venv/bin/python bench/generator_throughput.py [--prompts 64]
+        [--batch-sizes 1,16,64] [--max-new-tokens 128] [--vllm]
 
 The local batched generator (``specui.data.distill.generate_greedy``: transformers'
 ``generate``, left padding, greedy) on the first ``--prompts`` prompts of the general
@@ -101,12 +101,14 @@ def main() -> None:
         rows.append(("vLLM-CPU", f"{len(prompts)} in flight", seconds, tokens))
     base = rows[0][3] / rows[0][2]
     print(
-        f"{len(prompts)} general training prompts, up to {a.max_new_tokens} new tokens, greedy, {a.threads} thread(s)"
+        f"{len(prompts)} general training prompts, up to {a.max_new_tokens} new tokens, "
+        f"greedy, {a.threads} thread(s)"
     )
     print(f"{'generator':<16}{'batch':<16}{'prompts/s':>10}{'tokens/s':>10}{'x fp32 batch 1':>16}")
     for name, batch, seconds, tokens in rows:
         print(
-            f"{name:<16}{batch:<16}{len(prompts) / seconds:>10.2f}{tokens / seconds:>10.1f}{tokens / seconds / base:>16.2f}"
+            f"{name:<16}{batch:<16}{len(prompts) / seconds:>10.2f}{tokens / seconds:>10.1f}"
+            f"{tokens / seconds / base:>16.2f}"
         )
 
 

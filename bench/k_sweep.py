@@ -97,14 +97,16 @@ def main() -> None:
             print(f"repeat {rep + 1}/{a.repeats} prompt {i + 1}/{len(prompts)}", flush=True)
     base = seconds["plain"] / tokens["plain"]
     print(
-        f"verifier={v.name} prompts={len(prompts)} tokens={a.tokens} repeats={a.repeats} threads={a.threads}"
+        f"verifier={v.name} prompts={len(prompts)} tokens={a.tokens} repeats={a.repeats} "
+        f"threads={a.threads}"
     )
     print(f"{'variant':<16}{'tau':>7}{'tok/s':>9}{'speedup':>10}{'same output':>13}")
     for name in variants:
         tau = 1 + accepted[name] / steps[name] if steps[name] else 1.0
         per_token = seconds[name] / tokens[name]
         print(
-            f"{name:<16}{tau:>7.2f}{1 / per_token:>9.2f}{base / per_token:>9.2f}x{str(same[name]):>13}"
+            f"{name:<16}{tau:>7.2f}{1 / per_token:>9.2f}{base / per_token:>9.2f}x"
+            f"{str(same[name]):>13}"
         )
 
 

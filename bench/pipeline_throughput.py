@@ -99,9 +99,16 @@ def stage_generate(verifier, samples, max_new_tokens: int, procs: int, peak: flo
     flops = forward_flops(
         verifier, new["prompt_tokens"] + new["response_tokens"], ctx, new["response_tokens"]
     )
-    rows = [_row("generate", new["tokens_per_s"], old["tokens_per_s"], flops / new["seconds"] / 1e12 / peak,
-                 response_tokens_per_s=new["response_tokens_per_s"],
-                 old_response_tokens_per_s=old["response_tokens_per_s"])]  # fmt: skip
+    rows = [
+        _row(
+            "generate",
+            new["tokens_per_s"],
+            old["tokens_per_s"],
+            flops / new["seconds"] / 1e12 / peak,
+            response_tokens_per_s=new["response_tokens_per_s"],
+            old_response_tokens_per_s=old["response_tokens_per_s"],
+        )
+    ]
     if procs > 1:
         one = generate_in_processes(samples, max_new_tokens, 1)
         many = generate_in_processes(samples, max_new_tokens, procs)
@@ -234,7 +241,8 @@ from specui.data.hidden import read_sample
 a = json.loads(sys.argv[1])
 v = Verifier.load("embedded")
 kept = torch.tensor(a["kept"])
-cfg = TrainConfig(algorithm=a["algo"], prompts="gsm-symbolic", draft_vocab_size=len(kept), markov_rank=256)
+cfg = TrainConfig(algorithm=a["algo"], prompts="gsm-symbolic", draft_vocab_size=len(kept),
+                  markov_rank=256)
 obj = objective_for(cfg, v, TargetHead(v, kept, torch.device("cpu")))
 obj.draft_vocab = kept
 model = obj.build().train()
@@ -268,19 +276,35 @@ def old_tree(ref: str, dest: Path) -> Path:
 def old_train(
     tree: Path, algo: str, files: list[Path], kept: torch.Tensor, steps: int, batch_size: int
 ) -> dict:
-    args = {"algo": algo, "files": [str(f) for f in files], "kept": kept.tolist(), "steps": steps,
-            "batch_size": batch_size}  # fmt: skip
+    args = {
+        "algo": algo,
+        "files": [str(f) for f in files],
+        "kept": kept.tolist(),
+        "steps": steps,
+        "batch_size": batch_size,
+    }
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", OLD_TRAIN, json.dumps(args)], env=env, capture_output=True,
-                         text=True, cwd=tree)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", OLD_TRAIN, json.dumps(args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tree,
+    )
     if out.returncode:
         raise RuntimeError(f"the old training step failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _row(stage: str, new: float, old: float | None, mfu: float | None, **more) -> dict:
-    return {"stage": stage, "tokens_per_s": new, "old_tokens_per_s": old,
-            "ratio": new / old if old else None, "mfu": mfu, **more}  # fmt: skip
+    return {
+        "stage": stage,
+        "tokens_per_s": new,
+        "old_tokens_per_s": old,
+        "ratio": new / old if old else None,
+        "mfu": mfu,
+        **more,
+    }
 
 
 def main() -> int:
@@ -331,8 +355,16 @@ def main() -> int:
             for algo in algos:
                 tps, fpt, step_s = new_train(verifier, algo, files, kept, steps, batch_size)
                 old = old_train(tree, algo, files, kept, steps, batch_size)
-                rows.append(_row(f"train:{algo}", tps, old["tokens_per_s"], fpt * tps / 1e12 / peak,
-                                 step_s=step_s, old_step_s=old["step_s"]))  # fmt: skip
+                rows.append(
+                    _row(
+                        f"train:{algo}",
+                        tps,
+                        old["tokens_per_s"],
+                        fpt * tps / 1e12 / peak,
+                        step_s=step_s,
+                        old_step_s=old["step_s"],
+                    )
+                )
                 say(_fmt(rows[-1]))
     if a.json:
         print(json.dumps({"peak_tflops": peak, "stages": rows}))
@@ -343,7 +375,10 @@ def _fmt(r: dict) -> str:
     ratio = f"{r['ratio']:.1f}x" if r.get("ratio") else "-"
     mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "-"
     old = f"{r['old_tokens_per_s']:.0f}" if r.get("old_tokens_per_s") else "-"
-    return f"{r['stage']:<18} {r['tokens_per_s']:8.0f} tok/s  old {old:>6} tok/s  {ratio:>6}  MFU {mfu}"
+    return (
+        f"{r['stage']:<18} {r['tokens_per_s']:8.0f} tok/s  old {old:>6} tok/s  {ratio:>6}  "
+        f"MFU {mfu}"
+    )
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ def dump(signum, frame):
     n = len([f for f in os.listdir(out) if f.endswith(".json")])
     gc.collect()
     if n:
-        snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+        own = tracemalloc.Filter(False, tracemalloc.__file__)
+        snap = tracemalloc.take_snapshot().filter_traces([own])
         snap.dump(os.path.join(out, f"tm-{n}.snap"))
     objs = gc.get_objects()
     holders = [o for o in objs if type(o).__name__ == "StateHolder"]
@@ -109,8 +110,15 @@ def space_env(
 class Load:
     """``sessions`` visitors calling /decode until stopped; a new Client every ``churn`` calls."""
 
-    def __init__(self, url: str, sessions: int, churn: int, max_new_tokens: int,
-                 drafter: str = "ngram", k: int = 4) -> None:  # fmt: skip
+    def __init__(
+        self,
+        url: str,
+        sessions: int,
+        churn: int,
+        max_new_tokens: int,
+        drafter: str = "ngram",
+        k: int = 4,
+    ) -> None:
         self.url, self.sessions, self.churn, self.max_new_tokens = (
             url,
             sessions,
@@ -172,8 +180,9 @@ def _report_tracemalloc(data: Path) -> None:
     ia, ib = (json.loads((data / f"tm-{n}.json").read_text()) for n in (0, 1))
     held = sum(s.size for s in snap.statistics("filename"))
     print(
-        f"\ntracemalloc: allocated after the warm-up and still held at the end: {held / MIB:.1f} MiB "
-        f"(Python's allocations only: not torch's tensors, not the allocator's free lists); "
+        f"\ntracemalloc: allocated after the warm-up and still held at the end: "
+        f"{held / MIB:.1f} MiB (Python's allocations only: not torch's tensors, "
+        f"not the allocator's free lists); "
         f"Gradio sessions held {ia['gradio_sessions']} -> {ib['gradio_sessions']}"
     )
     print("largest by line:")
@@ -248,7 +257,8 @@ def main() -> int:
         first.close()
         start_rss = tree_rss_bytes(app.proc.pid)
         print(
-            f"app {app.url} (pid {app.proc.pid}, {python}) up and warm in {time.monotonic() - t0:.0f} s; "
+            f"app {app.url} (pid {app.proc.pid}, {python}) up and warm in "
+            f"{time.monotonic() - t0:.0f} s; "
             f"RSS {start_rss / MIB:.0f} MiB; {args.sessions} sessions for {args.minutes:g} min, "
             f"churn {args.churn}, drafter {args.drafter} (K {k or 'its own'})",
             flush=True,
@@ -269,7 +279,8 @@ def main() -> int:
                         dumped = True
                 ok = sum(c.outcome == "ok" for c in load.calls)
                 print(
-                    f"t={t / 60:5.1f} min  rss={rss / MIB:7.1f} MiB  calls ok {ok}  visitors {load.visitors}",
+                    f"t={t / 60:5.1f} min  rss={rss / MIB:7.1f} MiB  calls ok {ok}  "
+                    f"visitors {load.visitors}",
                     flush=True,
                 )
                 time.sleep(min(args.sample_s, max(0.0, args.minutes * 60 - t)))
@@ -285,12 +296,14 @@ def main() -> int:
     warm_rss = warm_rss or end_rss
     growth = end_rss - warm_rss
     print(
-        f"\ncalls {len(calls)}: ok {len(ok)}, queue full {sum(c.outcome == 'queue_full' for c in calls)}, "
+        f"\ncalls {len(calls)}: ok {len(ok)}, "
+        f"queue full {sum(c.outcome == 'queue_full' for c in calls)}, "
         f"errors {len(errors)}; visitors {load.visitors}"
     )
     print(
-        f"RSS start {start_rss / MIB:.1f} MiB · after {warmup_s / 60:g} min warm-up {warm_rss / MIB:.1f} MiB · "
-        f"end ({args.minutes:g} min) {end_rss / MIB:.1f} MiB · peak {max(r for _, r in samples) / MIB:.1f} MiB"
+        f"RSS start {start_rss / MIB:.1f} MiB · after {warmup_s / 60:g} min warm-up "
+        f"{warm_rss / MIB:.1f} MiB · end ({args.minutes:g} min) {end_rss / MIB:.1f} MiB · "
+        f"peak {max(r for _, r in samples) / MIB:.1f} MiB"
     )
     print(f"growth after warm-up: {growth / MIB:+.1f} MiB ({100 * growth / warm_rss:+.1f}%)")
     if args.tracemalloc:

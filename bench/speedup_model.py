@@ -73,7 +73,9 @@ def verifier_costs(
     return med.pop(0), med
 
 
-def make_drafter(algo: str, v: Verifier, k: int, layers: int, vocab: int | None, markov_rank: int):  # noqa: ANN201
+def make_drafter(  # noqa: ANN201
+    algo: str, v: Verifier, k: int, layers: int, vocab: int | None, markov_rank: int
+):
     draft_vocab = (
         list(range(vocab)) if vocab else None
     )  # which ids are kept does not change the cost
@@ -148,8 +150,10 @@ def main() -> None:
 
     v = Verifier.load("embedded", precision=args.precision)
     aux = v.default_aux_layer_ids()
-    print(f"verifier {v.name} ({v.precision}): {v.num_layers} layers, hidden {v.hidden_size}, vocab {v.vocab_size}; "
-          f"context {args.context}; median of {args.repeats}; aux taps {aux}")  # fmt: skip
+    print(
+        f"verifier {v.name} ({v.precision}): {v.num_layers} layers, hidden {v.hidden_size}, "
+        f"vocab {v.vocab_size}; context {args.context}; median of {args.repeats}; aux taps {aux}"
+    )
     with torch.inference_mode():
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
@@ -184,7 +188,8 @@ def main() -> None:
                 cells = [f"{times[str(x)] * 1e3:>7.1f} ({times[str(x)] / t1:.2f})" for x in vocabs]
                 print(f"  {algo:<7}{layers[algo]:>7} " + " ".join(f"{c:>16}" for c in cells))
             print(
-                f"tau needed for {args.target}x at K={dk} (tau_max {dk + 1}) = {args.target} * (tv + td) / t1"
+                f"tau needed for {args.target}x at K={dk} (tau_max {dk + 1}) = "
+                f"{args.target} * (tv + td) / t1"
             )
             print(
                 f"  {'algo':<7} " + " ".join(f"{'V=' + vname.get(x, str(x)):>10}" for x in vocabs)
@@ -196,8 +201,11 @@ def main() -> None:
                         f"{args.target * (tv[dk] + td[algo, x]) / t1:>10.2f}" for x in vocabs
                     )
                 )
-            print(f"tau needed for {args.target}x by K, with each drafter's smallest-vocab cost (draft cost taken as K={dk}'s; "
-                  "parallel drafters' cost is flat in K, EAGLE-3's grows ~linearly)")  # fmt: skip
+            print(
+                f"tau needed for {args.target}x by K, with each drafter's smallest-vocab cost "
+                f"(draft cost taken as K={dk}'s; "
+                "parallel drafters' cost is flat in K, EAGLE-3's grows ~linearly)"
+            )
             small = vocabs[0]
             print(f"  {'algo':<7} " + " ".join(f"{'K=' + str(k):>8}" for k in ks))
             for algo in algos:

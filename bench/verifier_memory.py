@@ -1,6 +1,7 @@
 """Memory of a loaded verifier in each precision (run by hand, not in CI).
 
-    .venv/bin/python bench/verifier_memory.py [--verifier embedded] [--drafters dflash,dspark,eagle3,peagle]
+    .venv/bin/python bench/verifier_memory.py [--verifier embedded]
+        [--drafters dflash,dspark,eagle3,peagle]
 
 Each precision loads in a fresh process, so one load's freed memory cannot hide
 another's.  Reported per precision, after the load (and ``check()`` for bf16) and
@@ -54,7 +55,8 @@ def anon_mib():
             return int(line.split()[1]) / 1024
     raise RuntimeError("no RssAnon in /proc/self/status")
 
-verifier_choice, precision, drafters = sys.argv[1], sys.argv[2], [d for d in sys.argv[3].split(",") if d]
+verifier_choice, precision = sys.argv[1], sys.argv[2]
+drafters = [d for d in sys.argv[3].split(",") if d]
 v = Verifier.load(verifier_choice, precision=precision)
 loaded = anon_mib()
 kept = [resolve_drafter(d, v) for d in drafters]
@@ -63,8 +65,12 @@ print(json.dumps({"precision": v.precision, "anon": loaded, "with_drafters": ano
 
 
 def measure(verifier: str, precision: str, drafters: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, verifier, precision, drafters],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, verifier, precision, drafters],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -82,7 +88,8 @@ def main() -> None:
     print(f"{'precision':<12}{'anon MiB':>10}{'+drafters MiB':>16}{'anon / fp32':>13}")
     for r in rows:
         print(
-            f"{r['precision']:<12}{r['anon']:>10.0f}{r['with_drafters']:>16.0f}{r['anon'] / base:>13.2f}"
+            f"{r['precision']:<12}{r['anon']:>10.0f}{r['with_drafters']:>16.0f}"
+            f"{r['anon'] / base:>13.2f}"
         )
 
 
