@@ -204,7 +204,8 @@ def test_cli_decode_broken_speculator_folder(capsys, tmp_path, fixture_verifier,
 
 
 def test_cli_decode_speculator_for_another_verifier(capsys, embedded_verifier):
-    # The fixture DFlash was trained for the tiny fixture verifier, not SmolLM2: every mismatch is named.
+    # The fixture DFlash was trained for the tiny fixture verifier, not SmolLM2: every mismatch
+    # is named.
     rc, _, err = cli(
         capsys,
         "decode",
@@ -766,6 +767,7 @@ def test_api_still_decodes_after_the_bad_calls_and_left_nothing_behind(app):
     runs = _runs(data)
     assert str(next(r for r in runs if r.id == out["run_id"]).status) == "done"
     assert not [r for r in runs if str(r.status) == "running"]
-    # Only the good calls (and the plain baseline of the bench whose drafter failed to load) stored runs.
+    # Only the good calls (and the plain baseline of the bench whose drafter failed to load)
+    # stored runs.
     assert all(str(r.status) == "done" for r in runs)
     assert _temp_files(data) == []

@@ -29,7 +29,16 @@ from tests.support.vllm_skip import needs_vllm
 # --- 1. no pickle on any load path --------------------------------------------------------
 
 SCANNED = ["specui", "workers", "bench", "scripts", "app.py"]
-PICKLE_MODULES = {"pickle", "cPickle", "_pickle", "dill", "joblib", "shelve", "cloudpickle", "marshal"}
+PICKLE_MODULES = {
+    "pickle",
+    "cPickle",
+    "_pickle",
+    "dill",
+    "joblib",
+    "shelve",
+    "cloudpickle",
+    "marshal",
+}
 
 
 def _kw(call: ast.Call, name: str) -> ast.expr | None:
@@ -52,8 +61,14 @@ def pickle_offenders(source: str, filename: str) -> list[str]:
     for node in ast.walk(ast.parse(source, filename)):
         where = f"{filename}:{getattr(node, 'lineno', '?')}"
         if isinstance(node, ast.Import):
-            out += [f"{where} import {a.name}" for a in node.names if a.name.split(".")[0] in PICKLE_MODULES]
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PICKLE_MODULES:
+            out += [
+                f"{where} import {a.name}"
+                for a in node.names
+                if a.name.split(".")[0] in PICKLE_MODULES
+            ]
+        elif (
+            isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PICKLE_MODULES
+        ):
             out.append(f"{where} from {node.module} import ...")
         elif isinstance(node, ast.Call):
             name = _dotted(node.func)
@@ -77,13 +92,17 @@ def test_the_scanner_catches_each_construct() -> None:
         "AutoModel.from_pretrained(p, trust_remote_code=True)\nAutoModel.from_pretrained(p)\n"
     )
     found = pickle_offenders(sample, "sample.py")
-    assert [f.split(" ", 1)[0] for f in found] == [f"sample.py:{n}" for n in (1, 2, 3, 4, 5, 7, 9, 10)], found
+    assert [f.split(" ", 1)[0] for f in found] == [
+        f"sample.py:{n}" for n in (1, 2, 3, 4, 5, 7, 9, 10)
+    ], found
 
 
 def test_no_pickle_on_any_load_path_in_the_source_tree() -> None:
     files = [REPO / "app.py"] + [p for d in SCANNED[:-1] for p in sorted((REPO / d).rglob("*.py"))]
     assert len(files) > 30  # the tree was found
-    offenders = [o for f in files for o in pickle_offenders(f.read_text(), str(f.relative_to(REPO)))]
+    offenders = [
+        o for f in files for o in pickle_offenders(f.read_text(), str(f.relative_to(REPO)))
+    ]
     assert offenders == [], "pickle-capable loads:\n" + "\n".join(offenders)
 
 
@@ -119,14 +138,18 @@ def data_dir(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.mark.slow
-def test_a_pickle_only_speculator_is_refused_on_every_load_path(data_dir, tmp_path, embedded_verifier) -> None:
+def test_a_pickle_only_speculator_is_refused_on_every_load_path(
+    data_dir, tmp_path, embedded_verifier
+) -> None:
     from specui.algorithms import create_drafter, save_drafter, validate_checkpoint
     from specui.algorithms.resolve import resolve_drafter
     from specui.ui.speculators import import_folder
     from specui.vllm.server import build_speculative_config
 
-    folder = save_drafter(create_drafter("dflash", embedded_verifier, seed=0, num_layers=1, mask_token_id=16),
-                          data_dir / "speculators" / "evil")
+    folder = save_drafter(
+        create_drafter("dflash", embedded_verifier, seed=0, num_layers=1, mask_token_id=16),
+        data_dir / "speculators" / "evil",
+    )
     (folder / "model.safetensors").unlink()
     marker = tmp_path / "pwned"
     (folder / "pytorch_model.bin").write_bytes(_evil_pickle(marker))
@@ -149,8 +172,9 @@ def test_a_pickle_only_verifier_folder_is_refused(data_dir, tmp_path) -> None:
     from specui.vllm.server import resolve_model
 
     folder = data_dir / "verifier"
-    LlamaConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                num_key_value_heads=2).save_pretrained(folder)
+    sizes = dict(vocab_size=8, hidden_size=32, intermediate_size=64)
+    heads = dict(num_attention_heads=4, num_key_value_heads=2)
+    LlamaConfig(**sizes, num_hidden_layers=1, **heads).save_pretrained(folder)
     marker = tmp_path / "pwned"
     (folder / "pytorch_model.bin").write_bytes(_evil_pickle(marker))
     with pytest.raises(SpecUIError, match="cannot load verifier"):
@@ -169,7 +193,14 @@ def _escapes(data: Path, outside: Path) -> list[str]:
     link = data / "speculators" / "link-out"
     if not link.is_symlink():
         link.symlink_to(outside)
-    return [f"../{outside.name}", str(outside), "speculators/link-out", str(link), "~", "~/" + outside.name]
+    return [
+        f"../{outside.name}",
+        str(outside),
+        "speculators/link-out",
+        str(link),
+        "~",
+        "~/" + outside.name,
+    ]
 
 
 @pytest.fixture
@@ -194,22 +225,38 @@ def test_every_library_entry_point_of_the_ui_confines_paths(data_dir, outside) -
     from specui.vllm.session import VLLMSlot
 
     store = Store(data_dir / "specui.db")
+
+    def play(verifier: str, drafters: list[str]) -> object:
+        settings = (0, 0, 1, 0, 4, "hi", True, "off", 0.5, None, threading.Event())
+        return next(run_playground(store, verifier, drafters, *settings))
+
     calls = {
         "speculators: import folder": lambda p: import_folder(p, None, "x"),
         "speculators: validate (verifier)": lambda p: validate(data_dir, p),
-        "playground: verifier": lambda p: next(run_playground(store, p, ["none"], 0, 0, 1, 0, 4, "hi", True, "off", 0.5,
-                                                             None, threading.Event())),
-        "playground: speculator": lambda p: next(run_playground(store, "embedded", [p], 0, 0, 1, 0, 4, "hi", True, "off",
-                                                                0.5, None, threading.Event())),
-        "train: verifier": lambda p: start_training(store, "dflash", p, "demo", 1, 4, 4, 0, 1e-3, "t1", None),
-        "train: prompt file": lambda p: start_training(store, "dflash", "embedded", p, 1, 4, 4, 0, 1e-3, "t2", None),
+        "playground: verifier": lambda p: play(p, ["none"]),
+        "playground: speculator": lambda p: play("embedded", [p]),
+        "train: verifier": lambda p: start_training(
+            store, "dflash", p, "demo", 1, 4, 4, 0, 1e-3, "t1", None
+        ),
+        "train: prompt file": lambda p: start_training(
+            store, "dflash", "embedded", p, 1, 4, 4, 0, 1e-3, "t2", None
+        ),
         "vllm: launch verifier": lambda p: VLLMSlot().launch(ServerConfig(verifier=p)),
         "vllm: launch speculator": lambda p: VLLMSlot().launch(ServerConfig(speculator=p)),
-        "vllm: benchmark prompt file": lambda p: VLLMSlot().bench_current(store, prompts=p, limit=1,
-                                                                          settings=BenchSettings(), verifier=None),
-        "vllm: compare speculator": lambda p: VLLMSlot().bench_compare(store, speculator=p, prompts="demo", limit=1,
-                                                                       settings=BenchSettings(), cfg=ServerConfig()),
-        "library: ui_drafter / ui_verifier / ui_prompts": lambda p: [f(p) for f in (ui_drafter, ui_verifier, ui_prompts)],
+        "vllm: benchmark prompt file": lambda p: VLLMSlot().bench_current(
+            store, prompts=p, limit=1, settings=BenchSettings(), verifier=None
+        ),
+        "vllm: compare speculator": lambda p: VLLMSlot().bench_compare(
+            store,
+            speculator=p,
+            prompts="demo",
+            limit=1,
+            settings=BenchSettings(),
+            cfg=ServerConfig(),
+        ),
+        "library: ui_drafter / ui_verifier / ui_prompts": lambda p: [
+            f(p) for f in (ui_drafter, ui_verifier, ui_prompts)
+        ],
     }
     for what, call in calls.items():
         for bad in [*_escapes(data_dir, outside), str(outside / "prompts.jsonl")]:
@@ -224,11 +271,17 @@ def test_names_and_paths_inside_the_data_dir_still_work(data_dir, outside, monke
     from specui.choices import ui_drafter, ui_prompts, ui_verifier
     from specui.ui.speculators import import_folder
 
-    assert ui_verifier("embedded") == "embedded" and ui_drafter("ngram") == "ngram" and ui_prompts("demo") == "demo"
+    assert (
+        ui_verifier("embedded") == "embedded"
+        and ui_drafter("ngram") == "ngram"
+        and ui_prompts("demo") == "demo"
+    )
     assert ui_prompts("gsm-symbolic, rg-math") == "gsm-symbolic,rg-math"  # a mix of registered sets
     with pytest.raises(SpecUIError):  # a mix takes registered sets only: no path rides along
         ui_prompts(f"demo,{outside / 'prompts.jsonl'}")
-    assert ui_verifier("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert (
+        ui_verifier("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
     inside = data_dir / "incoming" / "spec"
     inside.mkdir(parents=True)
     for f in ("config.json", "model.safetensors"):
@@ -275,7 +328,8 @@ def test_the_app_listens_on_loopback_only(app) -> None:
     url, _ = app
     port = int(url.rstrip("/").rsplit(":", 1)[1])
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(("10.255.255.255", 1))  # no packet sent: just picks this machine's outward address
+        # no packet sent: just picks this machine's outward address
+        s.connect(("10.255.255.255", 1))
         lan = s.getsockname()[0]
     if lan.startswith("127."):
         pytest.skip("this machine has no non-loopback address")
@@ -298,7 +352,9 @@ def test_api_paths_outside_the_data_dir_are_refused(app, tmp_path) -> None:
     secret.write_text('{"prompt": "secret"}\n')
     status = client.predict(["ngram"], str(secret), 1, 4, 0.0, api_name="/bench_job")
     assert "outside the folders" in status
-    status, _ = client.predict("dflash", "embedded", str(secret), 1, 4, 4, 0, 1e-3, "evil", "local", api_name="/train")
+    status, _ = client.predict(
+        "dflash", "embedded", str(secret), 1, 4, 4, 0, 1e-3, "evil", "local", api_name="/train"
+    )
     assert "outside the folders" in status
 
 
@@ -309,10 +365,14 @@ def test_oversized_and_wrong_type_uploads_are_refused(app, tmp_path) -> None:
     url, data = app
     small = tmp_path / "config.json"
     small.write_text("{}")
-    r = httpx.post(f"{url}gradio_api/upload", files={"files": ("config.json", small.read_bytes())}, timeout=30)
+    r = httpx.post(
+        f"{url}gradio_api/upload", files={"files": ("config.json", small.read_bytes())}, timeout=30
+    )
     assert r.status_code == 200, r.text  # the control: a small file goes through
     big = os.urandom((UPLOAD_CAP_MB + 1) * 2**20)
-    r = httpx.post(f"{url}gradio_api/upload", files={"files": ("model.safetensors", big)}, timeout=60)
+    r = httpx.post(
+        f"{url}gradio_api/upload", files={"files": ("model.safetensors", big)}, timeout=60
+    )
     assert r.status_code == 413, r.text
     evil = tmp_path / "pytorch_model.bin"
     evil.write_bytes(_evil_pickle(tmp_path / "pwned"))
@@ -354,8 +414,13 @@ def test_one_session_cannot_cancel_or_resume_anothers_job(app) -> None:
     store = Store(data / "specui.db")
     job = jobs.enqueue(store, "count", {"n": 100_000, "interval_s": 0.05}, owner=alice.session_hash)
     _wait_job(data / "specui.db", job.id, ("running",))
-    assert "belongs to another session" in bob.predict(_job_choice(bob, job.id), api_name="/on_cancel")
-    assert store.get_job(job.id).cancel_requested_at is None and str(store.get_job(job.id).status) == "running"
+    assert "belongs to another session" in bob.predict(
+        _job_choice(bob, job.id), api_name="/on_cancel"
+    )
+    assert (
+        store.get_job(job.id).cancel_requested_at is None
+        and str(store.get_job(job.id).status) == "running"
+    )
     assert alice.predict(_job_choice(alice, job.id), api_name="/on_cancel") == "cancel requested"
     assert _wait_job(data / "specui.db", job.id, ("cancelled", "done", "failed")) == "cancelled"
     before = len(store.list_jobs())
@@ -409,7 +474,12 @@ def test_app_binds_loopback_unless_told_otherwise(monkeypatch) -> None:
     for var in ("SPECUI_HOST", "SPACE_ID", "SPECUI_SHARE", "SPECUI_ADMIN", "SPECUI_MAX_UPLOAD_MB"):
         monkeypatch.delenv(var, raising=False)
     args = app_module.parse_args([])
-    assert (args.host, args.share, args.admin, args.max_upload_mb) == ("127.0.0.1", False, False, 512)
+    assert (args.host, args.share, args.admin, args.max_upload_mb) == (
+        "127.0.0.1",
+        False,
+        False,
+        512,
+    )
     assert app_module.parse_args(["--host", "0.0.0.0"]).host == "0.0.0.0"
     monkeypatch.setenv("SPECUI_HOST", "::1")
     assert app_module.parse_args([]).host == "::1"
@@ -427,7 +497,11 @@ def test_vllm_command_binds_loopback_and_keeps_the_api_key_off_it() -> None:
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     with pytest.raises(SpecUIError, match="refusing to bind"):
         plan_launch(ServerConfig(host="0.0.0.0", port=8123))
-    plan = plan_launch(ServerConfig(host="0.0.0.0", port=8123, allow_remote_bind=True, extra_args=["--api-key", "k-123"]))
+    plan = plan_launch(
+        ServerConfig(
+            host="0.0.0.0", port=8123, allow_remote_bind=True, extra_args=["--api-key", "k-123"]
+        )
+    )
     assert plan.argv[plan.argv.index("--host") + 1] == "0.0.0.0"
     assert "k-123" not in plan.argv and "k-123" not in plan.command_line
     assert plan.env["VLLM_API_KEY"] == "k-123" == plan.api_key
@@ -451,16 +525,22 @@ def test_no_token_in_the_apps_db_logs_or_csv(app) -> None:
 
     url, data = app
     client = _client(url)
-    run = client.predict("Count to five.", "ngram", "embedded", 0, 8, 0.0, 0, True, api_name="/decode")["run_id"]
+    run = client.predict(
+        "Count to five.", "ngram", "embedded", 0, 8, 0.0, 0, True, api_name="/decode"
+    )["run_id"]
     status = client.predict(["ngram"], "demo", 1, 8, 0.0, api_name="/bench_job")
     job_id = int(status.split("job ", 1)[1].split(";")[0])
     assert _wait_job(data / "specui.db", job_id, ("done", "failed"), timeout_s=300) == "done", (
-        Store(data / "specui.db").get_job(job_id).error)
+        Store(data / "specui.db").get_job(job_id).error
+    )
     csv = client.predict(str(run), api_name="/export")
     assert str(run) in csv
     texts = {"db": _db_dump(data / "specui.db"), "csv": csv}
-    texts |= {str(p): p.read_text(errors="replace") for p in data.rglob("*")
-              if p.is_file() and p.suffix in (".log", ".csv", ".jsonl", ".txt")}
+    texts |= {
+        str(p): p.read_text(errors="replace")
+        for p in data.rglob("*")
+        if p.is_file() and p.suffix in (".log", ".csv", ".jsonl", ".txt")
+    }
     assert "app.log" in " ".join(texts)
     leaks = [name for name, text in texts.items() if TOKEN in text]
     assert leaks == [], f"the HF token leaked into {leaks}"
@@ -483,16 +563,27 @@ def test_no_vllm_api_key_in_logs_db_csv_or_process_list(tmp_path, monkeypatch) -
     hf = "hf_" + uuid.uuid4().hex
     store = Store(tmp_path / "specui.db")
     prompts = load_prompts("demo", split="eval", limit=1)
-    server = VLLMServer.launch(ServerConfig(extra_args=["--api-key", key], env={"HF_TOKEN": hf}, startup_timeout_s=420))
+    server = VLLMServer.launch(
+        ServerConfig(extra_args=["--api-key", key], env={"HF_TOKEN": hf}, startup_timeout_s=420)
+    )
     try:
-        assert httpx.get(f"{server.base_url}/v1/models", timeout=10).status_code == 401  # the key is in force
+        # the key is in force
+        assert httpx.get(f"{server.base_url}/v1/models", timeout=10).status_code == 401
         cmdline = Path(f"/proc/{server.server_pid}/cmdline").read_bytes().decode(errors="replace")
         assert "vllm" in cmdline and key not in cmdline
-        launched = run_benchmark(store, server, prompts, prompt_set="demo", verifier="embedded",
-                                 settings=BenchSettings(max_new_tokens=8))
+        launched = run_benchmark(
+            store,
+            server,
+            prompts,
+            prompt_set="demo",
+            verifier="embedded",
+            settings=BenchSettings(max_new_tokens=8),
+        )
         slot = VLLMSlot()
         slot.attach(server.base_url, key)
-        job = slot.bench_current(store, prompts="demo", limit=1, settings=BenchSettings(max_new_tokens=8), verifier=None)
+        job = slot.bench_current(
+            store, prompts="demo", limit=1, settings=BenchSettings(max_new_tokens=8), verifier=None
+        )
         deadline = time.monotonic() + 180
         while not job.done:
             assert time.monotonic() < deadline
@@ -507,5 +598,7 @@ def test_no_vllm_api_key_in_logs_db_csv_or_process_list(tmp_path, monkeypatch) -
     texts = {"db": _db_dump(tmp_path / "specui.db"), "csv": csv.read_text(), "status": status}
     texts |= {str(p): p.read_text(errors="replace") for p in tmp_path.rglob("*.log")}
     assert any(n.endswith(".log") for n in texts) and "api_server" in texts["db"]
-    leaks = [(name, secret[:3]) for name, text in texts.items() for secret in (key, hf) if secret in text]
+    leaks = [
+        (name, secret[:3]) for name, text in texts.items() for secret in (key, hf) if secret in text
+    ]
     assert leaks == [], f"secrets leaked: {leaks}"
