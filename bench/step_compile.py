@@ -1,6 +1,9 @@
-"""Does ``torch.compile`` make a verifier step cheaper?  The int8 step, eager against compiled (run by hand).
+"""Does ``torch.compile`` make a verifier step cheaper?  The int8 step, eager against compiled.
 
-    PYTHONPATH=. .venv/bin/python bench/step_compile.py [--repeats 20] [--context 256] [--cpp-wrapper]
+Run by hand:
+
+    PYTHONPATH=. .venv/bin/python bench/step_compile.py [--repeats 20] [--context 256]
+        [--cpp-wrapper]
 
 ``specui/verifier/decoder.py`` runs a step as eager elementwise ops between oneDNN matmuls.
 This bench compiles those stretches with inductor (dynamic shapes) and times the result against
@@ -31,10 +34,10 @@ import os
 import statistics
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bench.engine_peer import interval
 from specui.verifier.batch_invariant import quantize_rows
 from specui.verifier.cpu_kernels import Int8Weight
 from specui.verifier.decoder import FastDecoder, KVBuffer, _norm, _rotate
@@ -42,14 +45,18 @@ from specui.verifier.model import Verifier
 
 
 @torch.library.custom_op("specui_bench::int8_mm", mutates_args=())
-def _int8_mm(q: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, w_zero: torch.Tensor) -> torch.Tensor:
+def _int8_mm(
+    q: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, w_zero: torch.Tensor
+) -> torch.Tensor:
     return torch.ops.onednn.qlinear_pointwise(
         q, 1.0, 128, packed, w_scale, w_zero, None, 1.0, 0, torch.float32, "none", [], ""
     )
 
 
 @_int8_mm.register_fake
-def _(q: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, w_zero: torch.Tensor) -> torch.Tensor:
+def _(
+    q: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, w_zero: torch.Tensor
+) -> torch.Tensor:
     return q.new_empty((q.shape[0], w_scale.shape[0]), dtype=torch.float32)
 
 
@@ -62,7 +69,8 @@ def _mm(x: torch.Tensor, w: Int8Weight) -> torch.Tensor:
 
 
 class CompiledInt8Step:
-    """``FastDecoder.forward`` for an int8 verifier with the stretches between attentions compiled."""
+    """``FastDecoder.forward`` for an int8 verifier with the stretches between attentions
+    compiled."""
 
     def __init__(self, fd: FastDecoder) -> None:
         if fd.layers[0].qkv is None:
@@ -120,20 +128,16 @@ class CompiledInt8Step:
         return logits[:n]
 
 
-def interval(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Median and its 95% percentile-bootstrap interval."""
-    x = np.asarray(values, dtype=float)
-    idx = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
-    meds = np.median(x[idx], axis=1)
-    return float(np.median(x)), float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--cpp-wrapper", action="store_true", help="inductor's C++ wrapper (less Python per call, longer compile)")
+    ap.add_argument(
+        "--cpp-wrapper",
+        action="store_true",
+        help="inductor's C++ wrapper (less Python per call, longer compile)",
+    )
     a = ap.parse_args()
     # The question was asked of the eager step around oneDNN's matmuls (what the decoder ran
     # before specui.verifier.cpu_kernels), so that is the step compiled, unless told otherwise.
@@ -147,7 +151,9 @@ def main() -> None:
             "the int8 verifier does not run through specui.verifier.decoder.FastDecoder here"
         )
     compiled = CompiledInt8Step(fd)
-    ids = torch.randint(100, v.vocab_size, (a.context + 9,), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        100, v.vocab_size, (a.context + 9,), generator=torch.Generator().manual_seed(0)
+    )
     eager_cache, compiled_cache = fd.new_cache(), fd.new_cache()
     for cache in (eager_cache, compiled_cache):
         fd.forward(ids[: a.context], cache, set(), keep=1)
@@ -157,7 +163,10 @@ def main() -> None:
     for n in (1, 9):
         compiled.forward(block[:n], compiled_cache)
         compiled_cache.crop(a.context)
-    print(f"compile (first 1- and 9-token calls, cpp_wrapper={a.cpp_wrapper}): {time.perf_counter() - t0:.1f} s")
+    print(
+        f"compile (first 1- and 9-token calls, cpp_wrapper={a.cpp_wrapper}): "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
 
     with torch.inference_mode():
         singles = []
@@ -169,11 +178,20 @@ def main() -> None:
         compiled_cache.crop(a.context)
         eager = torch.cat([fd.forward(block[r : r + 1], eager_cache, set())[0] for r in range(9)])
         eager_cache.crop(a.context)
-    print(f"compiled: 9-token block logits == the same tokens one at a time, bit for bit: {torch.equal(together, singles)}")
-    print(f"compiled against eager: max |logit difference| {(singles - eager).abs().max().item():.2e}, "
-          f"argmax equal {torch.equal(singles.argmax(-1), eager.argmax(-1))}")  # fmt: skip
+    print(
+        "compiled: 9-token block logits == the same tokens one at a time, bit for bit: "
+        f"{torch.equal(together, singles)}"
+    )
+    print(
+        "compiled against eager: max |logit difference| "
+        f"{(singles - eager).abs().max().item():.2e}, "
+        f"argmax equal {torch.equal(singles.argmax(-1), eager.argmax(-1))}"
+    )
 
-    print(f"\nint8 verifier step after {a.context} cached positions, {a.threads} thread(s), {a.repeats} repeats, interleaved")
+    print(
+        f"\nint8 verifier step after {a.context} cached positions, {a.threads} thread(s), "
+        f"{a.repeats} repeats, interleaved"
+    )
     print("tokens  eager ms [95% CI]        compiled ms [95% CI]     compiled / eager")
     for n in (1, 9):
         walls: dict[str, list[float]] = {"eager": [], "compiled": []}
@@ -190,8 +208,13 @@ def main() -> None:
                 if rep >= 3:  # warm-up
                     walls[name].append(wall * 1e3)
         e, c = interval(walls["eager"]), interval(walls["compiled"])
-        ratio = statistics.median(x / y for x, y in zip(walls["compiled"], walls["eager"], strict=True))
-        print(f"{n:>6}  {e[0]:6.1f} [{e[1]:5.1f}, {e[2]:5.1f}]     {c[0]:6.1f} [{c[1]:5.1f}, {c[2]:5.1f}]     {ratio:.2f}x")
+        ratio = statistics.median(
+            x / y for x, y in zip(walls["compiled"], walls["eager"], strict=True)
+        )
+        print(
+            f"{n:>6}  {e[0]:6.1f} [{e[1]:5.1f}, {e[2]:5.1f}]     "
+            f"{c[0]:6.1f} [{c[1]:5.1f}, {c[2]:5.1f}]     {ratio:.2f}x"
+        )
 
 
 if __name__ == "__main__":
