@@ -17,24 +17,28 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def _specui(*names: str) -> tuple[str, ...]:
+    return tuple(f"specui.{name}" for name in names)
+
+
 # Lowest first.  A module may import its own layer and any layer below it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Pure definitions every layer may use: errors, the generic registry, the acceptance formulas.
-    ("errors", ("specui.errors", "specui.registry", "specui.acceptance", "specui.processes", "specui.atomic")),
+    ("errors", _specui("errors", "registry", "acceptance", "processes", "atomic")),
     ("trace", ("specui.trace",)),
     ("paths", ("specui.paths",)),
     # What the models are: prompts and data, the verifier, the algorithm packages (with the
     # training abstractions they implement: specui.algorithms.objective and .options).
-    ("models", (
-        "specui.data", "specui.verifier", "specui.sampling", "specui.algorithms",
-    )),  # fmt: skip
+    ("models", _specui("data", "verifier", "sampling", "algorithms")),
     ("engine", ("specui.engine",)),
     ("store", ("specui.store",)),
     ("metrics", ("specui.metrics",)),
-    ("services", (
-        "specui.service", "specui.benchmark", "specui.workbench", "specui.replay", "specui.export",
-        "specui.export_speculators", "specui.training", "specui.vllm", "specui.doctor", "specui.choices",
-    )),  # fmt: skip
+    (
+        "services",
+        _specui("service", "benchmark", "workbench", "replay", "export", "export_speculators")
+        + _specui("training", "vllm", "doctor", "choices"),
+    ),
     ("jobs", ("specui.jobs",)),
     ("ui", ("specui.ui", "specui.commands", "specui.cli", "specui.__main__")),
     # Process entry points: they import the library; the library never imports them.
@@ -75,8 +79,17 @@ def imported(path: Path, module: str) -> list[tuple[str, int]]:
                 target = node.module or ""
             # `from specui.verifier import batch_invariant` imports the submodule, not the package.
             subs = [f"{target}.{a.name}" for a in node.names]
-            out += [(s if layer_of(s) is not None and s.count(".") > target.count(".") and _is_module(s) else target,
-                     node.lineno) for s in subs]  # fmt: skip
+            out += [
+                (
+                    s
+                    if layer_of(s) is not None
+                    and s.count(".") > target.count(".")
+                    and _is_module(s)
+                    else target,
+                    node.lineno,
+                )
+                for s in subs
+            ]
     return [(m, line) for m, line in out if m.split(".")[0] in ("specui", "workers", "app")]
 
 
@@ -106,7 +119,9 @@ def test_imports_go_down_the_layers(path: Path) -> None:
         if theirs is None:
             continue  # not a SpecUI module (placed modules are checked above)
         if theirs > mine:
-            upward.append(f"line {line}: {target} ({LAYERS[theirs][0]}) from a {LAYERS[mine][0]} module")
+            upward.append(
+                f"line {line}: {target} ({LAYERS[theirs][0]}) from a {LAYERS[mine][0]} module"
+            )
     assert not upward, f"{module} imports upward:\n  " + "\n  ".join(upward)
 
 
@@ -114,8 +129,12 @@ def test_no_package_is_split_across_layers() -> None:
     """Each listed prefix is one layer's: none lies inside a prefix another layer lists (a
     package whose modules sit in two layers hides which way its imports may go)."""
     placed = [(p, i) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes]
-    split = [f"{inner} ({LAYERS[i][0]}) inside {outer} ({LAYERS[j][0]})" for inner, i in placed
-             for outer, j in placed if i != j and inner.startswith(outer + ".")]  # fmt: skip
+    split = [
+        f"{inner} ({LAYERS[i][0]}) inside {outer} ({LAYERS[j][0]})"
+        for inner, i in placed
+        for outer, j in placed
+        if i != j and inner.startswith(outer + ".")
+    ]
     assert split == KNOWN_SPLIT, split
 
 
@@ -141,8 +160,18 @@ def test_tests_import_shared_helpers_only_from_tests_support() -> None:
     found = []
     for path in sorted((REPO / "tests").rglob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
-            found += [f"{path.relative_to(REPO)}: {n}" for n in names
-                      if n.startswith("tests.") and not n.startswith("tests.support")]  # fmt: skip
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else (
+                    [node.module or ""]
+                    if isinstance(node, ast.ImportFrom) and not node.level
+                    else []
+                )
+            )
+            found += [
+                f"{path.relative_to(REPO)}: {n}"
+                for n in names
+                if n.startswith("tests.") and not n.startswith("tests.support")
+            ]
     assert not found, found

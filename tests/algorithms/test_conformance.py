@@ -86,15 +86,18 @@ def test_conformance_verifier_taps_and_logits(verifier_dir: Path) -> None:
 def _dflash_family(folder: Path, ref: dict[str, torch.Tensor]) -> None:
     m = load_model(folder, verifier_for(folder))
     B = m.config.block_size
+    h, ids, docs = ref["hidden_states"], ref["input_ids"], ref["document_ids"]
     with torch.no_grad():
-        out = m.forward_blocks(ref["hidden_states"], ref["input_ids"], ref["anchor_position"],
-                               ref["position_ids"], ref["document_ids"])  # fmt: skip
+        out = m.forward_blocks(h, ids, ref["anchor_position"], ref["position_ids"], docs)
         close("fc_output", m.context(ref["hidden_states"][0]), ref["fc_output"][0])
     V = out.logits.shape[-1]
     if "block_layer_outputs" in ref:
         n_layers = ref["block_layer_outputs"].shape[0]
-        close("block_layer_outputs", torch.stack(out.layer_outputs).reshape(n_layers, -1, out.hidden.shape[-1]),
-              ref["block_layer_outputs"].reshape(n_layers, -1, out.hidden.shape[-1]))  # fmt: skip
+        close(
+            "block_layer_outputs",
+            torch.stack(out.layer_outputs).reshape(n_layers, -1, out.hidden.shape[-1]),
+            ref["block_layer_outputs"].reshape(n_layers, -1, out.hidden.shape[-1]),
+        )
     close("block_hidden", out.hidden, ref["block_hidden"].reshape(-1, B, out.hidden.shape[-1]))
     close("block_logits", out.logits, ref["block_logits"].reshape(-1, B, V))
     if model_type(folder) == "dspark" or "markov_logits" in ref:
@@ -116,9 +119,9 @@ def _eagle3(folder: Path, ref: dict[str, torch.Tensor]) -> None:
 
 def _peagle(folder: Path, ref: dict[str, torch.Tensor]) -> None:
     m = load_model(folder, verifier_for(folder))
+    h, ids, docs = ref["hidden_states"], ref["input_ids"], ref["document_ids"]
     with torch.no_grad():
-        out = m.forward_rows(ref["hidden_states"], ref["input_ids"], ref["row_anchor_pos"], ref["row_depth"],
-                             ref["document_ids"])  # fmt: skip
+        out = m.forward_rows(h, ids, ref["row_anchor_pos"], ref["row_depth"], docs)
     close("all COD rows' logits", out.logits, ref["logits"].reshape(out.logits.shape))
     close("chain logits", out.logits[ref["chain_row_indices"]], ref["chain_logits"])
 
@@ -237,7 +240,8 @@ def test_every_registered_type_has_checks_and_a_fixture() -> None:
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
 def test_conformance_reference_inputs_are_our_verifier_taps(folder: Path) -> None:
-    """The reference's hidden_states are the taps our Verifier produces, in the documented layout."""
+    """The reference's hidden_states are the taps our Verifier produces, in the documented
+    layout."""
     v = verifier_for(folder)
     ref = load_file(folder / "reference.safetensors")
     model = load_model(folder, v)

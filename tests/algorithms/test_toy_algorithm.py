@@ -49,7 +49,7 @@ SPEC = register_algorithm(AlgorithmSpec(
 '''
 
 # The toy's own training knob, beside the DFlash ones it inherits: declared once, here.
-TOY_OPTIONS = '''
+TOY_OPTIONS = """
 from dataclasses import dataclass
 
 from specui.algorithms.dflash.options import DFlashOptions
@@ -65,9 +65,9 @@ class ToyOptions(DFlashOptions):
         super().check()
         if not 0 <= self.toy_wobble <= 1:
             raise SpecUIError(f"toy-wobble must be in [0, 1], got {self.toy_wobble}")
-'''
+"""
 
-TOY_PARTS = '''
+TOY_PARTS = """
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -94,7 +94,7 @@ class ToyDrafter(DFlashDrafter):
 
 class ToyObjective(DFlashObjective):
     model_class = ToyModel
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +115,19 @@ def toy(tmp_path_factory):
             del sys.modules[name]
 
 
+# The train tab's verifier, prompts and numbers, as its start button passes them.
+TRAIN_TAB_INPUTS = ("embedded", "gsm-symbolic", 1, 8, 64, 0, 6e-4)
+
+
+def _train_tab_widget(store, elem_id: str) -> gr.blocks.Block:
+    """The train tab built on ``store``: its block ``elem_id``."""
+    from specui.ui import train as train_tab
+
+    with gr.Blocks() as demo:
+        train_tab.build(store)
+    return next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == elem_id)
+
+
 def _train_parser() -> argparse.ArgumentParser:
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return sub.choices["train"]
@@ -122,7 +135,10 @@ def _train_parser() -> argparse.ArgumentParser:
 
 def test_the_toy_is_registered_from_its_folder(toy) -> None:
     assert toy in algorithm_names() and toy in algorithm_names(trainable=True)
-    assert algorithm_names() == [*BUILT_INS, toy]  # appended: the built-ins keep their order (the UI's, the CLI's)
+    assert algorithm_names() == [
+        *BUILT_INS,
+        toy,
+    ]  # appended: the built-ins keep their order (the UI's, the CLI's)
     assert ALGORITHMS[toy].model_class.__name__ == "ToyModel"
 
 
@@ -131,7 +147,9 @@ def test_the_toy_is_a_train_cli_choice(toy, tmp_path: Path) -> None:
     assert f"| {toy}" in help_text  # --algorithm's list
     assert f"{toy} 1" in help_text  # --layers' defaults
     for flag in ("--algorithm", "--speculator-type"):  # SpecUI's name and speculators'
-        cfg = build_config(build_parser().parse_args(["train", flag, toy, "--out", str(tmp_path / "out")]))
+        cfg = build_config(
+            build_parser().parse_args(["train", flag, toy, "--out", str(tmp_path / "out")])
+        )
         assert cfg.algorithm == toy and cfg.num_layers == 1
 
 
@@ -141,17 +159,16 @@ def test_the_toy_is_a_train_tab_choice(toy, tmp_path: Path, monkeypatch) -> None
     from specui.ui import train as train_tab
 
     store = Store(tmp_path / "specui.db")
-    with gr.Blocks() as demo:
-        train_tab.build(store)
-    dropdown = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "train-algorithm")
+    dropdown = _train_tab_widget(store, "train-algorithm")
     assert toy in [value for _, value in dropdown.choices]
     # The tab's start button takes it: a queued train job with the toy's name.
-    job_id = train_tab.start_training(store, toy, "embedded", "gsm-symbolic", 1, 8, 64, 0, 6e-4, "toy-run", None)
+    job_id = train_tab.start_training(store, toy, *TRAIN_TAB_INPUTS, "toy-run", None)
     assert store.get_job(job_id).params["algorithm"] == toy
 
 
-def test_the_toys_own_knob_reaches_the_cli_the_train_tab_and_the_saved_config(toy, tmp_path: Path,
-                                                                              monkeypatch) -> None:
+def test_the_toys_own_knob_reaches_the_cli_the_train_tab_and_the_saved_config(
+    toy, tmp_path: Path, monkeypatch
+) -> None:
     from specui.training.config import TrainConfig
 
     help_text = " ".join(_train_parser().format_help().split())
@@ -172,18 +189,18 @@ def test_the_toys_own_knob_reaches_the_cli_the_train_tab_and_the_saved_config(to
     from specui.ui import train as train_tab
 
     store = Store(tmp_path / "specui.db")
-    with gr.Blocks() as demo:
-        train_tab.build(store)
-    widget = next(b for b in demo.blocks.values()
-                  if getattr(b, "elem_id", None) == "train-option-toy_wobble")
+    widget = _train_tab_widget(store, "train-option-toy_wobble")
     assert widget.value == 0.5 and widget.label == "Wobble of the toy's blocks (ToyFlash)"
-    job_id = train_tab.start_training(store, toy, "embedded", "gsm-symbolic", 1, 8, 64, 0, 6e-4,
-                                      "wobbly", None, options={"toy_wobble": 0.25})
+    job_id = train_tab.start_training(
+        store, toy, *TRAIN_TAB_INPUTS, "wobbly", None, options={"toy_wobble": 0.25}
+    )
     assert TrainConfig.from_dict(store.get_job(job_id).params).toy_wobble == 0.25
     store.close()
 
 
-def test_a_toy_checkpoint_loads_trains_and_exports_to_vllm(toy, fixture_verifier, tmp_path: Path) -> None:
+def test_a_toy_checkpoint_loads_trains_and_exports_to_vllm(
+    toy, fixture_verifier, tmp_path: Path
+) -> None:
     from specui.algorithms.objective import objective_for
     from specui.export import speculative_config, vllm_serve_command
     from specui.training.config import TrainConfig
@@ -231,8 +248,12 @@ def test_registry_refuses_a_name_twice_and_names_the_known_ones() -> None:
     assert reg.get("c") is None
 
 
-def test_registry_imports_its_modules_lazily_and_from_the_environment(tmp_path: Path, monkeypatch) -> None:
-    (tmp_path / "widget_mod.py").write_text("from tests.algorithms.test_toy_algorithm import WIDGETS\nWIDGETS.register('w', 7)\n")
+def test_registry_imports_its_modules_lazily_and_from_the_environment(
+    tmp_path: Path, monkeypatch
+) -> None:
+    (tmp_path / "widget_mod.py").write_text(
+        "from tests.algorithms.test_toy_algorithm import WIDGETS\nWIDGETS.register('w', 7)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "widget_mod", raising=False)
     WIDGETS.unregister("w")

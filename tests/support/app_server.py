@@ -21,6 +21,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch_app(argv: list[str], env: dict[str, str], log) -> subprocess.Popen:
+    """``argv`` (an app.py command line) started from the repository root in a session of its
+    own, stdout and stderr to the open file ``log``."""
+    return subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
 def wait_until_serving(proc: subprocess.Popen, url: str, deadline: float, log_tail) -> None:
     """Poll ``url`` until it answers 200; a process that exits, or the deadline, is an error
     that shows ``log_tail()`` (the app's log)."""
@@ -40,13 +48,22 @@ def wait_until_serving(proc: subprocess.Popen, url: str, deadline: float, log_ta
 @contextmanager
 def running_app(data_dir: Path, timeout_s: float = 180.0):
     port = free_port()
-    env = {**os.environ, "SPECUI_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    env = {
+        **os.environ,
+        "SPECUI_DATA_DIR": str(data_dir),
+        "PYTHONUNBUFFERED": "1",
+        "GRADIO_ANALYTICS_ENABLED": "False",
+    }
     log = open(data_dir / "app.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=REPO, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = launch_app([sys.executable, "app.py", "--port", str(port)], env, log)
     url = f"http://127.0.0.1:{port}/"
     try:
-        wait_until_serving(proc, url, time.monotonic() + timeout_s, lambda: (data_dir / "app.log").read_text()[-3000:])
+        wait_until_serving(
+            proc,
+            url,
+            time.monotonic() + timeout_s,
+            lambda: (data_dir / "app.log").read_text()[-3000:],
+        )
         yield url
     finally:
         proc.terminate()

@@ -29,10 +29,11 @@ def record_init(self, model, objective):  # the weights every rank starts from
 
 
 loop.StepModule.__init__ = record_init
+where = dict(verifier=verifier, prompts=prompts, out=out, cache_dir=cache)
+schedule = dict(steps=4, batch_size=2, lr=3e-3, warmup_steps=1, log_every=2, checkpoint_every=100)
 cfg = TrainConfig(
-    algorithm="dflash", verifier=verifier, prompts=prompts, out=out, cache_dir=cache, steps=4, batch_size=2,
-    max_new_tokens=40, aux_layer_ids=[1, 3, 4], lr=3e-3, warmup_steps=1, log_every=2, checkpoint_every=100,
-)  # fmt: skip
+    algorithm="dflash", **where, **schedule, max_new_tokens=40, aux_layer_ids=[1, 3, 4]
+)
 result = loop.train(cfg)
 save_file(
     {k: v.contiguous() for k, v in result.model.state_dict().items()},
