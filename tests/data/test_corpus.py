@@ -30,8 +30,10 @@ def test_filter_keeps_distinct_well_formed_requests_only():
         "What is 2+2? <|im_end|> assistant: 4",  # a leaked turn
     ) + _rows("Write a story about a dragon who is afraid of", complete=False)  # cut off
     kept = [r["text"] for r in filter_user_turns(rows)]
-    assert kept == ["Can you suggest three ways to save money on groceries each week?",
-                    "What is the difference between a list and a tuple in Python?"]  # fmt: skip
+    assert kept == [
+        "Can you suggest three ways to save money on groceries each week?",
+        "What is the difference between a list and a tuple in Python?",
+    ]
 
 
 def test_user_prefix_is_the_chat_template_up_to_the_user_text(embedded_verifier):
@@ -69,8 +71,10 @@ def test_magpie_sampling_resumes_to_the_same_samples(tmp_path, embedded_verifier
 def test_build_drops_duplicates_and_refuses_evaluation_prompts():
     from specui.data import load_prompts
 
-    a = [{"id": "a/0", "prompt": "Explain recursion to a child.", "kind": "chat", "source": "a"},
-         {"id": "a/1", "prompt": "Explain  RECURSION to a child!", "kind": "chat", "source": "a"}]  # fmt: skip
+    a = [
+        {"id": "a/0", "prompt": "Explain recursion to a child.", "kind": "chat", "source": "a"},
+        {"id": "a/1", "prompt": "Explain  RECURSION to a child!", "kind": "chat", "source": "a"},
+    ]
     b = [{"id": "b/0", "prompt": "Write a haiku about rain.", "kind": "writing", "source": "b"}]
     rows = build([a, b], seed=1)
     assert sorted(r["id"] for r in rows) in (["a/0", "b/0"], ["a/1", "b/0"])
@@ -108,8 +112,14 @@ def test_shipped_responses_are_read_first_and_nothing_is_generated_again(tmp_pat
     )
     monkeypatch.setenv("SPECUI_SHIPPED_DIR", str(shipped))
     totals: list[int] = []
-    second = self_distill(verifier, prompts, 4, batch_size=2, cache_dir=tmp_path / "run2",
-                          progress=lambda done, total: totals.append(total))  # fmt: skip
+    second = self_distill(
+        verifier,
+        prompts,
+        4,
+        batch_size=2,
+        cache_dir=tmp_path / "run2",
+        progress=lambda done, total: totals.append(total),
+    )
     assert totals == [0]  # every response came from the shipped file
     assert [s.response_ids for s in second] == [s.response_ids for s in first]
     # Only the kept prompts are exported.
@@ -168,15 +178,15 @@ def test_the_cache_key_reads_the_architecture_not_the_config_json():
 
     from specui.data.distill import architecture
 
-    common = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, vocab_size=100, hidden_act="silu",
-                  tie_word_embeddings=True, rms_norm_eps=1e-5)  # fmt: skip
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    rest = dict(num_key_value_heads=2, vocab_size=100, hidden_act="silu", tie_word_embeddings=True)
+    common = dict(model_type="llama", **shape, **rest, rms_norm_eps=1e-5)
     rope = {"rope_theta": 10000.0, "rope_type": "default"}
     older = SimpleNamespace(
         **common, rope_theta=10000, rope_scaling=None, transformers_version="4.56"
     )
-    newer = SimpleNamespace(**common, head_dim=16, rope_parameters=rope, transformers_version="5.24",
-                            id2label={0: "LABEL_0"})  # fmt: skip
+    v5 = dict(transformers_version="5.24", id2label={0: "LABEL_0"})
+    newer = SimpleNamespace(**common, head_dim=16, rope_parameters=rope, **v5)
     assert architecture(older) == architecture(newer)
     other_rope = SimpleNamespace(**common, rope_parameters={**rope, "rope_theta": 50000.0})
     assert architecture(other_rope) != architecture(newer)

@@ -141,11 +141,23 @@ def _train_params(train_data: dict[str, Path], fixture_dir: Path, out: Path) -> 
     # A 1-layer DFlash on the 64-wide fixture verifier: ~50 k parameters, a checkpoint
     # every 2 steps, so a kill always finds checkpoints behind it and saves in flight.
     return {
-        "algorithm": "dflash", "verifier": str(fixture_dir / "verifier"), "prompts": str(train_data["prompts"]),
-        "out": str(out), "cache_dir": str(train_data["cache"]), "aux_layer_ids": AUX, "layers": 1,
-        "mask_token_id": MASK, "max_new_tokens": 32, "steps": 1_000_000, "log_every": 2, "checkpoint_every": 2,
-        "keep_checkpoints": 2, "lr": 3e-3, "warmup_steps": 1, "threads": 1,
-    }  # fmt: skip
+        "algorithm": "dflash",
+        "verifier": str(fixture_dir / "verifier"),
+        "prompts": str(train_data["prompts"]),
+        "out": str(out),
+        "cache_dir": str(train_data["cache"]),
+        "aux_layer_ids": AUX,
+        "layers": 1,
+        "mask_token_id": MASK,
+        "max_new_tokens": 32,
+        "steps": 1_000_000,
+        "log_every": 2,
+        "checkpoint_every": 2,
+        "keep_checkpoints": 2,
+        "lr": 3e-3,
+        "warmup_steps": 1,
+        "threads": 1,
+    }
 
 
 def _temps(out: Path) -> list[Path]:
@@ -350,10 +362,14 @@ def test_runner_killed_mid_job_a_new_runner_takes_over_without_running_anything_
     train, out = _enqueue_training(store, train_data, fixture_dir, tmp_path / "drafter")
     waiting = queue.enqueue(store, "count", {"n": 3, "interval_s": 0.01})
     # The runner in a process (and session) of its own, as `python -m workers.runner` or the app.
+    runner = [sys.executable, "-m", "workers.runner", "--db", str(db), "--max-jobs", "1"]
     old = subprocess.Popen(
-        [sys.executable, "-m", "workers.runner", "--db", str(db), "--max-jobs", "1", "--poll", "0.05", "--heartbeat", "0.1"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [*runner, "--poll", "0.05", "--heartbeat", "0.1"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     worker = None
     new = _runner(db, max_jobs=1)
     try:
@@ -623,11 +639,15 @@ def test_full_disk_under_the_store_fails_the_write_clearly_and_loses_nothing(
 
 
 def _kill_points(what: str, root: Path, *args: str) -> int:
-    """Run ``tests.support.kill_points`` (one trial folder per kill point); the number of trials killed."""
+    """Run ``tests.support.kill_points`` (one trial folder per kill point); the number of
+    trials killed."""
     r = subprocess.run(
         [sys.executable, "-m", "tests.support.kill_points", what, str(root), *args],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.split()
     assert r.stdout.rstrip().endswith("done"), r.stdout[-500:]
@@ -707,11 +727,34 @@ def test_sigkill_during_a_training_start_leaves_no_output_folder(
     out = tmp_path / "drafter"
     p = _train_params(train_data, fixture_dir, out)
     cmd = [
-        sys.executable, "-m", "specui", "train", "--algorithm", "dflash", "--verifier", p["verifier"],
-        "--prompts", p["prompts"], "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
-        "--aux-layers", "1,3,4", "--layers", "1", "--mask-token-id", str(MASK), "--max-new-tokens", "32",
-        "--steps", "10", "--threads", "1", "--no-progress",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "specui",
+        "train",
+        "--algorithm",
+        "dflash",
+        "--verifier",
+        p["verifier"],
+        "--prompts",
+        p["prompts"],
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--aux-layers",
+        "1,3,4",
+        "--layers",
+        "1",
+        "--mask-token-id",
+        str(MASK),
+        "--max-new-tokens",
+        "32",
+        "--steps",
+        "10",
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     proc = subprocess.Popen(
         cmd,
         cwd=REPO,

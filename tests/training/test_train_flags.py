@@ -6,6 +6,7 @@ with; a real training run is covered by tests/training/test_training.py."""
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 import pytest
@@ -41,26 +42,32 @@ def _action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action:
     return parser._option_string_actions[flag]
 
 
-# The same run said both ways: every setting away from its default.
-SPECUI_ARGV = [
-    "--algorithm", "dflash", "--verifier", "some/verifier", "--out", "runs/x", "--steps", "17",
-    "--warmup-steps", "3", "--schedule", "linear", "--layers", "3", "--aux-layers", "1,3,4",
-    "--depths", "6", "--gamma", "7.0", "--confidence-weight", "0.25", "--cod-ratio", "0.5",
-    "--cod-min-ratio", "0.1", "--loss", "kl", "--log-every", "4", "--init-from", "runs/dflash-1",
-    "--dpace", "--freeze-embeddings", "--lr", "1e-3", "--seed", "5", "--block-size", "16",
-    "--max-anchors", "32", "--weight-decay", "0.05", "--ttt-steps", "2", "--draft-vocab-size", "4096",
-    "--mask-token-id", "9", "--markov-rank", "64",
-]  # fmt: skip
-SPECULATORS_ARGV = [
-    "--speculator-type", "dflash", "--verifier-name-or-path", "some/verifier", "--save-path", "runs/x",
-    "--max-steps", "17", "--scheduler-warmup-steps", "3", "--scheduler-type", "linear", "--num-layers", "3",
-    "--target-layer-ids", "1", "3", "4", "--num-depths", "6", "--dflash-decay-gamma", "7.0",
-    "--confidence-head-alpha", "0.25", "--down-sample-ratio", "0.5", "--down-sample-ratio-min", "0.1",
-    "--loss-fn", "kl_div", "--log-freq", "4", "--from-pretrained", "runs/dflash-1",
-    "--per-position-loss-weight", "dpace", "--no-embed-requires-grad", "--lr", "1e-3", "--seed", "5",
-    "--block-size", "16", "--max-anchors", "32", "--weight-decay", "0.05", "--ttt-steps", "2",
-    "--draft-vocab-size", "4096", "--mask-token-id", "9", "--markov-rank", "64",
-]  # fmt: skip
+# The same run said both ways: every setting away from its default.  The flags both spell alike
+# come last, in BOTH_ARGV.
+BOTH_ARGV = shlex.split(
+    "--lr 1e-3 --seed 5 --block-size 16 --max-anchors 32 --weight-decay 0.05 --ttt-steps 2 "
+    "--draft-vocab-size 4096 --mask-token-id 9 --markov-rank 64"
+)
+SPECUI_ARGV = (
+    shlex.split(
+        "--algorithm dflash --verifier some/verifier --out runs/x --steps 17 --warmup-steps 3 "
+        "--schedule linear --layers 3 --aux-layers 1,3,4 --depths 6 --gamma 7.0 "
+        "--confidence-weight 0.25 --cod-ratio 0.5 --cod-min-ratio 0.1 --loss kl --log-every 4 "
+        "--init-from runs/dflash-1 --dpace --freeze-embeddings"
+    )
+    + BOTH_ARGV
+)
+SPECULATORS_ARGV = (
+    shlex.split(
+        "--speculator-type dflash --verifier-name-or-path some/verifier --save-path runs/x "
+        "--max-steps 17 --scheduler-warmup-steps 3 --scheduler-type linear --num-layers 3 "
+        "--target-layer-ids 1 3 4 --num-depths 6 --dflash-decay-gamma 7.0 "
+        "--confidence-head-alpha 0.25 --down-sample-ratio 0.5 --down-sample-ratio-min 0.1 "
+        "--loss-fn kl_div --log-freq 4 --from-pretrained runs/dflash-1 "
+        "--per-position-loss-weight dpace --no-embed-requires-grad"
+    )
+    + BOTH_ARGV
+)
 
 
 def test_speculators_spellings_build_the_same_config_as_specui_names() -> None:
@@ -71,11 +78,32 @@ def test_speculators_spellings_build_the_same_config_as_specui_names() -> None:
     # Every key, the algorithms' options (TrainConfig.options) as well as the shared fields:
     changed = {k for k in TrainConfig.config_keys() if getattr(ours, k) != getattr(default, k)}
     assert changed == {
-        "verifier", "steps", "warmup_steps", "schedule", "layers", "aux_layer_ids", "num_depths", "gamma",
-        "confidence_weight", "cod_ratio", "cod_min_ratio", "extra", "log_every", "init_from", "dpace",
-        "freeze_embeddings", "lr", "seed", "block_size", "max_anchors", "weight_decay", "ttt_steps",
-        "draft_vocab_size", "mask_token_id", "markov_rank",
-    }  # fmt: skip
+        "verifier",
+        "steps",
+        "warmup_steps",
+        "schedule",
+        "layers",
+        "aux_layer_ids",
+        "num_depths",
+        "gamma",
+        "confidence_weight",
+        "cod_ratio",
+        "cod_min_ratio",
+        "extra",
+        "log_every",
+        "init_from",
+        "dpace",
+        "freeze_embeddings",
+        "lr",
+        "seed",
+        "block_size",
+        "max_anchors",
+        "weight_decay",
+        "ttt_steps",
+        "draft_vocab_size",
+        "mask_token_id",
+        "markov_rank",
+    }
     assert (
         ours.aux_layer_ids == [1, 3, 4]
         and ours.extra == {"loss": "kl"}

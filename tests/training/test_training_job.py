@@ -22,17 +22,29 @@ def _wait(what: str, cond: Callable[[], bool], timeout: float = 90.0) -> None:
         time.sleep(0.1)
 
 
-def test_train_job_reports_progress_cancels_and_resumes(tmp_path: Path, fixture_dir: Path, fixture_verifier, monkeypatch) -> None:
+def test_train_job_reports_progress_cancels_and_resumes(
+    tmp_path: Path, fixture_dir: Path, fixture_verifier, monkeypatch
+) -> None:
     monkeypatch.setenv("SPECUI_JOB_MODULES", "specui.jobs.training")
     rng = random.Random(1)
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt_ids": [rng.randrange(500) for _ in range(10)]}) + "\n" for _ in range(12)))
+    lines = [json.dumps({"prompt_ids": [rng.randrange(500) for _ in range(10)]}) for _ in range(12)]
+    prompts.write_text("".join(line + "\n" for line in lines))
     out = tmp_path / "drafter"
     params = {
-        "algorithm": "dflash", "verifier": str(fixture_dir / "verifier"), "prompts": str(prompts), "out": str(out),
-        "aux_layer_ids": [1, 3, 4], "max_new_tokens": 32, "steps": 100000, "log_every": 2, "checkpoint_every": 1000,
-        "lr": 3e-3, "warmup_steps": 1, "threads": 1,
-    }  # fmt: skip
+        "algorithm": "dflash",
+        "verifier": str(fixture_dir / "verifier"),
+        "prompts": str(prompts),
+        "out": str(out),
+        "aux_layer_ids": [1, 3, 4],
+        "max_new_tokens": 32,
+        "steps": 100000,
+        "log_every": 2,
+        "checkpoint_every": 1000,
+        "lr": 3e-3,
+        "warmup_steps": 1,
+        "threads": 1,
+    }
     store = Store(tmp_path / "specui.db")
     job = queue.enqueue(store, "train", params)
     runner = Runner(store.path, poll_s=0.05, heartbeat_s=0.1, cancel_grace_s=60)
@@ -42,11 +54,15 @@ def test_train_job_reports_progress_cancels_and_resumes(tmp_path: Path, fixture_
         running = store.get_job(job.id)
         assert running.status == JobStatus.RUNNING and 0 < running.progress < 1
         # The stage, its count, rate and ETA, as the Train tab shows them while the job runs.
-        line = r"step \d+/100000 · [\d.]+ (?:steps/s|s/step) · ETA [\d.]+ (?:s|min|h) · loss [\d.]+"
+        line = (
+            r"step \d+/100000 · [\d.]+ (?:steps/s|s/step) · ETA [\d.]+ (?:s|min|h) · "
+            r"loss [\d.]+"
+        )
         assert re.fullmatch(line, running.message), running.message
         from specui.ui.train import job_view
 
-        head = job_view(store, f"{job.id}: train")[0]  # the job has moved on since: a later step
+        # the job has moved on since: a later step
+        head = job_view(store, f"{job.id}: train")[0]
         assert re.search(r"\*\*running\*\* · \d+% · step \d+/100000 · .+ · ETA .+ · loss ", head)
         # ... and the log says each stage: what generation costs, its count and rate, the steps.
         tail = running.log_tail
@@ -66,7 +82,10 @@ def test_train_job_reports_progress_cancels_and_resumes(tmp_path: Path, fixture_
 
         # The same run again, now with an end: it resumes from the cancel's checkpoint.
         again = queue.enqueue(store, "train", {**params, "steps": stopped_at + 4})
-        _wait("the resumed job", lambda: store.get_job(again.id).status not in (JobStatus.QUEUED, JobStatus.RUNNING))
+        _wait(
+            "the resumed job",
+            lambda: store.get_job(again.id).status not in (JobStatus.QUEUED, JobStatus.RUNNING),
+        )
     finally:
         runner.stop()
     done = store.get_job(again.id)
