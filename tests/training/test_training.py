@@ -51,11 +51,45 @@ def data(tmp_path_factory, fixture_dir):
 
 def args(data, out: Path, *extra: str, steps: int = 20) -> list[str]:
     return [
-        "train", "--verifier", str(data["verifier"]), "--prompts", str(data["prompts"]), "--out", str(out),
-        "--cache-dir", str(data["cache"]), "--steps", str(steps), "--max-new-tokens", "40",
-        "--aux-layers", AUX, "--lr", "3e-3", "--warmup-steps", "2", "--log-every", "5",
-        "--checkpoint-every", "10", "--threads", "1", "--no-progress", *extra,
-    ]  # fmt: skip
+        "train",
+        "--verifier",
+        str(data["verifier"]),
+        "--prompts",
+        str(data["prompts"]),
+        "--out",
+        str(out),
+        "--cache-dir",
+        str(data["cache"]),
+        "--steps",
+        str(steps),
+        "--max-new-tokens",
+        "40",
+        "--aux-layers",
+        AUX,
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "2",
+        "--log-every",
+        "5",
+        "--checkpoint-every",
+        "10",
+        "--threads",
+        "1",
+        "--no-progress",
+        *extra,
+    ]
+
+
+# Checkpoint and log every 5 steps, with the learning rate and warm-up of the resume tests.
+EVERY_5 = dict(checkpoint_every=5, log_every=5, lr=3e-3, warmup_steps=2)
+
+
+def config(data, out: Path, **kw) -> TrainConfig:
+    """A TrainConfig on the fixture data writing to ``out``, with ``kw`` on top."""
+    fixture = dict(verifier=str(data["verifier"]), prompts=str(data["prompts"]))
+    at = dict(out=str(out), cache_dir=str(data["cache"]))
+    return TrainConfig(**{**fixture, **at, "max_new_tokens": 40, "aux_layer_ids": [1, 3, 4], **kw})
 
 
 def logged(out: Path) -> list[dict]:
@@ -125,8 +159,13 @@ def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(
     from specui.algorithms.dspark import DSparkObjective
     from specui.algorithms.objective import Targets
 
-    cfg = TrainConfig(algorithm="dspark", verifier=str(data["verifier"]), aux_layer_ids=[1, 3, 4], markov_rank=16,
-                      confidence_temperature=temperature)  # fmt: skip
+    cfg = TrainConfig(
+        algorithm="dspark",
+        verifier=str(data["verifier"]),
+        aux_layer_ids=[1, 3, 4],
+        markov_rank=16,
+        confidence_temperature=temperature,
+    )
     objective = DSparkObjective(cfg, fixture_verifier)
     gen = torch.Generator().manual_seed(0)
     logits, targets = (
@@ -171,11 +210,9 @@ def test_warm_start_keeps_the_source_draft_vocabulary(data, fixture_verifier, tm
             )
 
     def run(out: Path, prompts: Path, init_from: Path | None = None):
-        return train(TrainConfig(
-            algorithm="eagle3", verifier=str(data["verifier"]), prompts=str(prompts), out=str(out),
-            cache_dir=str(data["cache"]), max_new_tokens=40, aux_layer_ids=[1, 3, 4], steps=2, log_every=1,
-            lr=3e-3, warmup_steps=0, draft_vocab_size=64, init_from=str(init_from) if init_from else None,
-        ))  # fmt: skip
+        init = dict(draft_vocab_size=64, init_from=str(init_from) if init_from else None)
+        short = dict(steps=2, log_every=1, lr=3e-3, warmup_steps=0)
+        return train(config(data, out, algorithm="eagle3", prompts=str(prompts), **short, **init))
 
     source = run(tmp_path / "src", data["prompts"])
     fresh = run(tmp_path / "fresh", other)
@@ -306,11 +343,7 @@ def test_failed_checkpoint_write_keeps_the_previous_one_loadable(data, fixture_v
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
     try:
         with pytest.raises(SpecUIError, match="could not save the checkpoint of step 15"):
-            train(TrainConfig(
-                algorithm="dflash", verifier=str(data["verifier"]), prompts=str(data["prompts"]), out=str(out),
-                cache_dir=str(data["cache"]), max_new_tokens=40, aux_layer_ids=[1, 3, 4], steps=15,
-                checkpoint_every=5, log_every=5, lr=3e-3, warmup_steps=2, resume=True,
-            ))  # fmt: skip
+            train(config(data, out, algorithm="dflash", steps=15, resume=True, **EVERY_5))
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, old_handler)
@@ -320,14 +353,10 @@ def test_failed_checkpoint_write_keeps_the_previous_one_loadable(data, fixture_v
     assert validate_checkpoint(before.path, fixture_verifier) == []
     load_drafter(before.path, fixture_verifier)
     # And training goes on from it once the disk has room again.
-    assert (
-        main(
-            args(
-                data, out, "--algorithm", "dflash", "--checkpoint-every", "5", "--resume", steps=15
-            )
-        )
-        == 0
+    again = args(
+        data, out, "--algorithm", "dflash", "--checkpoint-every", "5", "--resume", steps=15
     )
+    assert main(again) == 0
     assert latest_checkpoint(out).step == 15
 
 
@@ -355,11 +384,8 @@ def test_resume_after_sigkill_continues_from_the_last_checkpoint(data, tmp_path)
     killed_at = latest_checkpoint(out).step
     logged_before = [r["step"] for r in logged(out)]
 
-    r = train(TrainConfig(
-        algorithm="dflash", verifier=str(data["verifier"]), prompts=str(data["prompts"]), out=str(out),
-        cache_dir=str(data["cache"]), max_new_tokens=40, aux_layer_ids=[1, 3, 4], steps=killed_at + 5,
-        checkpoint_every=5, log_every=5, lr=3e-3, warmup_steps=2, resume=True, threads=1,
-    ))  # fmt: skip
+    more = dict(steps=killed_at + 5, resume=True, threads=1)
+    r = train(config(data, out, algorithm="dflash", **more, **EVERY_5))
     assert r.resumed_from == killed_at and r.step == killed_at + 5
     steps = [row["step"] for row in logged(out)]
     # The step count went on, not from 0, and the steps the killed run logged past its last
@@ -370,11 +396,9 @@ def test_resume_after_sigkill_continues_from_the_last_checkpoint(data, tmp_path)
 
 def test_resumed_run_matches_an_uninterrupted_one(data, tmp_path):
     def run(out: Path, steps: int, resume: bool = False):
-        return train(TrainConfig(
-            algorithm="peagle", verifier=str(data["verifier"]), prompts=str(data["prompts"]), out=str(out),
-            cache_dir=str(data["cache"]), max_new_tokens=40, aux_layer_ids=[1, 3, 4], steps=steps,
-            checkpoint_every=3, log_every=3, lr=3e-3, warmup_steps=2, resume=resume, schedule="constant",
-        ))  # fmt: skip
+        every_3 = dict(checkpoint_every=3, log_every=3, lr=3e-3, warmup_steps=2)
+        how = dict(steps=steps, resume=resume, schedule="constant")
+        return train(config(data, out, algorithm="peagle", **how, **every_3))
 
     straight = run(tmp_path / "a", 6)
     run(tmp_path / "b", 3)
@@ -391,15 +415,11 @@ def test_cancel_saves_a_checkpoint_and_stops(data, tmp_path):
         return len(calls) > 3  # after three steps
 
     r = train(
-        TrainConfig(algorithm="eagle3", verifier=str(data["verifier"]), prompts=str(data["prompts"]), out=str(tmp_path / "o"),
-                    cache_dir=str(data["cache"]), max_new_tokens=40, aux_layer_ids=[1, 3, 4], steps=50),
-        TrainHooks(cancelled=cancelled),
-    )  # fmt: skip
+        config(data, tmp_path / "o", algorithm="eagle3", steps=50), TrainHooks(cancelled=cancelled)
+    )
     assert r.status == "cancelled" and r.step == 3
     assert latest_checkpoint(tmp_path / "o").step == 3
-    assert not (
-        tmp_path / "o" / "model.safetensors"
-    ).exists()  # no "final" drafter for a cancelled run
+    assert not (tmp_path / "o" / "model.safetensors").exists()  # no "final" drafter when cancelled
 
 
 # --- several processes ---------------------------------------------------------------------------
@@ -408,9 +428,18 @@ def test_cancel_saves_a_checkpoint_and_stops(data, tmp_path):
 def test_two_process_ddp_keeps_the_ranks_identical(data, tmp_path):
     out = tmp_path / "ddp"
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        str(REPO / "tests" / "support" / "ddp_train.py"), str(out), str(data["verifier"]), str(data["prompts"]), str(data["cache"]),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(REPO / "tests" / "support" / "ddp_train.py"),
+        str(out),
+        str(data["verifier"]),
+        str(data["prompts"]),
+        str(data["cache"]),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -425,20 +454,55 @@ def test_two_process_ddp_keeps_the_ranks_identical(data, tmp_path):
     assert run["world_size"] == 2 and run["status"] == "finished"
 
 
-# --- the real verifier ------------------------------------------------------------------------------
+# --- the real verifier ----------------------------------------------------------------------
 
 
 @pytest.mark.slow
 def test_train_on_the_embedded_smollm2(embedded_verifier, tmp_path, capsys):
     out = tmp_path / "smol"
     t0 = time.monotonic()
-    rc = main([
-        "train", "--algorithm", "dflash", "--verifier", "embedded", "--prompts", "demo", "--num-prompts", "4",
-        "--out", str(out), "--steps", "8", "--batch-size", "2", "--max-new-tokens", "24", "--block-size", "4",
-        "--max-anchors", "8", "--draft-vocab-size", "512", "--mask-token-id", "16", "--layers", "1",
-        "--lr", "3e-3", "--warmup-steps", "1", "--log-every", "4", "--checkpoint-every", "4", "--threads", "1",
-        "--no-progress",
-    ])  # fmt: skip
+    rc = main(
+        [
+            "train",
+            "--algorithm",
+            "dflash",
+            "--verifier",
+            "embedded",
+            "--prompts",
+            "demo",
+            "--num-prompts",
+            "4",
+            "--out",
+            str(out),
+            "--steps",
+            "8",
+            "--batch-size",
+            "2",
+            "--max-new-tokens",
+            "24",
+            "--block-size",
+            "4",
+            "--max-anchors",
+            "8",
+            "--draft-vocab-size",
+            "512",
+            "--mask-token-id",
+            "16",
+            "--layers",
+            "1",
+            "--lr",
+            "3e-3",
+            "--warmup-steps",
+            "1",
+            "--log-every",
+            "4",
+            "--checkpoint-every",
+            "4",
+            "--threads",
+            "1",
+            "--no-progress",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     assert time.monotonic() - t0 < 60
     rows = logged(out)
