@@ -29,6 +29,24 @@ def launch_app(argv: list[str], env: dict[str, str], log) -> subprocess.Popen:
     )
 
 
+# Chromium's flags for the browser tests: headless in a container, nothing fetched in the
+# background.
+CHROMIUM_ARGS = (
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
+def launch_chromium(playwright, exe: str):
+    """The Chromium at ``exe`` launched through ``playwright`` with ``CHROMIUM_ARGS``."""
+    return playwright.chromium.launch(executable_path=exe, args=[*CHROMIUM_ARGS])
+
+
 def wait_until_serving(proc: subprocess.Popen, url: str, deadline: float, log_tail) -> None:
     """Poll ``url`` until it answers 200; a process that exits, or the deadline, is an error
     that shows ``log_tail()`` (the app's log)."""

@@ -18,7 +18,7 @@ import pytest
 
 from specui.algorithms.simple import NgramDrafter
 from specui.engine import generate
-from tests.support.app_server import running_app
+from tests.support.app_server import launch_chromium, running_app
 from tests.support.paths import REPO
 
 SHOTS = REPO / "artifacts" / "screenshots"
@@ -32,6 +32,13 @@ def app_url(tmp_path_factory):
         yield url, data
 
 
+def _wait_for_text(page, selector: str, text: str, **kwargs) -> None:
+    """Wait until the element at ``selector`` shows ``text`` (``kwargs``: wait_for_function's)."""
+    page.wait_for_function(
+        f"() => document.querySelector('{selector}')?.innerText.includes('{text}')", **kwargs
+    )
+
+
 def _text_of(output_html: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", output_html))
 
@@ -42,12 +49,27 @@ def test_generate_endpoint_matches_library_decoding(app_url, embedded_verifier):
     url, _ = app_url
     client = Client(url, verbose=False)
     status, stats, out, steps, *_ = client.predict(
-        "embedded", "ngram", "none", False, 4, 0, 1, 0, 32, PROMPT, True, "off", 0.5, api_name="/generate"
+        "embedded",
+        "ngram",
+        "none",
+        False,
+        4,
+        0,
+        1,
+        0,
+        32,
+        PROMPT,
+        True,
+        "off",
+        0.5,
+        api_name="/generate",
     )
     assert status.startswith("done"), status
     ids = embedded_verifier.encode(PROMPT, chat=True)
     expected = generate(embedded_verifier, NgramDrafter(4), ids, max_new_tokens=32)
-    assert _text_of(out) == embedded_verifier.tokenizer.decode(expected.output_token_ids, skip_special_tokens=False)
+    assert _text_of(out) == embedded_verifier.tokenizer.decode(
+        expected.output_token_ids, skip_special_tokens=False
+    )
     assert f"tau** (1 + accepted/drafts) **{expected.acceptance_length:.2f}" in stats
     assert 'class="tok accepted"' in steps
 
@@ -58,7 +80,9 @@ def test_decode_endpoint_returns_summary_and_stores_run(app_url, embedded_verifi
     from specui.store import Store
 
     url, data = app_url
-    out = Client(url, verbose=False).predict(PROMPT, "ngram", "embedded", 4, 24, 0.0, 0, True, api_name="/decode")
+    out = Client(url, verbose=False).predict(
+        PROMPT, "ngram", "embedded", 4, 24, 0.0, 0, True, api_name="/decode"
+    )
     ids = embedded_verifier.encode(PROMPT, chat=True)
     expected = generate(embedded_verifier, NgramDrafter(4), ids, max_new_tokens=24)
     assert out["output_token_ids"] == expected.output_token_ids
@@ -71,8 +95,22 @@ def test_generate_endpoint_rejects_empty_prompt(app_url):
     from gradio_client import Client
 
     client = Client(app_url[0], verbose=False)
-    status, *_ = client.predict("embedded", "ngram", "none", False, 4, 0, 1, 0, 8, "   ", True, "off", 0.5,
-                                api_name="/generate")
+    status, *_ = client.predict(
+        "embedded",
+        "ngram",
+        "none",
+        False,
+        4,
+        0,
+        1,
+        0,
+        8,
+        "   ",
+        True,
+        "off",
+        0.5,
+        api_name="/generate",
+    )
     assert "prompt is empty" in status
 
 
@@ -85,7 +123,22 @@ def test_compare_and_export_endpoints_match_the_store(app_url):
     url, data = app_url
     client = Client(url, verbose=False)
     for drafter in ("none", "ngram"):
-        client.predict("embedded", drafter, "none", False, 4, 0, 1, 0, 16, PROMPT, True, "off", 0.5, api_name="/generate")
+        client.predict(
+            "embedded",
+            drafter,
+            "none",
+            False,
+            4,
+            0,
+            1,
+            0,
+            16,
+            PROMPT,
+            True,
+            "off",
+            0.5,
+            api_name="/generate",
+        )
     store = Store(data / "specui.db")
     ids = sorted(r.id for r in store.list_runs())[-2:]
     text = client.predict(f"{ids[0]},{ids[1]}", api_name="/export")
@@ -119,9 +172,7 @@ def page(app_url):
 
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=exe, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        browser = launch_chromium(p, exe)
         pg = browser.new_page(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
         pg.set_default_timeout(120_000)
         pg.goto(app_url[0])
@@ -147,14 +198,20 @@ def test_browser_playground_shows_accepted_and_rejected_tokens(page, app_url):
     chosen = page.locator("#drafter-a input").first.input_value()
     assert chosen == "dspark", f"the Playground preselects {chosen!r}, not the shipped DSpark"
     # A held-out prompt of the set the shipped drafters were trained on (their domain).
-    page.locator("#prompt textarea").fill(load_prompts("gsm-symbolic", split="eval", limit=1)[0].text)
+    page.locator("#prompt textarea").fill(
+        load_prompts("gsm-symbolic", split="eval", limit=1)[0].text
+    )
     page.locator("#generate").click()
     page.wait_for_selector("#steps-a .tok.accepted")
-    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('done')", timeout=120_000)
+    _wait_for_text(page, "#status", "done", timeout=120_000)
     confidences = [float(t) for t in page.locator("#steps-a .tok sup.conf").all_inner_texts()]
     assert confidences and all(0.0 <= c <= 1.0 for c in confidences), confidences
     run = Store(app_url[1] / "specui.db").list_runs(limit=1)[0]
-    assert (run.algorithm, str(run.status)) == ("dspark", "done"), (run.algorithm, run.status, run.drafter)
+    assert (run.algorithm, str(run.status)) == ("dspark", "done"), (
+        run.algorithm,
+        run.status,
+        run.drafter,
+    )
     colours = {}
     for cls in ("accepted", "rejected", "corrected", "bonus"):
         loc = page.locator(f"#steps-a .tok.{cls}")
@@ -173,9 +230,9 @@ def test_browser_stop_ends_the_run_as_stopped(page, app_url):
     page.locator("#max-new input[type=number]").fill("400")
     page.locator("#max-new input[type=number]").press("Enter")
     page.locator("#generate").click()
-    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('decoding')")
+    _wait_for_text(page, "#status", "decoding")
     page.locator("#stop").click()
-    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('done')", timeout=120_000)
+    _wait_for_text(page, "#status", "done", timeout=120_000)
     assert "cancelled" in page.locator("#stats-a").inner_text()
     run = Store(app_url[1] / "specui.db").list_runs(limit=1)[0]
     assert str(run.status) == "stopped"
@@ -185,13 +242,18 @@ def test_browser_stop_ends_the_run_as_stopped(page, app_url):
 
 def test_browser_train_start_and_cancel(page):
     _tab(page, "Train")
-    page.locator("#train-name textarea, #train-name input").first.fill(f"ui-test-{int(time.time())}")
+    page.locator("#train-name textarea, #train-name input").first.fill(
+        f"ui-test-{int(time.time())}"
+    )
     page.locator("#train-steps input").fill("3")
     page.locator("#train-start").click()
-    page.wait_for_function("() => document.querySelector('#train-started')?.innerText.includes('queued')")
+    _wait_for_text(page, "#train-started", "queued")
     page.locator("#job-cancel").click()
-    page.wait_for_function("() => /cancel/.test(document.querySelector('#job-status')?.innerText || '')", timeout=90_000)
-    page.wait_for_function("() => document.querySelector('#job-status')?.innerText.includes('cancelled')", timeout=90_000)
+    page.wait_for_function(
+        "() => /cancel/.test(document.querySelector('#job-status')?.innerText || '')",
+        timeout=90_000,
+    )
+    _wait_for_text(page, "#job-status", "cancelled", timeout=90_000)
     page.screenshot(path=str(SHOTS / "train.png"), full_page=True)
 
 
@@ -210,8 +272,12 @@ def test_browser_train_tab_shows_only_the_picked_algorithms_options(page):
         page.get_by_role("option", name=name, exact=True).click()
         want = sorted(set(options) & set(algorithm(name).train_fields))
         deadline = time.monotonic() + 30
-        while (shown := sorted(n for n in options if page.locator(f"#train-option-{n}").is_visible())) != want:
-            assert time.monotonic() < deadline, f"{name}: the tab shows {shown}, the algorithm reads {want}"
+        while (
+            shown := sorted(n for n in options if page.locator(f"#train-option-{n}").is_visible())
+        ) != want:
+            assert time.monotonic() < deadline, (
+                f"{name}: the tab shows {shown}, the algorithm reads {want}"
+            )
             time.sleep(0.2)
         seen[name] = shown
     assert len({tuple(v) for v in seen.values()}) > 1, seen  # the options did change with the pick
@@ -226,7 +292,9 @@ def test_browser_compare_two_runs_and_download_csv(page, app_url):
     _tab(page, "Compare")
     page.get_by_role("button", name="Refresh").click()
     boxes = page.locator("#runs input[type=checkbox]")
-    page.wait_for_function("() => document.querySelectorAll('#runs input[type=checkbox]').length >= 2")
+    page.wait_for_function(
+        "() => document.querySelectorAll('#runs input[type=checkbox]').length >= 2"
+    )
     boxes.nth(0).check()
     boxes.nth(1).check()
     page.locator("#compare").click()
@@ -253,7 +321,8 @@ _SPLIT_HEADER_WORDS = """() => {
         const r = document.createRange();
         r.setStart(node, m.index);
         r.setEnd(node, m.index + m[0].length);
-        const tops = new Set([...r.getClientRects()].filter(b => b.width > 0).map(b => Math.round(b.top)));
+        const tops = new Set(
+          [...r.getClientRects()].filter(b => b.width > 0).map(b => Math.round(b.top)));
         if (tops.size > 1) split.push(m[0]);
       }
     }
@@ -273,34 +342,54 @@ def test_browser_compare_table_is_readable(page, app_url, embedded_verifier):
     jsonl = REPO / "data" / "prompts" / "demo.jsonl"
     request = DecodeRequest(drafter="ngram", num_speculative_tokens=4, max_new_tokens=8)
     store = Store(data / "specui.db")  # the app's own store, written beside it (WAL)
-    ids = [r.run_id for r in record_runs(store, embedded_verifier, [(PlainDrafter(), request), (NgramDrafter(4), request)],
-                                         load_prompts(str(jsonl), limit=2), prompt_set=str(jsonl))]
+    ids = [
+        r.run_id
+        for r in record_runs(
+            store,
+            embedded_verifier,
+            [(PlainDrafter(), request), (NgramDrafter(4), request)],
+            load_prompts(str(jsonl), limit=2),
+            prompt_set=str(jsonl),
+        )
+    ]
     assert store.get_run(ids[0]).prompt_set == str(jsonl)  # stored whole; shown by its name
     _tab(page, "Compare")
     page.get_by_role("button", name="Refresh").click()
-    page.wait_for_function(f"() => document.querySelector('#runs')?.innerText.includes('{ids[1]}: ngram-k4 · demo.jsonl')")
-    checked = page.locator("#runs input[type=checkbox]:checked")  # what an earlier test left selected
+    _wait_for_text(page, "#runs", f"{ids[1]}: ngram-k4 · demo.jsonl")
+    checked = page.locator(
+        "#runs input[type=checkbox]:checked"
+    )  # what an earlier test left selected
     while checked.count():
         checked.first.uncheck()
     for rid, drafter in zip(ids, ("none", "ngram-k4"), strict=True):
         page.get_by_label(f"{rid}: {drafter} · demo.jsonl · done", exact=True).check()
     page.locator("#compare").click()
-    page.wait_for_function(f"() => document.querySelector('#comparison [data-testid=cell-1-0]')?.innerText.trim() == '{ids[1]}'")
+    page.wait_for_function(
+        "() => document.querySelector('#comparison [data-testid=cell-1-0]')?.innerText.trim()"
+        f" == '{ids[1]}'"
+    )
 
-    headers = [h.strip() for h in page.locator("#comparison .header-cell .header").all_inner_texts()]
+    headers = [
+        h.strip() for h in page.locator("#comparison .header-cell .header").all_inner_texts()
+    ]
     assert "Wall time [s]" in headers and "Verifier weights" in headers
     assert page.evaluate(_SPLIT_HEADER_WORDS) == []  # no header word broken across lines
 
     def column(label: str) -> list[str]:
         i = headers.index(label)
-        return [page.locator(f"#comparison [data-testid=cell-{r}-{i}]").inner_text().strip() for r in range(2)]
+        return [
+            page.locator(f"#comparison [data-testid=cell-{r}-{i}]").inner_text().strip()
+            for r in range(2)
+        ]
 
     expected = {row["run_id"]: row for row in compare(store, ids).rows}
     walls = column("Wall time [s]")
     assert all(re.fullmatch(r"\d+(\.\d)?", w) for w in walls), walls  # seconds to 0.1
     assert walls == [f"{expected[rid]['wall_time_s']:.1f}" for rid in ids]
     assert all(re.fullmatch(r"\d+\.\d\d", t) for t in column("τ (acceptance length) [tokens/step]"))
-    assert column("Output tokens [tokens]") == [str(expected[rid]["num_output_tokens"]) for rid in ids]
+    assert column("Output tokens [tokens]") == [
+        str(expected[rid]["num_output_tokens"]) for rid in ids
+    ]
     assert column("Prompt set") == ["demo.jsonl"] * 2
     assert column("Verifier weights") == [embedded_verifier.fingerprint[:8]] * 2
 
@@ -308,13 +397,21 @@ def test_browser_compare_table_is_readable(page, app_url, embedded_verifier):
     page.wait_for_function("() => !document.querySelector('#download-csv')?.disabled")
     with page.expect_download() as dl:
         page.locator("#download-csv").click()
-    rows = {int(r["run_id"]): r for r in csv.DictReader(io.StringIO(Path(dl.value.path()).read_text(encoding="utf-8")))}
+    rows = {
+        int(r["run_id"]): r
+        for r in csv.DictReader(io.StringIO(Path(dl.value.path()).read_text(encoding="utf-8")))
+    }
     for rid in ids:
         assert float(rows[rid]["wall_time_s"]) == expected[rid]["wall_time_s"]
-        assert rows[rid]["prompt_set"] == str(jsonl) and rows[rid]["verifier_fingerprint"] == embedded_verifier.fingerprint
+        assert (
+            rows[rid]["prompt_set"] == str(jsonl)
+            and rows[rid]["verifier_fingerprint"] == embedded_verifier.fingerprint
+        )
     page.screenshot(path=str(SHOTS / "compare.png"), full_page=True)
     # The table scrolls sideways: the wall time and the rates, in view.
-    page.locator("#comparison [data-testid=cell-0-" + str(headers.index("Wall time [s]")) + "]").scroll_into_view_if_needed()
+    page.locator(
+        "#comparison [data-testid=cell-0-" + str(headers.index("Wall time [s]")) + "]"
+    ).scroll_into_view_if_needed()
     page.locator("#comparison").screenshot(path=str(SHOTS / "compare-table.png"))
     store.close()
 
@@ -343,14 +440,22 @@ def test_bench_endpoint_matches_store_and_library_decoding(app_url, embedded_ver
     store = Store(data / "specui.db")
     for row in compare(store, out["run_ids"]).rows:  # what the store holds, read back
         got = rows[row["run_id"]]
-        for key in ("acceptance_length", "num_accepted_tokens", "num_drafts", "num_output_tokens", "speedup"):
+        for key in (
+            "acceptance_length",
+            "num_accepted_tokens",
+            "num_drafts",
+            "num_output_tokens",
+            "speedup",
+        ):
             assert got[key] == pytest.approx(row[key]), key
     # ... and what the library decodes on the same prompt
     ids = load_prompts("demo", split="eval", limit=1)[0].encode(embedded_verifier)
     expected = generate(embedded_verifier, NgramDrafter(4), ids, max_new_tokens=16)
     assert rows[ngram_id]["acceptance_length"] == pytest.approx(expected.acceptance_length)
     assert rows[ngram_id]["num_accepted_tokens"] == sum(s.num_accepted for s in expected.steps)
-    assert [s.num_accepted for s in store.get_steps(ngram_id)] == [s.num_accepted for s in expected.steps]
+    assert [s.num_accepted for s in store.get_steps(ngram_id)] == [
+        s.num_accepted for s in expected.steps
+    ]
     assert rows[base_id]["algorithm"] == "none" and rows[base_id]["acceptance_length"] == 1.0
     assert rows[ngram_id]["baseline_run_id"] == base_id and rows[ngram_id]["speedup"] > 0
     assert store.get_run(ngram_id).owner == client.session_hash  # the calling session owns its runs
@@ -384,13 +489,21 @@ def test_replay_endpoint_renders_local_and_vllm_runs(app_url, embedded_verifier)
     decoded = client.predict(PROMPT, "ngram", "embedded", 4, 16, 0.0, 0, True, api_name="/decode")
     status, stats, out, steps, *_ = client.predict(decoded["run_id"], 0, 100, api_name="/replay")
     assert status.startswith("done: replayed") and "SpecUI engine trace" in status
-    assert _text_of(out) == embedded_verifier.tokenizer.decode(decoded["output_token_ids"], skip_special_tokens=False)
+    assert _text_of(out) == embedded_verifier.tokenizer.decode(
+        decoded["output_token_ids"], skip_special_tokens=False
+    )
     assert f"**{decoded['acceptance_length']:.2f}**" in stats and 'class="tok accepted"' in steps
 
-    output = embedded_verifier.encode("The quick brown fox jumps over the lazy dog again and again.", chat=False)[:12]
+    output = embedded_verifier.encode(
+        "The quick brown fox jumps over the lazy dog again and again.", chat=False
+    )[:12]
     texts = _embedded_texts()
-    run_id, _ = store_vllm_style_run(Store(data / "specui.db"), [
-        ("vllm prompt", per_step_request(0, [1, 2], output, [2, 0, 3], 3))], k=3, texts=texts)
+    run_id, _ = store_vllm_style_run(
+        Store(data / "specui.db"),
+        [("vllm prompt", per_step_request(0, [1, 2], output, [2, 0, 3], 3))],
+        k=3,
+        texts=texts,
+    )
     status, stats, out, steps, *_ = client.predict(f"#{run_id}", "0", 100, api_name="/replay")
     assert "vLLM per-step counts" in status and "not the rejected draft tokens" in status
     accepted = [html.unescape(t) for t in re.findall(r'class="tok accepted"[^>]*>([^<]*)<', steps)]
@@ -415,20 +528,32 @@ def test_browser_replay_a_stored_vllm_histogram_run(page, app_url):
     from tests.support.replay_helpers import histogram_request, store_vllm_style_run
 
     output = list(range(1000, 1012))  # token texts are not needed here: ids show as <id>
-    run_id, _ = store_vllm_style_run(Store(app_url[1] / "specui.db"), [
-        ("hist prompt", histogram_request(0, [1, 2], output, [1, 1, 0, 2]))], k=3, texts=_embedded_texts())
+    run_id, _ = store_vllm_style_run(
+        Store(app_url[1] / "specui.db"),
+        [("hist prompt", histogram_request(0, [1, 2], output, [1, 1, 0, 2]))],
+        k=3,
+        texts=_embedded_texts(),
+    )
     _tab(page, "Playground")
     _open_replay(page)
     page.locator("#replay-refresh").click()
-    page.wait_for_function(f"() => document.querySelector('#replay-run input')?.value.startsWith('#{run_id} ')")
-    page.wait_for_function("() => document.querySelector('#replay-request input')?.value.startsWith('0:')")
+    page.wait_for_function(
+        f"() => document.querySelector('#replay-run input')?.value.startsWith('#{run_id} ')"
+    )
+    page.wait_for_function(
+        "() => document.querySelector('#replay-request input')?.value.startsWith('0:')"
+    )
     page.locator("#replay-rate input[type=number]").fill("50")
     page.locator("#replay-rate input[type=number]").press("Enter")
     page.locator("#replay-go").click()
-    page.wait_for_function(f"() => document.querySelector('#status')?.innerText.includes('steps of run {run_id}')")
+    _wait_for_text(page, "#status", f"steps of run {run_id}")
     assert "NOT the real per-step order" in page.locator("#status").inner_text()
-    assert page.locator("#steps-a .tok.accepted").count() == 1 + 3 * 2  # histogram: one step accepted 1, two accepted 3
-    assert page.locator("#steps-a .tok.rejected.unknown").count() == 2  # the steps that accepted 0 and 1 of 3
+    assert (
+        page.locator("#steps-a .tok.accepted").count() == 1 + 3 * 2
+    )  # histogram: one step accepted 1, two accepted 3
+    assert (
+        page.locator("#steps-a .tok.rejected.unknown").count() == 2
+    )  # the steps that accepted 0 and 1 of 3
     page.screenshot(path=str(SHOTS / "replay.png"), full_page=True)
 
 
@@ -437,23 +562,28 @@ def test_browser_stop_ends_a_replay(page, app_url):
     from specui.vllm.bench import RequestResult
     from tests.support.replay_helpers import store_vllm_style_run
 
-    # No acceptance data ("tokens"): 300 one-token steps at 1 step/s, so Stop comes mid-replay (even at
-    # the slider's previous 50 steps/s the replay would last 6 s).
+    # No acceptance data ("tokens"): 300 one-token steps at 1 step/s, so Stop comes mid-replay
+    # (even at the slider's previous 50 steps/s the replay would last 6 s).
     res = RequestResult(0, [1, 2], output_token_ids=list(range(2000, 2300)), finish_reason="length")
-    run_id, _ = store_vllm_style_run(Store(app_url[1] / "specui.db"), [("tokens prompt", res)], k=3,
-                                     texts=_embedded_texts())
+    run_id, _ = store_vllm_style_run(
+        Store(app_url[1] / "specui.db"), [("tokens prompt", res)], k=3, texts=_embedded_texts()
+    )
     _tab(page, "Playground")
     _open_replay(page)
     page.locator("#replay-refresh").click()
-    page.wait_for_function(f"() => document.querySelector('#replay-run input')?.value.startsWith('#{run_id} ')")
+    page.wait_for_function(
+        f"() => document.querySelector('#replay-run input')?.value.startsWith('#{run_id} ')"
+    )
     page.locator("#replay-rate input[type=number]").fill("1")
     page.locator("#replay-rate input[type=number]").press("Enter")
     page.locator("#replay-go").click()
-    page.wait_for_function(f"() => document.querySelector('#status')?.innerText.includes('replaying run {run_id},')")
+    _wait_for_text(page, "#status", f"replaying run {run_id},")
     assert "each output token is shown as its own step" in page.locator("#status").inner_text()
     page.locator("#stop").click()
-    page.wait_for_function(f"() => document.querySelector('#status')?.innerText.includes('steps of run {run_id}')")
-    stopped = re.search(r"replay stopped at step (\d+) of 300", page.locator("#stats-a").inner_text())
+    _wait_for_text(page, "#status", f"steps of run {run_id}")
+    stopped = re.search(
+        r"replay stopped at step (\d+) of 300", page.locator("#stats-a").inner_text()
+    )
     assert stopped is not None and 0 < int(stopped.group(1)) < 300
 
 
@@ -473,8 +603,12 @@ def test_browser_doctor_ranks_a_truncated_checkpoint_first(page, app_url):
     page.locator("#doctor-run").click()
     first = page.locator("#doctor-report li").first
     first.wait_for(timeout=180_000)
-    assert first.get_attribute("data-code") == "weights_unreadable", page.locator("#doctor-report").inner_text()
+    assert first.get_attribute("data-code") == "weights_unreadable", page.locator(
+        "#doctor-report"
+    ).inner_text()
     assert first.get_attribute("data-severity") == "error"
     assert "truncated" in first.inner_text()
-    assert (broken / "doctor.json").is_file()  # stored with the speculator: it lies in the app's data folder
+    assert (
+        broken / "doctor.json"
+    ).is_file()  # stored with the speculator: it lies in the app's data folder
     page.locator("#doctor").screenshot(path=str(SHOTS / "doctor.png"))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.app_server import free_port, wait_until_serving
+from tests.support.app_server import free_port, launch_chromium, wait_until_serving
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.space
@@ -285,18 +285,7 @@ def test_space_first_generate_cold_then_warm(space_venv, tmp_path):
         sync_playwright() as p,
     ):
         timings["app_startup_s"] = round(startup_s, 1)
-        browser = p.chromium.launch(
-            executable_path=exe,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+        browser = launch_chromium(p, exe)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(120_000)
