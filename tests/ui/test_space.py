@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.app_server import free_port, launch_chromium, wait_until_serving
+from tests.support.app_server import free_port, launch_app, launch_chromium, wait_until_serving
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.space
@@ -213,14 +213,7 @@ def _space_app(python: str, tmp: Path, timeout_s: float = 600.0):
     log = tmp / "app.log"
     out = open(log, "wb")  # noqa: SIM115 - closed below
     started = time.monotonic()
-    proc = subprocess.Popen(
-        [python, "app.py"],
-        cwd=REPO,
-        env=env,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = launch_app([python, "app.py"], env, out)
     url = f"http://127.0.0.1:{port}/"
     try:
         wait_until_serving(proc, url, started + timeout_s, lambda: _tail(log))
@@ -302,7 +295,8 @@ def test_space_first_generate_cold_then_warm(space_venv, tmp_path):
             clicked = time.monotonic()
             if converting:
                 page.wait_for_function(
-                    "() => (document.querySelector('#status')?.innerText || '').includes('loading the verifier')",
+                    "() => (document.querySelector('#status')?.innerText || '')"
+                    ".includes('loading the verifier')",
                     timeout=60_000,
                     polling=100,
                 )
@@ -365,9 +359,11 @@ def test_space_first_generate_cold_then_warm(space_venv, tmp_path):
     TIMINGS.write_text(json.dumps(timings, indent=2) + "\n")
     cached = " (cached)" if timings["venv_cached"] else ""
     print(
-        f"\nspace: venv build {timings['venv_build_s']:.0f} s{cached} · app start-up {timings['app_startup_s']:.1f} s"
+        f"\nspace: venv build {timings['venv_build_s']:.0f} s{cached}"
+        f" · app start-up {timings['app_startup_s']:.1f} s"
         f" · RSS {timings['rss_mib']:.0f} MiB (peak {timings['peak_rss_mib']:.0f} MiB)"
         f" · first drafted step: cold {timings['cold_first_step_s']:.1f} s"
-        f" ({timings['cold_since_launch_s']:.0f} s after launch), warm {timings['warm_first_step_s']:.1f} s"
+        f" ({timings['cold_since_launch_s']:.0f} s after launch),"
+        f" warm {timings['warm_first_step_s']:.1f} s"
         f" · wrote {TIMINGS.relative_to(REPO)}"
     )
