@@ -356,9 +356,8 @@ def test_browser_compare_table_is_readable(page, app_url, embedded_verifier):
     _tab(page, "Compare")
     page.get_by_role("button", name="Refresh").click()
     _wait_for_text(page, "#runs", f"{ids[1]}: ngram-k4 · demo.jsonl")
-    checked = page.locator(
-        "#runs input[type=checkbox]:checked"
-    )  # what an earlier test left selected
+    # what an earlier test left selected
+    checked = page.locator("#runs input[type=checkbox]:checked")
     while checked.count():
         checked.first.uncheck()
     for rid, drafter in zip(ids, ("none", "ngram-k4"), strict=True):
@@ -548,12 +547,10 @@ def test_browser_replay_a_stored_vllm_histogram_run(page, app_url):
     page.locator("#replay-go").click()
     _wait_for_text(page, "#status", f"steps of run {run_id}")
     assert "NOT the real per-step order" in page.locator("#status").inner_text()
-    assert (
-        page.locator("#steps-a .tok.accepted").count() == 1 + 3 * 2
-    )  # histogram: one step accepted 1, two accepted 3
-    assert (
-        page.locator("#steps-a .tok.rejected.unknown").count() == 2
-    )  # the steps that accepted 0 and 1 of 3
+    # histogram: one step accepted 1, two accepted 3
+    assert page.locator("#steps-a .tok.accepted").count() == 1 + 3 * 2
+    # the steps that accepted 0 and 1 of 3
+    assert page.locator("#steps-a .tok.rejected.unknown").count() == 2
     page.screenshot(path=str(SHOTS / "replay.png"), full_page=True)
 
 
