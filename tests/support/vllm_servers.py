@@ -17,3 +17,12 @@ def launch(request, work: Path, name: str, **kw):
     )
     request.addfinalizer(server.stop)
     return server
+
+
+def bench(store, server, prompts, prompt_set: str, **settings):
+    """``run_benchmark`` of ``prompts`` (the set ``prompt_set``) on ``server`` serving the
+    embedded verifier, stored in ``store``; ``settings`` are BenchSettings'."""
+    from specui.vllm.bench import BenchSettings, run_benchmark
+
+    kw = dict(prompt_set=prompt_set, verifier="embedded", settings=BenchSettings(**settings))
+    return run_benchmark(store, server, prompts, **kw)

