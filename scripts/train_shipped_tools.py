@@ -62,7 +62,8 @@ def distill(a: argparse.Namespace) -> None:
     samples = self_distill(v, prompts, a.max_new, a.gen_bs, a.cache_dir, progress=progress)
     tokens = sum(len(s.response_ids) for s in samples)
     print(
-        f"distill: {len(samples)} samples, {tokens} response tokens (mean {tokens / max(1, len(samples)):.0f})",
+        f"distill: {len(samples)} samples, {tokens} response tokens (mean "
+        f"{tokens / max(1, len(samples)):.0f})",
         flush=True,
     )
 
@@ -93,14 +94,17 @@ def summary(a: argparse.Namespace) -> None:
     for path in a.files:
         print(f"== {path}")
         print(
-            f"{'drafter':<10}{'K':>3}{'tau':>7}{'tok/s':>8}{'speedup':>9}  per-position acceptance a_1..a_K"
+            f"{'drafter':<10}{'K':>3}{'tau':>7}{'tok/s':>8}{'speedup':>9}  per-position acceptance "
+            "a_1..a_K"
         )
         for r in _runs(path):
             pos = [r.get(f"acceptance_pos_{k}") for k in range(1, 17)]
             pos = [f"{p:.2f}" for p in pos if p is not None]
             tau, tps, sp = r.get("acceptance_length"), r.get("tokens_per_s"), r.get("speedup")
-            print(f"{r.get('drafter', '?'):<10}{r.get('num_speculative_tokens') or '':>3}"
-                  f"{tau or 1.0:>7.2f}{tps or 0:>8.2f}{sp or 1.0:>8.2f}x  {' '.join(pos)}")  # fmt: skip
+            print(
+                f"{r.get('drafter', '?'):<10}{r.get('num_speculative_tokens') or '':>3}"
+                f"{tau or 1.0:>7.2f}{tps or 0:>8.2f}{sp or 1.0:>8.2f}x  {' '.join(pos)}"
+            )
 
 
 def calibrate(a: argparse.Namespace) -> None:
@@ -143,15 +147,28 @@ def calibrate(a: argparse.Namespace) -> None:
     # with (the running product over every drafted slot; calibrated slot by slot first).
     survive = load_confidences(store, [test_id], prefix=True)
     survive_calibrated = load_confidences(store, [test_id], prefix=True, temperature=t)
-    out = {"temperature": t, "fit_run": fit_id, "test_run": test_id, "fit_slots": int(fit.confidences.size),
-           "before": vars(before), "after": vars(after), "per_slot_after": per_slot,
-           "slot_index_auroc": slot_rate_auroc(test),
-           "prefix": {"raw": vars(ConfidenceMetrics.of(survive.confidences, survive.labels)),
-                      "calibrated": vars(ConfidenceMetrics.of(survive_calibrated.confidences, survive.labels)),
-                      "slot_index_auroc": slot_rate_auroc(survive)}}  # fmt: skip
+    out = {
+        "temperature": t,
+        "fit_run": fit_id,
+        "test_run": test_id,
+        "fit_slots": int(fit.confidences.size),
+        "before": vars(before),
+        "after": vars(after),
+        "per_slot_after": per_slot,
+        "slot_index_auroc": slot_rate_auroc(test),
+        "prefix": {
+            "raw": vars(ConfidenceMetrics.of(survive.confidences, survive.labels)),
+            "calibrated": vars(
+                ConfidenceMetrics.of(survive_calibrated.confidences, survive.labels)
+            ),
+            "slot_index_auroc": slot_rate_auroc(survive),
+        },
+    }
     Path(a.out).write_text(json.dumps(out, indent=2))
-    print(f"dspark calibration: T={t:.3f}; held-out test slots {before.n}: "
-          f"ECE {before.ece:.3f} -> {after.ece:.3f}, Brier {before.brier:.3f} -> {after.brier:.3f}, AUROC {after.auroc}")  # fmt: skip
+    print(
+        f"dspark calibration: T={t:.3f}; held-out test slots {before.n}: ECE {before.ece:.3f} -> "
+        f"{after.ece:.3f}, Brier {before.brier:.3f} -> {after.brier:.3f}, AUROC {after.auroc}"
+    )
 
 
 def convert(a: argparse.Namespace) -> None:
@@ -186,21 +203,23 @@ def convert(a: argparse.Namespace) -> None:
 # Why each drafter has the size it has: measured with bench/speedup_model.py on this 2-core CPU
 # (details in the header of scripts/train_shipped.sh); repeated in every model card.
 WHY = {
-    "all": "Block / K 8: the size the papers and vLLM use and the bar is set at. Verifying 9 tokens costs "
-    "~1.2x one plain step in this CPU's default bf16 batch-invariant verify (1.6-1.9x in float32), so K 8 "
-    "pays at a tau near 2; with such a tau K 3-5 pays a little more locally (README, K sweep), and `-k` "
-    "picks it without retraining. Draft vocabulary: 8192 for the general corpus (its responses: 4096 tokens "
-    "cover 95.9% of the tokens, 8192 99.0%; the math rounds used 4096, where GSM responses use a few hundred "
-    "distinct tokens); a small head cuts drafting from 0.3-1.1 to 0.1-0.2 of a verifier step. Steps: what the "
-    "machine time allowed, one torch thread each.",
-    "dflash": "3 layers: drafting a block costs ~0.2 of a verifier step, only ~0.03 more than 2 layers; "
-    "64 anchors per sequence x batch 4 gives ~200 blocks per step.",
-    "dspark": "The DFlash backbone (3 layers), first warm-started from the DFlash run, so the steps went to "
-    "the Markov head (rank 256: the low-rank next-token coupling inside a block) and the confidence head.",
-    "peagle": "2 layers, 8 depths in one pass; the verifier's embedding is frozen and not stored (its own "
-    "would be 28 M of 37 M trainable parameters and 56 MB of bf16 in every clone).",
-    "eagle3": "1 layer, as in EAGLE-3: it drafts K tokens in K sequential passes, so each layer costs K "
-    "times; 4 training-time-test steps (a longer TTT made a step ~12 s at batch 4).",
+    "all": "Block / K 8: the size the papers and vLLM use and the bar is set at. Verifying 9 "
+    "tokens costs ~1.2x one plain step in this CPU's default bf16 batch-invariant verify "
+    "(1.6-1.9x in float32), so K 8 pays at a tau near 2; with such a tau K 3-5 pays a little more "
+    "locally (README, K sweep), and `-k` picks it without retraining. Draft vocabulary: 8192 for "
+    "the general corpus (its responses: 4096 tokens cover 95.9% of the tokens, 8192 99.0%; the "
+    "math rounds used 4096, where GSM responses use a few hundred distinct tokens); a small head "
+    "cuts drafting from 0.3-1.1 to 0.1-0.2 of a verifier step. Steps: what the machine time "
+    "allowed, one torch thread each.",
+    "dflash": "3 layers: drafting a block costs ~0.2 of a verifier step, only ~0.03 more than 2 "
+    "layers; 64 anchors per sequence x batch 4 gives ~200 blocks per step.",
+    "dspark": "The DFlash backbone (3 layers), first warm-started from the DFlash run, so the "
+    "steps went to the Markov head (rank 256: the low-rank next-token coupling inside a block) "
+    "and the confidence head.",
+    "peagle": "2 layers, 8 depths in one pass; the verifier's embedding is frozen and not stored "
+    "(its own would be 28 M of 37 M trainable parameters and 56 MB of bf16 in every clone).",
+    "eagle3": "1 layer, as in EAGLE-3: it drafts K tokens in K sequential passes, so each layer "
+    "costs K times; 4 training-time-test steps (a longer TTT made a step ~12 s at batch 4).",
 }
 
 
@@ -209,7 +228,8 @@ BAR_MATH_DROP = 0.1  # the most held-out math tau may fall from the drafter it r
 
 
 def _group_taus(bench: dict, drafter: str) -> dict[str, float]:
-    """tau per task group of one drafter's row in a grouped bench (Spec-Bench); {} when ungrouped."""
+    """tau per task group of one drafter's row in a grouped bench (Spec-Bench); {} when
+    ungrouped."""
     out = {}
     for group, rows in (bench.get("groups") or {}).items():
         row = next((r for r in rows if r.get("drafter") == drafter), None)
@@ -269,7 +289,8 @@ def _bar_problems(
                 problems.append("no calibration (run the calibrate stage)")
             else:  # AUROC is None when every scored slot had the same outcome
                 problems.append(
-                    f"confidence AUROC {'undefined' if auroc is None else f'{auroc:.3f}'} < {BAR_AUROC}"
+                    f"confidence AUROC {'undefined' if auroc is None else f'{auroc:.3f}'} < "
+                    f"{BAR_AUROC}"
                 )
     return problems
 
@@ -295,8 +316,10 @@ def _lineage(run: Path) -> list[tuple[Path, dict]]:
 
 def _run_summary(train_run: dict, own: bool) -> str:
     cfg = train_run["config"]
-    text = (f"{train_run.get('step')} steps, batch {cfg['batch_size']}, lr {cfg['lr']} ({cfg['schedule']}, "
-            f"warmup {cfg['warmup_steps']})")  # fmt: skip
+    text = (
+        f"{train_run.get('step')} steps, batch {cfg['batch_size']}, lr {cfg['lr']} "
+        f"({cfg['schedule']}, warmup {cfg['warmup_steps']})"
+    )
     if not own:  # an earlier round: its own data and algorithm
         article = "an" if cfg["algorithm"][:1] in "aeiou" else "a"
         text = f"{article} {cfg['algorithm']} run on the first {cfg['num_prompts']} prompts, {text}"
@@ -310,8 +333,8 @@ def _shipped_origin(lineage: list[tuple[Path, dict]], algo: str) -> list[str]:
     if not init or (Path(init) / "train_run.json").is_file():
         return []
     return [
-        f"- warm-started from: the drafter shipped before it (`{Path(init).name}`, trained on math only); "
-        f"its model card is kept in `docs/shipped/math/cards/{algo}.md`"
+        f"- warm-started from: the drafter shipped before it (`{Path(init).name}`, trained on math "
+        f"only); its model card is kept in `docs/shipped/math/cards/{algo}.md`"
     ]
 
 
@@ -359,21 +382,26 @@ def card(a: argparse.Namespace) -> None:
         f"# {a.algo} drafter for SmolLM2-135M-Instruct (embedded verifier)",
         "",
         f"Speculators-format checkpoint (`speculators_model_type: {model_type}`), weights in bf16 "
-        f"({n_params / 1e6:.2f} M parameters stored, {size / 2**20:.1f} MiB), trained with SpecUI's own pipeline "
-        "(`scripts/train_shipped.sh`). The verifier's embedding and LM head are not stored where the format "
-        "borrows them from the verifier.",
+        f"({n_params / 1e6:.2f} M parameters stored, {size / 2**20:.1f} MiB), trained with "
+        "SpecUI's own pipeline (`scripts/train_shipped.sh`). The verifier's embedding and LM head "
+        "are not stored where the format borrows them from the verifier.",
         "" if not problems else f"\n**Misses the acceptance bar: {'; '.join(problems)}.**\n",
         "## Training",
         "",
-        f"- data: self-distilled greedy responses of the verifier to the TRAINING split of `{cfg['prompts']}` "
-        f"(first {cfg['num_prompts']} prompts, up to {cfg['max_new_tokens']} new tokens): {distill_info}",
+        "- data: self-distilled greedy responses of the verifier to the TRAINING split of "
+        f"`{cfg['prompts']}` (first {cfg['num_prompts']} prompts, up to {cfg['max_new_tokens']} "
+        f"new tokens): {distill_info}",
         f"- drafter: {cfg['layers']} layers, draft vocabulary {cfg['draft_vocab_size']}, "
         + {
-            "dflash": f"block size {cfg['block_size']}, {cfg['max_anchors']} anchors per sequence, mask token {cfg['mask_token_id']}",
-            "dspark": f"block size {cfg['block_size']}, {cfg['max_anchors']} anchors per sequence, mask token {cfg['mask_token_id']}, "
-            f"Markov rank {cfg['markov_rank']}, confidence head trained on the acceptance chance at temperature "
-            f"{cfg.get('confidence_temperature', 1.0):g} (0: greedy, the argmaxes agree), BCE weight {cfg.get('confidence_weight', 1.0):g}",
-            "peagle": f"{cfg['num_depths']} depths per pass, mask token {cfg['mask_token_id']}, verifier embedding frozen",
+            "dflash": f"block size {cfg['block_size']}, {cfg['max_anchors']} anchors per sequence, "
+            f"mask token {cfg['mask_token_id']}",
+            "dspark": f"block size {cfg['block_size']}, {cfg['max_anchors']} anchors per sequence, "
+            f"mask token {cfg['mask_token_id']}, Markov rank {cfg['markov_rank']}, confidence head "
+            "trained on the acceptance chance at temperature "
+            f"{cfg.get('confidence_temperature', 1.0):g} (0: greedy, the argmaxes agree), BCE "
+            f"weight {cfg.get('confidence_weight', 1.0):g}",
+            "peagle": f"{cfg['num_depths']} depths per pass, mask token {cfg['mask_token_id']}, "
+            "verifier embedding frozen",
             "eagle3": f"{cfg['ttt_steps']} training-time-test steps",
         }[a.algo],
         *[
@@ -381,8 +409,9 @@ def card(a: argparse.Namespace) -> None:
             for i, (_, t) in enumerate(lineage)
         ],
         *_shipped_origin(lineage, a.algo),
-        f"- wall time: about {wall / 3600:.1f} h of training steps{' in all' if len(lineage) > 1 else ''} on {platform.machine()} "
-        f"({os.cpu_count()} cores, shared with another training), {cfg['threads']} torch thread, fp32 compute",
+        f"- wall time: about {wall / 3600:.1f} h of training "
+        f"steps{' in all' if len(lineage) > 1 else ''} on {platform.machine()} ({os.cpu_count()} "
+        f"cores, shared with another training), {cfg['threads']} torch thread, fp32 compute",
         f"- why these sizes: {WHY[a.algo]} {WHY['all']}",
         "",
         "## Held-out evaluation",
@@ -393,35 +422,48 @@ def card(a: argparse.Namespace) -> None:
             if eval_set.startswith("spec-bench")
             else "the held-out split, never trained on"
         )
-        + "), plain decoding in the same run, one torch thread; docs/results.md has the command. Verifier precision: "
+        + "), plain decoding in the same run, one torch thread; docs/results.md has the command. "
+        "Verifier precision: "
         + {
             "bf16": "bf16, batch-invariant (`specui.verifier.batch_invariant`: bf16 matmuls, "
             "float32 residual stream, greedy output bit-identical to plain decoding)"
         }.get(r0.get("verifier_precision"), "float32")
         + ".",
         "",
-        f"- T=0: tau {tau:.3f}{_interval(r0, 'acceptance_length')}, {r0.get('tokens_per_s') or 0:.2f} tok/s, "
-        f"speedup {r0.get('speedup') or 0:.2f}x{_interval(r0, 'speedup', suffix='x')}, K {r0.get('num_speculative_tokens')} "
-        "(brackets: 95% bootstrap interval over the prompts)",
+        f"- T=0: tau {tau:.3f}{_interval(r0, 'acceptance_length')}, "
+        f"{r0.get('tokens_per_s') or 0:.2f} tok/s, speedup "
+        f"{r0.get('speedup') or 0:.2f}x{_interval(r0, 'speedup', suffix='x')}, K "
+        f"{r0.get('num_speculative_tokens')} (brackets: 95% bootstrap interval over the prompts)",
         f"- per-position acceptance a_1..a_K (T=0): {pos0}",
-        f"- T=1: tau {r1.get('acceptance_length') or float('nan'):.3f}{_interval(r1, 'acceptance_length')}, "
+        "- T=1: tau "
+        f"{r1.get('acceptance_length') or float('nan'):.3f}{_interval(r1, 'acceptance_length')}, "
         f"speedup {r1.get('speedup') or float('nan'):.2f}x{_interval(r1, 'speedup', suffix='x')}; "
         f"a_1..a_K: {pos1}",
     ]
     if groups:
-        lines += ["", "Per task group (T=0):", "", "| group | tau |", "|---|---|",
-                  *[f"| {g} | {t:.3f} |" for g, t in groups.items()]]  # fmt: skip
+        lines += [
+            "",
+            "Per task group (T=0):",
+            "",
+            "| group | tau |",
+            "|---|---|",
+            *[f"| {g} | {t:.3f} |" for g, t in groups.items()],
+        ]
     if math_check is not None:
-        lines += ["", f"Held-out math (gsm-symbolic, {math_check[2]} prompts, T=0): tau {math_check[0]:.3f}; "
-                  f"the drafter it replaced (trained on math only): {math_check[1]:.3f}."]  # fmt: skip
+        lines += [
+            "",
+            f"Held-out math (gsm-symbolic, {math_check[2]} prompts, T=0): tau {math_check[0]:.3f}; "
+            f"the drafter it replaced (trained on math only): {math_check[1]:.3f}.",
+        ]
     if calib is not None:
         b, c = calib["before"], calib["after"]
         lines += [
             "",
             "## Confidence head (DSpark)",
             "",
-            f"Temperature scaling fitted on {calib['fit_slots']} draft slots of held-out prompts disjoint from the "
-            f"scored ones: T = {calib['temperature']:.3f}. Scored: {b['n']} slots of the T=0 bench run.",
+            f"Temperature scaling fitted on {calib['fit_slots']} draft slots of held-out prompts "
+            f"disjoint from the scored ones: T = {calib['temperature']:.3f}. Scored: {b['n']} "
+            "slots of the T=0 bench run.",
             "",
             "| | ECE | AUROC | Brier |",
             "|---|---|---|---|",
@@ -432,13 +474,15 @@ def card(a: argparse.Namespace) -> None:
             pr, pc = calib["prefix"]["raw"], calib["prefix"]["calibrated"]
             lines += [
                 "",
-                "Scored as above, each slot's score is the head's own estimand: the slot is accepted given "
-                "the slots before it were (slots after a step's first rejection have no outcome and are left "
-                f"out). The slot index alone (each slot scored by its slot's acceptance rate) gives AUROC "
-                f"{calib['slot_index_auroc']:.4f} on the same slots.",
+                "Scored as above, each slot's score is the head's own estimand: the slot is "
+                "accepted given the slots before it were (slots after a step's first rejection "
+                "have no outcome and are left out). The slot index alone (each slot scored by its "
+                f"slot's acceptance rate) gives AUROC {calib['slot_index_auroc']:.4f} on the same "
+                "slots.",
                 "",
-                f"What serving truncates with, the running product prod_(j<=k) c_j (the chance the draft "
-                f"survives to slot k), against whether slot k was accepted, over all {pr['n']} drafted slots:",
+                "What serving truncates with, the running product prod_(j<=k) c_j (the chance the "
+                "draft survives to slot k), against whether slot k was accepted, over all "
+                f"{pr['n']} drafted slots:",
                 "",
                 "| prefix survival | ECE | AUROC | Brier |",
                 "|---|---|---|---|",
@@ -449,9 +493,9 @@ def card(a: argparse.Namespace) -> None:
         if b["auroc"] is not None and b["auroc"] < BAR_AUROC:
             lines += [
                 "",
-                "Why the head stays below the bar, and what was tried (a refit of its linear map, fine-tuning "
-                "the drafter with the head on greedy acceptance): docs/results.md (the math rounds) and "
-                "`bench/confidence_probe.py`.",
+                "Why the head stays below the bar, and what was tried (a refit of its linear map, "
+                "fine-tuning the drafter with the head on greedy acceptance): docs/results.md "
+                "(the math rounds) and `bench/confidence_probe.py`.",
             ]
     (dest / "README.md").write_text("\n".join(lines) + "\n")
     print(
@@ -502,7 +546,8 @@ def _svg_panel(rows: list[dict], title: str, x0: float, w: float, h: float) -> l
             f'<text x="{x:.1f}" y="{top + ph + 16}" text-anchor="middle" font-size="11">{k}</text>'
         )
     out.append(
-        f'<text x="{left + pw / 2}" y="{top + ph + 34}" text-anchor="middle" font-size="12">draft position k</text>'
+        f'<text x="{left + pw / 2}" y="{top + ph + 34}" text-anchor="middle" font-size="12">draft '
+        "position k</text>"
     )
     for i, (name, acc) in enumerate(drafted):
         c = COLOURS[i % len(COLOURS)]
@@ -514,7 +559,8 @@ def _svg_panel(rows: list[dict], title: str, x0: float, w: float, h: float) -> l
         ]
         ly = top + 14 + 16 * i
         out.append(
-            f'<text x="{left + pw - 4}" y="{ly}" text-anchor="end" font-size="12" fill="{c}">{name}</text>'
+            f'<text x="{left + pw - 4}" y="{ly}" text-anchor="end" font-size="12" '
+            f'fill="{c}">{name}</text>'
         )
     return out
 
@@ -527,16 +573,21 @@ def report(a: argparse.Namespace) -> None:
     for t, rows in runs.items():
         for r in rows:
             acc = " ".join(f"{v:.2f}" for v in _acceptance(r)) or "-"
-            print(f"| {t} | {r.get('drafter')} | {r.get('num_speculative_tokens') or '-'} | {r.get('acceptance_length') or 1.0:.2f}"
-                  f"{_interval(r, 'acceptance_length')} | {acc} | {r.get('tokens_per_s') or 0:.2f} "
-                  f"| {r.get('speedup') or 1.0:.2f}x"
-                  f"{_interval(r, 'speedup', suffix='x') if r.get('algorithm') != 'none' else ''} |")  # fmt: skip
+            print(
+                f"| {t} | {r.get('drafter')} | {r.get('num_speculative_tokens') or '-'} | "
+                f"{r.get('acceptance_length') or 1.0:.2f}"
+                f"{_interval(r, 'acceptance_length')} | {acc} | {r.get('tokens_per_s') or 0:.2f} "
+                f"| {r.get('speedup') or 1.0:.2f}x"
+                f"{_interval(r, 'speedup', suffix='x') if r.get('algorithm') != 'none' else ''} |"
+            )
     w, h = 420, 300
     body = [f'<rect width="{2 * w}" height="{h}" fill="white"/>']
     body += _svg_panel(runs["0"], "held-out acceptance per position, T=0", 0, w, h)
     body += _svg_panel(runs["1"], "held-out acceptance per position, T=1", w, w, h)
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * w}" height="{h}" font-family="sans-serif">\n'
-           + "\n".join(body) + "\n</svg>\n")  # fmt: skip
+    svg = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{2 * w}" height="{h}" '
+        'font-family="sans-serif">\n' + "\n".join(body) + "\n</svg>\n"
+    )
     Path(a.out).write_text(svg)
     print(f"wrote {a.out}", file=sys.stderr)
 
@@ -572,8 +623,16 @@ def scaling(a: argparse.Namespace) -> None:
         bench = json.loads(bench_file.read_text())
         row = next(r for r in bench["runs"] if r.get("algorithm") != "none")
         cfg = json.loads((run / "train_run.json").read_text())["config"]
-        points.setdefault(algo, []).append((int(n), _training_tokens(int(n), tokens), row.get("acceptance_length") or 1.0,
-                                            _group_taus(bench, row["drafter"]), _wall_s(run, cfg), row))  # fmt: skip
+        points.setdefault(algo, []).append(
+            (
+                int(n),
+                _training_tokens(int(n), tokens),
+                row.get("acceptance_length") or 1.0,
+                _group_taus(bench, row["drafter"]),
+                _wall_s(run, cfg),
+                row,
+            )
+        )
     groups = sorted({g for pts in points.values() for p in pts for g in p[3]})
     print(
         "| drafter | prompts | training tokens | steps | Spec-Bench tau [95% CI] | "
@@ -587,7 +646,8 @@ def scaling(a: argparse.Namespace) -> None:
             cells = " | ".join(f"{per_group.get(g, float('nan')):.2f}" for g in groups)
             ci = _interval(row, "acceptance_length")
             print(
-                f"| {algo} | {n} | {toks:,} | {cfg['steps']} | {tau:.3f}{ci} | {cells} | {wall / 60:.0f} min |"
+                f"| {algo} | {n} | {toks:,} | {cfg['steps']} | {tau:.3f}{ci} | {cells} | "
+                f"{wall / 60:.0f} min |"
             )
     if a.svg:
         Path(a.svg).write_text(_scaling_svg(points))
@@ -609,7 +669,8 @@ def _scaling_svg(points: dict[str, list[tuple]]) -> str:
 
     out = [
         f'<rect width="{w}" height="{h}" fill="white"/>',
-        f'<text x="{w / 2:.0f}" y="20" text-anchor="middle" font-size="14">Spec-Bench tau (T=0) against training tokens</text>',
+        f'<text x="{w / 2:.0f}" y="20" text-anchor="middle" font-size="14">Spec-Bench tau (T=0) '
+        "against training tokens</text>",
     ]
     steps = 5
     for i in range(steps + 1):
@@ -624,7 +685,8 @@ def _scaling_svg(points: dict[str, list[tuple]]) -> str:
     for x in sorted(set(xs)):
         px, _ = xy(x, y0)
         out.append(
-            f'<text x="{px:.1f}" y="{top + ph + 16}" text-anchor="middle" font-size="11">{x / 1000:.0f}k</text>'
+            f'<text x="{px:.1f}" y="{top + ph + 16}" text-anchor="middle" '
+            f'font-size="11">{x / 1000:.0f}k</text>'
         )
     out.append(
         f'<text x="{left + pw / 2}" y="{top + ph + 36}" text-anchor="middle" font-size="12">'
@@ -634,16 +696,16 @@ def _scaling_svg(points: dict[str, list[tuple]]) -> str:
         c = COLOURS[i % len(COLOURS)]
         coords = [xy(p[1], p[2]) for p in sorted(pts, key=lambda p: p[0])]
         out.append(
-            f'<polyline fill="none" stroke="{c}" stroke-width="2" points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in coords)}"/>'
+            f'<polyline fill="none" stroke="{c}" stroke-width="2" '
+            f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in coords)}"/>'
         )
         out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{c}"/>' for x, y in coords]
         out.append(
             f'<text x="{left + 8}" y="{top + 14 + 16 * i}" font-size="12" fill="{c}">{algo}</text>'
         )
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif">\n'
-        + "\n".join(out)
-        + "\n</svg>\n"
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+        'font-family="sans-serif">\n' + "\n".join(out) + "\n</svg>\n"
     )
 
 
@@ -663,8 +725,8 @@ def paired(a: argparse.Namespace) -> None:
     d, lo, hi = got
     verdict = "better" if lo > 0 else "worse" if hi < 0 else "not separable"
     print(
-        f"paired: run {a.new} - run {a.old} over {len(both)} prompts: tau {d:+.3f} "
-        f"[{lo:+.3f}, {hi:+.3f}] ({verdict})"
+        f"paired: run {a.new} - run {a.old} over {len(both)} prompts: tau {d:+.3f} [{lo:+.3f}, "
+        f"{hi:+.3f}] ({verdict})"
     )
 
 
