@@ -3,8 +3,10 @@
 
     scripts/setup_speculators.sh                                  # once: .venv-speculators
     .venv-speculators/bin/python scripts/make_fixtures.py         # a fresh set in a temp folder
-    .venv-speculators/bin/python scripts/make_fixtures.py --check # ... and compare it with the committed set
-    .venv-speculators/bin/python scripts/make_fixtures.py --out tests/fixtures/speculators-0.9.0  # replace it
+    .venv-speculators/bin/python scripts/make_fixtures.py --check # ... and compare it with the \
+committed set
+    .venv-speculators/bin/python scripts/make_fixtures.py --out tests/fixtures/speculators-0.9.0 \
+ # replace it
 
 (Any other interpreter re-executes itself with ``.venv-speculators/bin/python``
 when that exists.)  The test suite never runs this script and never needs its venv:
@@ -112,10 +114,20 @@ DRAFT_SEEDS = {"dflash": 200, "dspark": 201, "eagle3": 202, "peagle": 203}  # 20
 COD_SEED = 4242  # torch.manual_seed(seed + this) before P-EAGLE's random COD sampling
 SELF_CHECK_TOL = 1e-4
 REMOVED_AFTER_SAVE = ["config.py"]  # library source the HF save copies for auto_map
+# The collated batch's inputs to a drafter's forward.
+BATCH_KEYS = (
+    "hidden_states",
+    "input_ids",
+    "loss_mask",
+    "verifier_last_hidden_states",
+    "document_ids",
+    "position_ids",
+)
 
 
 def _ensure_speculators() -> None:
-    """Import speculators 0.9.0, re-executing under .venv-speculators when this interpreter lacks it."""
+    """Import speculators 0.9.0, re-executing under .venv-speculators when this interpreter lacks
+    it."""
     try:
         import speculators.version as sv
     except ImportError:
@@ -127,8 +139,8 @@ def _ensure_speculators() -> None:
         os.execv(str(VENV_PY), [str(VENV_PY), str(Path(__file__).resolve()), *sys.argv[1:]])
     found = "not importable" if sv is None else f"version {sv.version}"
     raise SpecUIError(
-        f"speculators {SPECULATORS_VERSION} is needed but is {found} in {sys.executable}; "
-        "run scripts/setup_speculators.sh first (it creates .venv-speculators)"
+        f"speculators {SPECULATORS_VERSION} is needed but is {found} in {sys.executable}; run "
+        "scripts/setup_speculators.sh first (it creates .venv-speculators)"
     )
 
 
@@ -172,7 +184,8 @@ def _hooks(spec: list[tuple[nn.Module, Callable[..., None]]]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _replaced(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
-    """Set ``owner.name = make(original)`` for the duration (library functions looked up at call time)."""
+    """Set ``owner.name = make(original)`` for the duration (library functions looked up at call
+    time)."""
     original = getattr(owner, name)
     setattr(owner, name, make(original))
     try:
@@ -181,8 +194,11 @@ def _replaced(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[Non
         setattr(owner, name, original)
 
 
-def _wrapped(owner: Any, name: str, record: Callable[..., None]) -> contextlib.AbstractContextManager:
-    """Wrap ``owner.name`` so that every call is recorded as record(args, kwargs, result), then passed through."""
+def _wrapped(
+    owner: Any, name: str, record: Callable[..., None]
+) -> contextlib.AbstractContextManager:
+    """Wrap ``owner.name`` so that every call is recorded as record(args, kwargs, result), then
+    passed through."""
 
     def make(original: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -200,7 +216,8 @@ def _first(output: Any) -> Any:
 
 
 def _recorded_path(path: Path) -> str:
-    """The verifier path as the library records it: relative to the working directory when inside it."""
+    """The verifier path as the library records it: relative to the working directory when inside
+    it."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
@@ -211,19 +228,30 @@ def _recorded_path(path: Path) -> str:
 
 
 def build_verifier(folder: Path) -> nn.Module:
-    """Write the tiny Qwen3 verifier with transformers' own init and save path; return it (eval, eager)."""
+    """Write the tiny Qwen3 verifier with transformers' own init and save path; return it (eval,
+    eager)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     p = PARAMS
     cfg = Qwen3Config(
-        vocab_size=p["vocab"], hidden_size=p["hidden"], intermediate_size=p["intermediate"],
-        num_hidden_layers=p["layers"], num_attention_heads=p["heads"], num_key_value_heads=p["kv_heads"],
-        head_dim=p["head_dim"], max_position_embeddings=512, rms_norm_eps=1e-6,
+        vocab_size=p["vocab"],
+        hidden_size=p["hidden"],
+        intermediate_size=p["intermediate"],
+        num_hidden_layers=p["layers"],
+        num_attention_heads=p["heads"],
+        num_key_value_heads=p["kv_heads"],
+        head_dim=p["head_dim"],
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": p["rope_theta"]},
         # A wide init (HF default is 0.02) so that taps and logits are far from uniform.
-        initializer_range=0.1, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )  # fmt: skip
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     cfg._attn_implementation = "eager"
     torch.manual_seed(p["seed"])
     model = Qwen3ForCausalLM(cfg).float()
@@ -248,7 +276,9 @@ def verifier_taps(model: nn.Module, ids: Tensor) -> tuple[Tensor, Tensor, Tensor
     got: dict[int, Any] = {}
     spec = [(model.model.embed_tokens, lambda m, a, o: got.__setitem__(0, o[0].detach().clone()))]
     for i, layer in enumerate(layers):
-        spec.append((layer, lambda m, a, o, i=i: got.__setitem__(i + 1, _first(o)[0].detach().clone())))
+        spec.append(
+            (layer, lambda m, a, o, i=i: got.__setitem__(i + 1, _first(o)[0].detach().clone()))
+        )
     with torch.no_grad(), _hooks(spec):
         out = model(input_ids=ids[None], output_hidden_states=True)
     taps = torch.stack([got[i] for i in range(len(layers) + 1)])
@@ -267,7 +297,8 @@ def fixed_tokens() -> Tensor:
 
 
 def build_draft(algo: str, verifier_dir: Path) -> nn.Module:
-    """The draft as the speculators trainer creates it (full-attention layers), before randomising."""
+    """The draft as the speculators trainer creates it (full-attention layers), before
+    randomising."""
     from speculators.models.dflash.core import DFlashDraftModel
     from speculators.models.dspark.core import DSparkDraftModel
     from speculators.models.eagle3.core import Eagle3DraftModel
@@ -279,25 +310,30 @@ def build_draft(algo: str, verifier_dir: Path) -> nn.Module:
     # The trainer's own defaults: llama layers for EAGLE-3, qwen3 for the others.
     arch = "llama" if algo == "eagle3" else "qwen3"
     # Every draft layer full attention (the trainer's CLI default would be sliding).
-    tl = create_transformer_layer_config(str(verifier_dir), n_layers, arch, None, 2048, list(range(n_layers)))
-    common = {"verifier_name_or_path": _recorded_path(verifier_dir), "draft_vocab_size": p["vocab"],
-              "target_layer_ids": list(p["aux_ids"]), "draft_attn_impl": "eager"}  # fmt: skip
+    tl = create_transformer_layer_config(
+        str(verifier_dir), n_layers, arch, None, 2048, list(range(n_layers))
+    )
+    common = {
+        "verifier_name_or_path": _recorded_path(verifier_dir),
+        "draft_vocab_size": p["vocab"],
+        "target_layer_ids": list(p["aux_ids"]),
+        "draft_attn_impl": "eager",
+    }
     mask_id = p["vocab"] - 1
+    block = dict(block_size=p["block_size"], mask_token_id=mask_id)
     if algo == "dflash":
-        return DFlashDraftModel.from_training_args(tl, block_size=p["block_size"], mask_token_id=mask_id, **common)
+        return DFlashDraftModel.from_training_args(tl, **block, **common)
     if algo == "dspark":
-        return DSparkDraftModel.from_training_args(
-            tl, block_size=p["block_size"], mask_token_id=mask_id, markov_rank=p["markov_rank"],
-            markov_head_type="vanilla", **common,
-        )  # fmt: skip
+        markov = dict(markov_rank=p["markov_rank"], markov_head_type="vanilla")
+        return DSparkDraftModel.from_training_args(tl, **block, **markov, **common)
     if algo == "eagle3":
         # The trainer's eagle3 flags (they differ from the config class defaults).
-        return Eagle3DraftModel.from_training_args(
-            tl, ttt_steps=p["ttt_steps"], norm_before_residual=True, norm_before_fc=True, norm_output=True, **common
-        )
+        flags = dict(norm_before_residual=True, norm_before_fc=True, norm_output=True)
+        return Eagle3DraftModel.from_training_args(tl, ttt_steps=p["ttt_steps"], **flags, **common)
     if algo == "peagle":
+        depths = dict(num_depths=p["num_depths"], mask_token_id=mask_id)
         return PEagleDraftModel.from_training_args(
-            tl, num_depths=p["num_depths"], mask_token_id=mask_id, norm_before_residual=True, **common
+            tl, **depths, norm_before_residual=True, **common
         )
     raise SpecUIError(f"unknown algorithm {algo!r} (known: {', '.join(ALGOS)})")
 
@@ -326,17 +362,22 @@ def randomise_trainable(model: nn.Module, seed: int) -> list[str]:
                 param.copy_(0.1 * r)
             elif isinstance(owner, nn.Linear):
                 param.copy_(r / param.shape[1] ** 0.5)  # unit-variance outputs for unit inputs
-            elif isinstance(owner, nn.Embedding) or owner is model:  # embeddings, markov_w1, mask_hidden
+            elif (
+                isinstance(owner, nn.Embedding) or owner is model
+            ):  # embeddings, markov_w1, mask_hidden
                 param.copy_(r)
             elif type(owner).__name__.endswith("RMSNorm"):
                 param.copy_(1 + 0.2 * r)
             else:
-                raise SpecUIError(f"no randomisation rule for parameter {name} ({type(owner).__name__})")
+                raise SpecUIError(
+                    f"no randomisation rule for parameter {name} ({type(owner).__name__})"
+                )
     return frozen
 
 
 def reload_draft(folder: Path, verifier_dir: Path) -> nn.Module:
-    """The saved draft reloaded through the library (eager attention; verifier = the sibling folder)."""
+    """The saved draft reloaded through the library (eager attention; verifier = the sibling
+    folder)."""
     from speculators import SpeculatorModel, SpeculatorModelConfig
 
     cfg = SpeculatorModelConfig.from_pretrained(str(folder))
@@ -347,7 +388,8 @@ def reload_draft(folder: Path, verifier_dir: Path) -> nn.Module:
 
 
 def collate(sample: dict[str, Tensor], shifted: bool) -> dict[str, Tensor]:
-    """One training batch laid out by the library itself (BaseDataset + CollateFn [+ shift_batch])."""
+    """One training batch laid out by the library itself (BaseDataset + CollateFn [+
+    shift_batch])."""
     import torch
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.data import BaseDataset, CollateFn
@@ -365,9 +407,9 @@ def collate(sample: dict[str, Tensor], shifted: bool) -> dict[str, Tensor]:
     T = int(sample["input_ids"].shape[0]) - (1 if shifted else 0)
     item = OneSample(max_len=T, hidden_states_dtype=torch.float32)[0]
     n_aux = len(PARAMS["aux_ids"])
-    batch = CollateFn(T, PARAMS["hidden"], n_aux, dtype=torch.float32, preprocess=shift_batch if shifted else None)(
-        [item]
-    )
+    batch = CollateFn(
+        T, PARAMS["hidden"], n_aux, dtype=torch.float32, preprocess=shift_batch if shifted else None
+    )([item])
     return {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
 
 
@@ -385,14 +427,17 @@ def raw_sample(taps: Tensor, ids: Tensor, loss_mask: Tensor) -> dict[str, Tensor
 
 
 def _forward_kwargs(model: nn.Module, **args: Any) -> dict[str, Any]:
-    """The training-forward keyword arguments the library's trainer would pass (CPU loss kernels)."""
+    """The training-forward keyword arguments the library's trainer would pass (CPU loss
+    kernels)."""
     # "eager" losses: the default fused ones need Triton (a GPU).  The loss value itself
     # is not part of any reference; the forward only has to run.
     train, _ = type(model).get_trainer_kwargs(loss_fn="kl_div", loss_implementation="eager", **args)
     return train
 
 
-def dflash_family_reference(model: nn.Module, batch: dict[str, Tensor], algo: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+def dflash_family_reference(
+    model: nn.Module, batch: dict[str, Tensor], algo: str
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """Reference tensors of one anchored block (+ DSpark heads); returns (tensors, checks)."""
     import torch
 
@@ -403,11 +448,15 @@ def dflash_family_reference(model: nn.Module, batch: dict[str, Tensor], algo: st
         (model.embed_tokens, lambda m, a, o: got.__setitem__("block_ids", a[0].detach().clone())),
         (model.rotary_emb, lambda m, a, o: got.__setitem__("positions", a[1].detach().clone())),
     ]
-    spec += [(layer, lambda m, a, o: got["layers"].append(_first(o)[0].detach().clone())) for layer in model.layers]
-    inputs = {k: batch[k] for k in ("hidden_states", "input_ids", "loss_mask", "verifier_last_hidden_states",
-                                    "document_ids", "position_ids")}  # fmt: skip
+    spec += [
+        (layer, lambda m, a, o: got["layers"].append(_first(o)[0].detach().clone()))
+        for layer in model.layers
+    ]
+    inputs = {k: batch[k] for k in BATCH_KEYS}
     with torch.no_grad(), _hooks(spec):
-        hidden, logits, targets, block_mask, block_idx = model._backbone_forward(**inputs, max_anchors=1)
+        hidden, logits, targets, block_mask, block_idx = model._backbone_forward(
+            **inputs, max_anchors=1
+        )
     p = int(block_idx[0])
     sfa = bool(model.config.sample_from_anchor)
     ref = {
@@ -429,8 +478,13 @@ def dflash_family_reference(model: nn.Module, batch: dict[str, Tensor], algo: st
 
         rec: dict[str, Any] = {}
 
-        def record(args: tuple, kwargs: dict, out: Any) -> None:  # compute_metrics(logits, targets, conf, ...)
-            rec["markov_logits"], rec["confidence_logits"] = args[0].detach().clone(), args[2].detach().clone()
+        def record(
+            args: tuple, kwargs: dict, out: Any
+        ) -> None:  # compute_metrics(logits, targets, conf, ...)
+            rec["markov_logits"], rec["confidence_logits"] = (
+                args[0].detach().clone(),
+                args[2].detach().clone(),
+            )
 
         head = model.markov_head
         spec = [
@@ -440,8 +494,12 @@ def dflash_family_reference(model: nn.Module, batch: dict[str, Tensor], algo: st
         with torch.no_grad(), _hooks(spec), _wrapped(dspark_core, "compute_metrics", record):
             model(**inputs, **_forward_kwargs(model, max_anchors=1))
         prev = rec["prev"].reshape(-1)
-        ref.update(markov_prev_token_ids=prev, markov_bias=rec["bias"].reshape(1, B, -1),
-                   markov_logits=rec["markov_logits"], confidence_logits=rec["confidence_logits"])  # fmt: skip
+        ref.update(
+            markov_prev_token_ids=prev,
+            markov_bias=rec["bias"].reshape(1, B, -1),
+            markov_logits=rec["markov_logits"],
+            confidence_logits=rec["confidence_logits"],
+        )
         with torch.no_grad():  # the same heads applied by hand to the backbone outputs
             e = head.markov_w1(prev)
             manual = logits[0] + head.markov_w2(e)
@@ -451,7 +509,9 @@ def dflash_family_reference(model: nn.Module, batch: dict[str, Tensor], algo: st
     return ref, checks
 
 
-def eagle3_reference(model: nn.Module, batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+def eagle3_reference(
+    model: nn.Module, batch: dict[str, Tensor]
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """Logits of every TTT step of the library's training forward (teacher-forced)."""
     import torch
 
@@ -464,7 +524,9 @@ def eagle3_reference(model: nn.Module, batch: dict[str, Tensor]) -> tuple[dict[s
         (model.verifier_lm_head, lambda m, a, o: got["targets"].append(o.detach().clone())),
     ]
     with torch.no_grad(), _hooks(spec):
-        draft_tokens, _, _ = model(**batch, **_forward_kwargs(model, ttt_steps=S, ttt_step_loss_decay=1.0))
+        draft_tokens, _, _ = model(
+            **batch, **_forward_kwargs(model, ttt_steps=S, ttt_step_loss_decay=1.0)
+        )
     T1 = batch["input_ids"].shape[1]
     logits = torch.stack(got["logits"])
     ref = {
@@ -479,7 +541,9 @@ def eagle3_reference(model: nn.Module, batch: dict[str, Tensor]) -> tuple[dict[s
     return ref, {"argmax_of_captured_logits_equals_draft_tokens": same}
 
 
-def peagle_reference(model: nn.Module, batch: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+def peagle_reference(
+    model: nn.Module, batch: dict[str, Tensor]
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """All rows of one seeded COD batch of the library's forward, and one full rollout."""
     import speculators.models.peagle.core as peagle_core
     import torch
@@ -493,20 +557,34 @@ def peagle_reference(model: nn.Module, batch: dict[str, Tensor]) -> tuple[dict[s
         (model.rotary_emb, lambda m, a, o: got.__setitem__("pos", a[1][0].detach().clone())),
         (model.verifier_lm_head, lambda m, a, o: got.__setitem__("targets", o[0].detach().clone())),
     ]
-    kwargs = _forward_kwargs(model, num_depths=K, down_sample_ratio=0.7, down_sample_ratio_min=0.2, max_anchors=None)
+    kwargs = _forward_kwargs(
+        model, num_depths=K, down_sample_ratio=0.7, down_sample_ratio_min=0.2, max_anchors=None
+    )
 
     def record(args: tuple, kw: dict, out: Any) -> None:
         rec["anchor"], rec["depth"] = out[0].clone(), out[1].clone()
 
     torch.manual_seed(PARAMS["seed"] + COD_SEED)  # COD sampling draws from the global generator
-    with torch.no_grad(), _hooks(spec), _wrapped(peagle_core, "generate_cod_sample_indices", record):
+    with (
+        torch.no_grad(),
+        _hooks(spec),
+        _wrapped(peagle_core, "generate_cod_sample_indices", record),
+    ):
         model(**batch, **kwargs)
     anchor, depth = rec["anchor"], rec["depth"]
-    full = [a for a in anchor[depth == 0].tolist() if all(((anchor == a) & (depth == d)).any() for d in range(K))]
+    full = [
+        a
+        for a in anchor[depth == 0].tolist()
+        if all(((anchor == a) & (depth == d)).any() for d in range(K))
+    ]
     if not full:
-        raise SpecUIError("the seeded COD batch has no anchor with rows at every depth; change COD_SEED")
+        raise SpecUIError(
+            "the seeded COD batch has no anchor with rows at every depth; change COD_SEED"
+        )
     want = PARAMS["peagle_anchor"]
-    a = min(full, key=lambda x: (abs(x - want), x))  # the configured anchor when it has a full chain
+    a = min(
+        full, key=lambda x: (abs(x - want), x)
+    )  # the configured anchor when it has a full chain
     rows = torch.tensor([int(((anchor == a) & (depth == d)).nonzero()[0]) for d in range(K)])
     logits, targets = got["logits"], got["targets"]
     ref = {
@@ -524,21 +602,30 @@ def peagle_reference(model: nn.Module, batch: dict[str, Tensor]) -> tuple[dict[s
     # A rollout must not depend on the other rollouts of the batch: rerun with only the
     # depth-0 rows plus this chain.
     T1 = batch["input_ids"].shape[1]
-    only = (torch.cat([torch.arange(T1), torch.full((K - 1,), a)]),
-            torch.cat([torch.zeros(T1, dtype=torch.long), torch.arange(1, K)]))  # fmt: skip
-    with torch.no_grad(), _hooks(spec[:1]), _replaced(peagle_core, "generate_cod_sample_indices",
-                                                      lambda original: lambda **kw: only):  # fmt: skip
+    only = (
+        torch.cat([torch.arange(T1), torch.full((K - 1,), a)]),
+        torch.cat([torch.zeros(T1, dtype=torch.long), torch.arange(1, K)]),
+    )
+    with (
+        torch.no_grad(),
+        _hooks(spec[:1]),
+        _replaced(peagle_core, "generate_cod_sample_indices", lambda original: lambda **kw: only),
+    ):
         model(**batch, **kwargs)
     alone = got["logits"][0, [a, *range(T1, T1 + K - 1)]]
     checks = {
-        "chain logits: full COD batch vs depth0+chain-only batch (max abs diff)": _max_diff(alone, ref["chain_logits"]),
+        "chain logits: full COD batch vs depth0+chain-only batch (max abs diff)": _max_diff(
+            alone, ref["chain_logits"]
+        ),
         "chosen anchor": a,
         "rows per depth": [int((depth == d).sum()) for d in range(K)],
     }
     return ref, checks
 
 
-def dflash_prefix_sanity(model: nn.Module, verifier: nn.Module, ids: Tensor, block_logits: Tensor) -> dict[str, float]:
+def dflash_prefix_sanity(
+    model: nn.Module, verifier: nn.Module, ids: Tensor, block_logits: Tensor
+) -> dict[str, float]:
     """Block logits must depend only on the tokens before the anchor and the anchor token itself.
 
     The verifier is re-run on modified sequences (real hidden states, not patched
@@ -556,28 +643,35 @@ def dflash_prefix_sanity(model: nn.Module, verifier: nn.Module, ids: Tensor, blo
     def changed(positions: list[int]) -> tuple[float, Tensor]:
         x = ids.clone()
         idx = torch.tensor(positions)
-        x[idx] = (x[idx] + torch.randint(1, V - 1, (len(positions),), generator=g)) % (V - 1)  # always different
+        x[idx] = (x[idx] + torch.randint(1, V - 1, (len(positions),), generator=g)) % (
+            V - 1
+        )  # always different
         taps = verifier_taps(verifier, x)[0]
         batch = collate(raw_sample(taps, x, loss_mask.clone()), shifted=False)
         with torch.no_grad():
-            logits = model._backbone_forward(**{k: batch[k] for k in (
-                "hidden_states", "input_ids", "loss_mask", "verifier_last_hidden_states", "document_ids",
-                "position_ids")}, max_anchors=1)[1]  # fmt: skip
+            logits = model._backbone_forward(
+                **{k: batch[k] for k in BATCH_KEYS},
+                max_anchors=1,
+            )[1]
         return _max_diff(logits, block_logits), taps
 
     out: dict[str, float] = {}
     diff, taps = changed(list(range(p + B, T)))
     out["change tokens after the block (pos >= p+B)"] = diff
     out["  (verifier taps at pos < p identical)"] = _max_diff(taps[:, :p], base_taps[:, :p])
-    out["  (verifier taps at pos >= p+B differ by)"] = _max_diff(taps[:, p + B :], base_taps[:, p + B :])
-    out["change tokens p+1..T-1 (inside block after anchor + after block)"] = changed(list(range(p + 1, T)))[0]
+    out["  (verifier taps at pos >= p+B differ by)"] = _max_diff(
+        taps[:, p + B :], base_taps[:, p + B :]
+    )
+    out["change tokens p+1..T-1 (inside block after anchor + after block)"] = changed(
+        list(range(p + 1, T))
+    )[0]
     out["control: change anchor token x[p]"] = changed([p])[0]
     out["control: change context token x[p-1]"] = changed([p - 1])[0]
     out["control: change context token x[0]"] = changed([0])[0]
     return out
 
 
-# --------------------------------------------------------------------------- independent re-implementation
+# ------------------------------------------------------------------- independent re-implementation
 # Plain torch, from the files on disk only (config.json, model.safetensors, the verifier's
 # weights, the reference inputs): the math each REFERENCE.md documents.  It shares no
 # code with the library, so a reference that the library computed differently from
@@ -615,9 +709,18 @@ class _Dims:
             raise SpecUIError("the self-check implements full-attention draft layers only")
 
 
-def _attention(w: dict[str, Tensor], pre: str, xq: Tensor, xkv: Tensor, pq: Tensor, pkv: Tensor, visible: Tensor,
-               c: _Dims) -> Tensor:  # fmt: skip
-    """o_proj(softmax(q k^T / sqrt(d) over visible keys) v); q/k RMS-normed per head when the layer has norms."""
+def _attention(
+    w: dict[str, Tensor],
+    pre: str,
+    xq: Tensor,
+    xkv: Tensor,
+    pq: Tensor,
+    pkv: Tensor,
+    visible: Tensor,
+    c: _Dims,
+) -> Tensor:
+    """o_proj(softmax(q k^T / sqrt(d) over visible keys) v); q/k RMS-normed per head when the layer
+    has norms."""
     import torch
 
     q = _lin(xq, w, f"{pre}.q_proj").view(len(xq), c.heads, c.d).transpose(0, 1)
@@ -635,11 +738,16 @@ def _attention(w: dict[str, Tensor], pre: str, xq: Tensor, xkv: Tensor, pq: Tens
 def _mlp(w: dict[str, Tensor], pre: str, x: Tensor) -> Tensor:
     import torch
 
-    return _lin(torch.nn.functional.silu(_lin(x, w, f"{pre}.gate_proj")) * _lin(x, w, f"{pre}.up_proj"), w,
-                f"{pre}.down_proj")  # fmt: skip
+    return _lin(
+        torch.nn.functional.silu(_lin(x, w, f"{pre}.gate_proj")) * _lin(x, w, f"{pre}.up_proj"),
+        w,
+        f"{pre}.down_proj",
+    )
 
 
-def _verifier_math(vw: dict[str, Tensor], vcfg: dict[str, Any], ids: Tensor) -> tuple[Tensor, Tensor]:
+def _verifier_math(
+    vw: dict[str, Tensor], vcfg: dict[str, Any], ids: Tensor
+) -> tuple[Tensor, Tensor]:
     import torch
 
     c = _Dims(vcfg)
@@ -660,7 +768,9 @@ def _verifier_logits_from_last(vw: dict[str, Tensor], eps: float, last: Tensor) 
     return _rms(last, vw["model.norm.weight"], eps) @ vw["lm_head.weight"].T
 
 
-def _dflash_math(cfg: dict[str, Any], w: dict[str, Tensor], vw: dict[str, Tensor], ref: dict[str, Tensor]) -> dict[str, Tensor]:
+def _dflash_math(
+    cfg: dict[str, Any], w: dict[str, Tensor], vw: dict[str, Tensor], ref: dict[str, Tensor]
+) -> dict[str, Tensor]:
     import torch
 
     tl, c = cfg["transformer_layer_config"], _Dims(cfg["transformer_layer_config"])
@@ -670,18 +780,34 @@ def _dflash_math(cfg: dict[str, Any], w: dict[str, Tensor], vw: dict[str, Tensor
     ctx = _rms(G @ w["fc.weight"].T, w["hidden_norm.weight"], c.eps)  # computed once, never updated
     h = vw["model.embed_tokens.weight"][torch.tensor([int(x[p])] + [m] * (B - 1))]
     pos_blk, pos_ctx = p + torch.arange(B), ref["position_ids"][0]
-    visible = torch.cat([(torch.arange(T) < p)[None].expand(B, T), torch.ones(B, B, dtype=torch.bool)], 1)
+    visible = torch.cat(
+        [(torch.arange(T) < p)[None].expand(B, T), torch.ones(B, B, dtype=torch.bool)], 1
+    )
     for i in range(tl["num_hidden_layers"]):
         pre = f"layers.{i}"
         a = _rms(h, w[f"{pre}.input_layernorm.weight"], c.eps)
-        h = h + _attention(w, f"{pre}.self_attn", a, torch.cat([ctx, a]), pos_blk, torch.cat([pos_ctx, pos_blk]),
-                           visible, c)  # fmt: skip
+        h = h + _attention(
+            w,
+            f"{pre}.self_attn",
+            a,
+            torch.cat([ctx, a]),
+            pos_blk,
+            torch.cat([pos_ctx, pos_blk]),
+            visible,
+            c,
+        )
         h = h + _mlp(w, f"{pre}.mlp", _rms(h, w[f"{pre}.post_attention_layernorm.weight"], c.eps))
     hidden = _rms(h, w["norm.weight"], c.eps)
-    logits = hidden @ w.get("lm_head.weight", vw["lm_head.weight"]).T  # full vocab: the verifier's head
+    logits = (
+        hidden @ w.get("lm_head.weight", vw["lm_head.weight"]).T
+    )  # full vocab: the verifier's head
     tgt = torch.arange(p, p + B) - (0 if sfa else 1)
-    out = {"block_logits": logits[None],
-           "block_targets": _verifier_logits_from_last(vw, c.eps, ref["verifier_last_hidden_states"][0, tgt])[None]}
+    out = {
+        "block_logits": logits[None],
+        "block_targets": _verifier_logits_from_last(
+            vw, c.eps, ref["verifier_last_hidden_states"][0, tgt]
+        )[None],
+    }
     if "markov_head.markov_w1.weight" in w:
         if cfg.get("markov_head_type", "vanilla") != "vanilla":
             raise SpecUIError("the self-check implements the vanilla Markov head only")
@@ -689,22 +815,37 @@ def _dflash_math(cfg: dict[str, Any], w: dict[str, Tensor], vw: dict[str, Tensor
         prev = blk if sfa else torch.cat([blk[:1], blk[:-1]])
         e = w["markov_head.markov_w1.weight"][prev]
         out["markov_logits"] = (logits + e @ w["markov_head.markov_w2.weight"].T)[None]
-        feats = torch.cat([hidden, e], -1) if cfg.get("confidence_head_with_markov", True) else hidden
+        feats = (
+            torch.cat([hidden, e], -1) if cfg.get("confidence_head_with_markov", True) else hidden
+        )
         out["confidence_logits"] = _lin(feats, w, "confidence_head.proj").squeeze(-1)[None]
     return out
 
 
-def _first_layer(w: dict[str, Tensor], e: Tensor, g: Tensor, nbr: bool, c: _Dims) -> tuple[Tensor, Tensor]:
+def _first_layer(
+    w: dict[str, Tensor], e: Tensor, g: Tensor, nbr: bool, c: _Dims
+) -> tuple[Tensor, Tensor]:
     """EAGLE first-layer input: (cat[input_ln(embed), hidden_norm(g)], residual)."""
     import torch
 
     hn = _rms(g, w["layers.0.hidden_norm.weight"], c.eps)
-    return torch.cat([_rms(e, w["layers.0.input_layernorm.weight"], c.eps), hn], -1), (hn if nbr else g)
+    return torch.cat([_rms(e, w["layers.0.input_layernorm.weight"], c.eps), hn], -1), (
+        hn if nbr else g
+    )
 
 
-def _eagle_layers(w: dict[str, Tensor], cfg: dict[str, Any], e: Tensor, g: Tensor, pq: Tensor, keys: list,
-                  visible: Tensor, c: _Dims) -> Tensor:  # fmt: skip
-    """The draft layers on one set of query rows; ``keys[i]`` caches layer i's (inputs, positions) of earlier rows."""
+def _eagle_layers(
+    w: dict[str, Tensor],
+    cfg: dict[str, Any],
+    e: Tensor,
+    g: Tensor,
+    pq: Tensor,
+    keys: list,
+    visible: Tensor,
+    c: _Dims,
+) -> Tensor:
+    """The draft layers on one set of query rows; ``keys[i]`` caches layer i's (inputs, positions)
+    of earlier rows."""
     import torch
 
     u, h = _first_layer(w, e, g, cfg["norm_before_residual"], c)
@@ -718,7 +859,9 @@ def _eagle_layers(w: dict[str, Tensor], cfg: dict[str, Any], e: Tensor, g: Tenso
     return h
 
 
-def _eagle3_math(cfg: dict[str, Any], w: dict[str, Tensor], vw: dict[str, Tensor], ref: dict[str, Tensor]) -> dict[str, Tensor]:
+def _eagle3_math(
+    cfg: dict[str, Any], w: dict[str, Tensor], vw: dict[str, Tensor], ref: dict[str, Tensor]
+) -> dict[str, Tensor]:
     import torch
 
     c = _Dims(cfg["transformer_layer_config"])
@@ -733,19 +876,33 @@ def _eagle3_math(cfg: dict[str, Any], w: dict[str, Tensor], vw: dict[str, Tensor
     for s in range(S):
         # Step-0 keys causally, then only the same index of every later step so far.
         vis = [idx[None, :] <= idx[:, None]] + [idx[None, :] == idx[:, None]] * s
-        h = _eagle_layers(w, cfg, w["embed_tokens.weight"][ref["step_input_ids"][s]], g, ref["position_ids"][0] + s,
-                          keys, torch.cat(vis, 1), c)  # fmt: skip
+        h = _eagle_layers(
+            w,
+            cfg,
+            w["embed_tokens.weight"][ref["step_input_ids"][s]],
+            g,
+            ref["position_ids"][0] + s,
+            keys,
+            torch.cat(vis, 1),
+            c,
+        )
         if cfg["norm_output"]:
             h = _rms(h, w["norm.weight"], c.eps)
             logits.append(h @ w["lm_head.weight"].T)
         else:
             logits.append(_rms(h, w["norm.weight"], c.eps) @ w["lm_head.weight"].T)
         g = h
-    return {"logits": torch.stack(logits),
-            "step0_targets": _verifier_logits_from_last(vw, c.eps, ref["verifier_last_hidden_states"][0])[None]}
+    return {
+        "logits": torch.stack(logits),
+        "step0_targets": _verifier_logits_from_last(
+            vw, c.eps, ref["verifier_last_hidden_states"][0]
+        )[None],
+    }
 
 
-def _peagle_math(cfg: dict[str, Any], w: dict[str, Tensor], vw: dict[str, Tensor], ref: dict[str, Tensor]) -> dict[str, Tensor]:
+def _peagle_math(
+    cfg: dict[str, Any], w: dict[str, Tensor], vw: dict[str, Tensor], ref: dict[str, Tensor]
+) -> dict[str, Tensor]:
     import torch
 
     c = _Dims(cfg["transformer_layer_config"])
@@ -755,13 +912,23 @@ def _peagle_math(cfg: dict[str, Any], w: dict[str, Tensor], vw: dict[str, Tensor
     g = torch.where((d == 0)[:, None], ref["hidden_states"][0, q], w["mask_hidden"].reshape(1, -1))
     if "input_norm.weight" in w:
         g = _rms(g, w["input_norm.weight"], c.eps)
-    visible = ((d[None, :] == 0) & (a[None, :] <= a[:, None])) | ((a[None, :] == a[:, None]) & (d[None, :] <= d[:, None]))
+    visible = ((d[None, :] == 0) & (a[None, :] <= a[:, None])) | (
+        (a[None, :] == a[:, None]) & (d[None, :] <= d[:, None])
+    )
     keys: list[list] = [[] for _ in range(cfg["transformer_layer_config"]["num_hidden_layers"])]
-    h = _eagle_layers(w, cfg, w["embed_tokens.weight"][tok], g @ w["fc.weight"].T, q, keys, visible, c)
+    h = _eagle_layers(
+        w, cfg, w["embed_tokens.weight"][tok], g @ w["fc.weight"].T, q, keys, visible, c
+    )
     logits = _rms(h, w["norm.weight"], c.eps) @ w["lm_head.weight"].T
     K, an = len(ref["chain_row_indices"]), int(ref["chain_anchor"][0])
-    targets = _verifier_logits_from_last(vw, c.eps, ref["verifier_last_hidden_states"][0, an : an + K])
-    return {"logits_all_rows": logits[None], "chain_logits": logits[ref["chain_row_indices"]], "chain_targets": targets}
+    targets = _verifier_logits_from_last(
+        vw, c.eps, ref["verifier_last_hidden_states"][0, an : an + K]
+    )
+    return {
+        "logits_all_rows": logits[None],
+        "chain_logits": logits[ref["chain_row_indices"]],
+        "chain_targets": targets,
+    }
 
 
 def self_check(folder: Path) -> dict[str, float]:
@@ -773,11 +940,17 @@ def self_check(folder: Path) -> dict[str, float]:
     vcfg = json.loads((vdir / "config.json").read_text())
     vw, vref = load_file(vdir / "model.safetensors"), load_file(vdir / "reference.safetensors")
     taps, logits = _verifier_math(vw, vcfg, vref["input_ids"])
-    out = {"verifier.taps": _max_diff(taps, vref["taps"]), "verifier.logits": _max_diff(logits, vref["logits"])}
+    out = {
+        "verifier.taps": _max_diff(taps, vref["taps"]),
+        "verifier.logits": _max_diff(logits, vref["logits"]),
+    }
     N = vcfg["num_hidden_layers"]
     for algo in ALGOS:
         cfg = json.loads((folder / algo / "config.json").read_text())
-        w, ref = load_file(folder / algo / "model.safetensors"), load_file(folder / algo / "reference.safetensors")
+        w, ref = (
+            load_file(folder / algo / "model.safetensors"),
+            load_file(folder / algo / "reference.safetensors"),
+        )
         # The sample must be the verifier's own taps, in the layout REFERENCE.md gives.
         aux = cfg.get("aux_hidden_state_layer_ids") or cfg["eagle_aux_hidden_state_layer_ids"]
         feats = torch.cat([vref["taps"][i] for i in aux], -1)
@@ -793,7 +966,10 @@ def self_check(folder: Path) -> dict[str, float]:
         elif algo == "eagle3":
             got = _eagle3_math(cfg, w, vw, ref)
             steps = range(len(got["logits"]))  # one entry per TTT step
-            got = {"step0_targets": got["step0_targets"], **{f"logits_step{s}": got["logits"][s] for s in steps}}
+            got = {
+                "step0_targets": got["step0_targets"],
+                **{f"logits_step{s}": got["logits"][s] for s in steps},
+            }
             ref = {**ref, **{f"logits_step{s}": ref["logits"][s] for s in steps}}
         else:
             got = _peagle_math(cfg, w, vw, ref)
@@ -840,51 +1016,69 @@ def _meaning(algo: str) -> dict[str, str]:
     a = p["dflash_anchor"]
     common = {
         "hidden_states": "concatenated aux verifier taps (see 'Verifier taps')",
-        "verifier_last_hidden_states": "tap[N], the last decoder layer output before the verifier's final norm",
+        "verifier_last_hidden_states": "tap[N], the last decoder layer output before the "
+        "verifier's final norm",
         "document_ids": "document ids (all 0: one document, no padding)",
     }
     if algo in ("dflash", "dspark"):
         sfa = algo == "dspark"
-        return {**common,
+        return {
+            **common,
             "input_ids": "[1,T] token ids x[0..T-1] (no shift for the DFlash family)",
-            "loss_mask": f"[1,T] 1 only at position {a}, so the library's anchor choice has one candidate",
+            "loss_mask": f"[1,T] 1 only at position {a}, so the library's anchor choice has one "
+            "candidate",
             "position_ids": "[1,T] arange(T), as the trainer passes them",
             "anchor_position": f"the single anchor p = {a}",
             "block_input_ids": "the block's input tokens [x[p], m, ..., m] (m = mask_token_id)",
             "block_position_ids": "RoPE positions of the block slots, p + k",
-            "block_predicted_positions": "position of the token slot k predicts: " + (
-                "p+k+1 (sample_from_anchor)" if sfa else "p+k (slot 0 is the anchor itself, not trained)"),
-            "fc_output": "[1,T,H] hidden_norm(fc(hidden_states)), the draft context C (only C[:p] is visible)",
-            "block_layer_outputs": "[layers,B,H] block states after each draft layer (before the final norm)",
+            "block_predicted_positions": "position of the token slot k predicts: "
+            + (
+                "p+k+1 (sample_from_anchor)"
+                if sfa
+                else "p+k (slot 0 is the anchor itself, not trained)"
+            ),
+            "fc_output": "[1,T,H] hidden_norm(fc(hidden_states)), the draft context C (only C[:p] "
+            "is visible)",
+            "block_layer_outputs": "[layers,B,H] block states after each draft layer (before the "
+            "final norm)",
             "block_hidden": "[1,B,H] norm(last layer output)",
             "block_logits": "[1,B,V] lm_head(block_hidden), the `_backbone_forward` logits"
-                            + (" (before the Markov bias)" if sfa else ""),
+            + (" (before the Markov bias)" if sfa else ""),
             "block_targets": "[1,B,V] the verifier logits the library aligns with each slot",
             "block_loss_mask": "[1,B] the library's loss mask for the block (informational)",
-            "markov_prev_token_ids": "[B] the previous token of slot k fed to the Markov / confidence heads (x[p+k])",
+            "markov_prev_token_ids": "[B] the previous token of slot k fed to the Markov / "
+            "confidence heads (x[p+k])",
             "markov_bias": "[1,B,V] markov_w2(markov_w1[prev_k])",
             "markov_logits": "[1,B,V] block_logits + markov_bias: the DSpark draft distribution",
-            "confidence_logits": "[1,B] confidence_head.proj(cat[block_hidden_k, markov_w1[prev_k]]), pre-sigmoid",
-        }  # fmt: skip
+            "confidence_logits": "[1,B] confidence_head.proj(cat[block_hidden_k, "
+            "markov_w1[prev_k]]), pre-sigmoid",
+        }
     if algo == "eagle3":
-        return {**common,
+        return {
+            **common,
             "input_ids": "[1,T'] shifted ids: input_ids[i] = x[i+1] (T' = T-1, `shift_batch`)",
-            "hidden_states": "[1,T',k*H] hidden_states[i] = cat_l tap[l][i] (the verifier state at ORIGINAL position i)",
+            "hidden_states": "[1,T',k*H] hidden_states[i] = cat_l tap[l][i] (the verifier state "
+            "at ORIGINAL position i)",
             "verifier_last_hidden_states": "[1,T',H] tap[N][i+1]",
-            "loss_mask": "[1,T'] ones", "position_ids": "[1,T'] i+1, as the trainer passes them",
-            "step_input_ids": "[S,T'] token fed at TTT step s, index i: x[i+1+s] (teacher forcing; 0 past the end)",
+            "loss_mask": "[1,T'] ones",
+            "position_ids": "[1,T'] i+1, as the trainer passes them",
+            "step_input_ids": "[S,T'] token fed at TTT step s, index i: x[i+1+s] (teacher "
+            "forcing; 0 past the end)",
             "step_position_ids": "[S,T'] RoPE position at step s: i+1+s",
             "step_valid": "[S,T'] i < T'-s (later rows are padding, outside the loss)",
             "logits": "[S,T',V] draft logits of step s at index i; they predict x[i+s+2]",
-            "step0_targets": "[1,T',V] verifier logits at original position i+1 (step s uses index i+s)",
-        }  # fmt: skip
-    return {**common,
+            "step0_targets": "[1,T',V] verifier logits at original position i+1 (step s uses "
+            "index i+s)",
+        }
+    return {
+        **common,
         "input_ids": "[1,T'] shifted ids: input_ids[j] = x[j+1]",
         "hidden_states": "[1,T',k*H] hidden_states[j] = cat_l tap[l][j] (ORIGINAL position j)",
         "verifier_last_hidden_states": "[1,T',H] tap[N][j+1]",
         "loss_mask": "[1,T'] ones",
         "position_ids": "[1,T'] j+1 as the trainer passes them; P-EAGLE's forward ignores them",
-        "row_anchor_pos": "[R] anchor (shifted index) of each draft row; rows 0..T'-1 are depth 0, anchor j",
+        "row_anchor_pos": "[R] anchor (shifted index) of each draft row; rows 0..T'-1 are depth "
+        "0, anchor j",
         "row_depth": "[R] depth d of each row",
         "row_position_ids": "[R] a+d: the RoPE position and the shifted index of the row's target",
         "row_input_ids": "[R] token of each row: x[a+1] at depth 0, mask_token_id deeper",
@@ -893,7 +1087,7 @@ def _meaning(algo: str) -> dict[str, str]:
         "chain_row_indices": "[K] row indices of (a,0), (a,1), ..., (a,K-1)",
         "chain_logits": "[K,V] logits of that rollout; depth d predicts x[a+d+2]",
         "chain_targets": "[K,V] verifier logits at original positions a+1..a+K",
-    }  # fmt: skip
+    }
 
 
 def _table(tensors: dict[str, Tensor], meaning: dict[str, str]) -> str:
@@ -926,7 +1120,7 @@ With anchor `p`, block size `B` and `G = hidden_states`:
 """
         if algo == "dspark":
             text += f"""\
-7. DSpark heads (vanilla Markov head, rank {cfg['markov_rank']}): `e_k = markov_w1[prev_k]`
+7. DSpark heads (vanilla Markov head, rank {cfg["markov_rank"]}): `e_k = markov_w1[prev_k]`
    with `prev_k = x[p+k]`; `markov_logits_k = block_logits_k + markov_w2(e_k)`;
    `confidence_logit_k = proj(cat[block_hidden_k, e_k]) + bias`.  At inference `prev_k`
    is the token drafted for slot `k-1` (slot 0: the anchor token).
@@ -949,7 +1143,8 @@ Index `i` (0..T'-1) stands for original position `i+1`.
   model.safetensors for EAGLE-3.  Steps >= 1 are teacher-forced with `x[i+1+s]`.
 """
     return """\
-Shifted index `j` stands for original position `j+1`; row `r` has anchor `a`, depth `d`, `q = a + d`.
+Shifted index `j` stands for original position `j+1`; row `r` has anchor `a`, depth `d`, `q = a + \
+d`.
 
 * Input token `x[q+1]` (= `input_ids[q]`) at depth 0, `mask_token_id` deeper; hidden
   `hidden_states[q]` at depth 0, the learned `mask_hidden` deeper.
@@ -969,54 +1164,98 @@ Shifted index `j` stands for original position `j+1`; row `r` has anchor `a`, de
 def _slots(cfg: dict[str, Any], ref: dict[str, Tensor]) -> str:
     """The DFlash-family slot table, read off the reference tensors."""
     sfa, m = cfg["sample_from_anchor"], cfg["mask_token_id"]
-    rows = ["| slot k | input token | RoPE position | predicts | target = verifier logits at position |",
-            "|---|---|---|---|---|"]  # fmt: skip
-    for k, (tok, pos, pred) in enumerate(zip(ref["block_input_ids"].tolist(), ref["block_position_ids"].tolist(),
-                                             ref["block_predicted_positions"].tolist(), strict=True)):  # fmt: skip
+    rows = [
+        "| slot k | input token | RoPE position | predicts | target = verifier logits at position "
+        "|",
+        "|---|---|---|---|---|",
+    ]
+    for k, (tok, pos, pred) in enumerate(
+        zip(
+            ref["block_input_ids"].tolist(),
+            ref["block_position_ids"].tolist(),
+            ref["block_predicted_positions"].tolist(),
+            strict=True,
+        )
+    ):
         note = "" if sfa or k else " (the anchor itself: masked, unused)"
-        rows.append(f"| {k} | {'mask' if tok == m else f'x[{pos}]'} | {pos} | x[{pred}]{note} | {pos - (0 if sfa else 1)} |")
+        rows.append(
+            f"| {k} | {'mask' if tok == m else f'x[{pos}]'} | {pos} | x[{pred}]{note} | "
+            f"{pos - (0 if sfa else 1)} |"
+        )
     return "\n".join(rows)
 
 
-def write_reference_doc(folder: Path, algo: str, cfg: dict[str, Any], tensors: dict[str, Tensor],
-                        weights: dict[str, Tensor], frozen: list[str], checks: dict[str, Any],
-                        versions: dict[str, str], sanity: dict[str, float]) -> None:  # fmt: skip
+def write_reference_doc(
+    folder: Path,
+    algo: str,
+    cfg: dict[str, Any],
+    tensors: dict[str, Tensor],
+    weights: dict[str, Tensor],
+    frozen: list[str],
+    checks: dict[str, Any],
+    versions: dict[str, str],
+    sanity: dict[str, float],
+) -> None:
     p = PARAMS
     tl = cfg["transformer_layer_config"]
-    flags = ", ".join(f"{k} = {cfg[k]}" for k in ("sample_from_anchor", "norm_before_fc", "norm_before_residual",
-                                                   "norm_output", "fc_norm", "embed_requires_grad") if k in cfg)  # fmt: skip
+    flags = ", ".join(
+        f"{k} = {cfg[k]}"
+        for k in (
+            "sample_from_anchor",
+            "norm_before_fc",
+            "norm_before_residual",
+            "norm_output",
+            "fc_norm",
+            "embed_requires_grad",
+        )
+        if k in cfg
+    )
+    chain = checks.get("chain logits: full COD batch vs depth0+chain-only batch (max abs diff)", 0)
     how = {
-        "dflash": "`model._backbone_forward(..., max_anchors=1)`: the anchor sampler drops the last `B` "
-                  "positions and draws among `loss_mask == 1`, so with one candidate the anchor is fixed.",
-        "eagle3": f"`model.forward(**batch, ttt_steps={p['ttt_steps']})`; a hook on `lm_head` records each "
-                  "step's logits (their argmax equals the returned draft tokens).",
+        "dflash": "`model._backbone_forward(..., max_anchors=1)`: the anchor sampler drops the "
+        "last `B` "
+        "positions and draws among `loss_mask == 1`, so with one candidate the anchor is fixed.",
+        "eagle3": f"`model.forward(**batch, ttt_steps={p['ttt_steps']})`; a hook on `lm_head` "
+        "records each "
+        "step's logits (their argmax equals the returned draft tokens).",
         "peagle": f"`model.forward(**batch, num_depths={p['num_depths']}, down_sample_ratio=0.7, "
-                  f"down_sample_ratio_min=0.2)` after `torch.manual_seed({p['seed'] + COD_SEED})`; the COD sampler's output is "
-                  f"recorded and `lm_head` hooked.  Rows per depth: {checks.get('rows per depth')}; rerunning "
-                  "with only the depth-0 rows plus the chosen rollout changes its logits by "
-                  f"{checks.get('chain logits: full COD batch vs depth0+chain-only batch (max abs diff)', 0):.3g}.",
+        f"down_sample_ratio_min=0.2)` after `torch.manual_seed({p['seed'] + COD_SEED})`; the COD "
+        "sampler's output is recorded and `lm_head` hooked.  Rows per depth: "
+        f"{checks.get('rows per depth')}; rerunning with only the depth-0 rows plus the chosen "
+        f"rollout changes its logits by {chain:.3g}.",
     }
-    how["dspark"] = how["dflash"] + (" Then `model.forward(..., max_anchors=1)` with the DSpark "
-                                     "`compute_metrics` wrapped (recording only) for the Markov and "
-                                     "confidence logits; recomputing both by hand from `block_hidden` "
-                                     f"differs by {checks.get('markov_logits_forward_vs_manual', 0):.3g} / "
-                                     f"{checks.get('confidence_forward_vs_manual', 0):.3g}.")  # fmt: skip
-    layout = "`CollateFn` with `shift_batch`" if algo in ("eagle3", "peagle") else "`CollateFn` (no shift)"
+    how["dspark"] = how["dflash"] + (
+        " Then `model.forward(..., max_anchors=1)` with the DSpark `compute_metrics` wrapped "
+        "(recording only) for the Markov and confidence logits; recomputing both by hand from "
+        f"`block_hidden` differs by {checks.get('markov_logits_forward_vs_manual', 0):.3g} / "
+        f"{checks.get('confidence_forward_vs_manual', 0):.3g}."
+    )
+    layout = (
+        "`CollateFn` with `shift_batch`"
+        if algo in ("eagle3", "peagle")
+        else "`CollateFn` (no shift)"
+    )
     keys = ", ".join(f"`{k}` {list(v.shape)}" for k, v in sorted(weights.items()))
     extra = ""
     if algo in ("dflash", "dspark"):
-        extra = f"\n### Slots (sample_from_anchor = {cfg['sample_from_anchor']})\n\n{_slots(cfg, tensors)}\n"
+        extra = (
+            f"\n### Slots (sample_from_anchor = {cfg['sample_from_anchor']})\n\n"
+            f"{_slots(cfg, tensors)}\n"
+        )
     if sanity:
-        extra += ("\n### Sanity check: the block depends only on the prefix (< p) and the anchor token\n\n"
-                  "The verifier was re-run on modified sequences and the block recomputed by the library; "
-                  "max abs diff of `block_logits` (the magnitudes depend on the replacement tokens drawn):\n\n"
-                  "| modification | max abs diff |\n|---|---|\n"
-                  + "".join(f"| {k.strip()} | {v:.3g} |\n" for k, v in sanity.items()))  # fmt: skip
+        extra += (
+            "\n### Sanity check: the block depends only on the prefix (< p) and the anchor "
+            "token\n\nThe verifier was re-run on modified sequences and the block recomputed by "
+            "the library; max abs diff of `block_logits` (the magnitudes depend on the "
+            "replacement tokens drawn):\n\n| modification | max abs diff |\n|---|---|\n"
+            + "".join(f"| {k.strip()} | {v:.3g} |\n" for k, v in sanity.items())
+        )
     text = f"""# {algo} reference (speculators {SPECULATORS_VERSION})
 
 Written by `scripts/make_fixtures.py`; float32, CPU, eager attention, batch 1.
-V = {p['vocab']}, H = {p['hidden']}, T = {p['seq_len']}, aux_hidden_state_layer_ids = {p['aux_ids']},
-draft: {tl['num_hidden_layers']} `{tl['model_type']}` layer(s), layer_types {tl.get('layer_types')}.
+V = {p["vocab"]}, H = {p["hidden"]}, T = {p["seq_len"]}, aux_hidden_state_layer_ids = \
+{p["aux_ids"]},
+draft: {tl["num_hidden_layers"]} `{tl["model_type"]}` layer(s), layer_types {tl.get("layer_types")}.
 Flags: {flags}.
 
 ## How it was produced
@@ -1040,10 +1279,11 @@ Flags: {flags}.
 
 `model.safetensors` keys: {keys}.
 
-Trainable parameters randomised (seed {p['seed'] + DRAFT_SEEDS[algo]}, in `named_parameters()` order):
+Trainable parameters randomised (seed {p["seed"] + DRAFT_SEEDS[algo]}, in `named_parameters()` \
+order):
 Linear weights `N(0, 1/fan_in)`, RMSNorm gains `1 + 0.2 N(0,1)`, embeddings / `markov_w1` /
 `mask_hidden` `N(0,1)`, biases `0.1 N(0,1)`.  Frozen, verifier-owned (set by the library's
-`load_verifier_weights`): {', '.join(f'`{n}`' for n in frozen)}.
+`load_verifier_weights`): {", ".join(f"`{n}`" for n in frozen)}.
 Removed after `save_pretrained`: {REMOVED_AFTER_SAVE} (library source; config.json keeps its
 `auto_map`).  `speculators_config.verifier.name_or_path` records where the verifier lay when
 the set was written; do not rely on it, use the sibling `verifier/`.
@@ -1056,18 +1296,25 @@ Versions: {json.dumps(versions)}.
 def write_verifier_doc(folder: Path, tensors: dict[str, Tensor], versions: dict[str, str]) -> None:
     p = PARAMS
     meaning = {
-        "input_ids": f"[T] the fixed token sequence x (T = {p['seq_len']}), uniform in [0, V-2] (never the mask id V-1)",
-        "taps": "[N+1,T,H] tap[L] = residual stream after L decoder layers; tap[N] is before the final norm",
-        "hf_last_hidden_state": "[T,H] HF `output_hidden_states[N]` = model.norm(tap[N]) (for comparison only)",
+        "input_ids": f"[T] the fixed token sequence x (T = {p['seq_len']}), uniform in [0, V-2] "
+        "(never the mask id V-1)",
+        "taps": "[N+1,T,H] tap[L] = residual stream after L decoder layers; tap[N] is before the "
+        "final norm",
+        "hf_last_hidden_state": "[T,H] HF `output_hidden_states[N]` = model.norm(tap[N]) (for "
+        "comparison only)",
         "logits": "[T,V] verifier logits; logits[t] predicts x[t+1]",
     }
     text = f"""# verifier reference
 
-Tiny random `Qwen3ForCausalLM` (transformers {versions['transformers']}): vocab {p['vocab']}, hidden {p['hidden']},
-{p['layers']} layers, {p['heads']} heads / {p['kv_heads']} kv heads, head_dim {p['head_dim']}, intermediate
-{p['intermediate']}, rope_theta {p['rope_theta']}, untied embeddings, no tokenizer.  Weights: transformers' own
-init after `torch.manual_seed({p['seed']})` (initializer_range 0.1), then every RMSNorm gain
-`1 + 0.2 N(0,1)` (generator seed {p['seed'] + NORM_GAIN_SEED}) so that a missing norm gain changes the
+Tiny random `Qwen3ForCausalLM` (transformers {versions["transformers"]}): vocab {p["vocab"]}, \
+hidden {p["hidden"]},
+{p["layers"]} layers, {p["heads"]} heads / {p["kv_heads"]} kv heads, head_dim {p["head_dim"]}, \
+intermediate
+{p["intermediate"]}, rope_theta {p["rope_theta"]}, untied embeddings, no tokenizer.  Weights: \
+transformers' own
+init after `torch.manual_seed({p["seed"]})` (initializer_range 0.1), then every RMSNorm gain
+`1 + 0.2 N(0,1)` (generator seed {p["seed"] + NORM_GAIN_SEED}) so that a missing norm gain changes \
+the
 output.  Float32, eager attention.
 
 {_table(tensors, meaning)}
@@ -1077,8 +1324,11 @@ output.  Float32, eager attention.
 
 
 def write_readme(out: Path, versions: dict[str, str], self_diffs: dict[str, float]) -> None:
-    listing = "\n".join(f"{str(f.relative_to(out)):<55} {f.stat().st_size:>9}"
-                        for f in sorted(out.rglob("*")) if f.is_file() and f.parent != out)  # fmt: skip
+    listing = "\n".join(
+        f"{str(f.relative_to(out)):<55} {f.stat().st_size:>9}"
+        for f in sorted(out.rglob("*"))
+        if f.is_file() and f.parent != out
+    )
     text = f"""# speculators {SPECULATORS_VERSION} reference fixtures (public set)
 
 Written by the `speculators` package {SPECULATORS_VERSION} (PyPI) itself, float32, on CPU, by
@@ -1111,8 +1361,11 @@ the saved files; max abs diff vs the references):
 def _save_tensors(path: Path, tensors: dict[str, Tensor], info: dict[str, str]) -> None:
     from safetensors.torch import save_file
 
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(path),
-              metadata={"info": json.dumps(info, sort_keys=True)})  # fmt: skip
+    save_file(
+        {k: v.detach().contiguous() for k, v in tensors.items()},
+        str(path),
+        metadata={"info": json.dumps(info, sort_keys=True)},
+    )
 
 
 def generate(out: Path) -> dict[str, Any]:
@@ -1130,7 +1383,9 @@ def generate(out: Path) -> dict[str, Any]:
     ids = fixed_tokens()
     taps, hf_last, logits = verifier_taps(verifier, ids)
     if _max_diff(hf_last, verifier.model.norm(taps[-1]).detach()) > 1e-6:
-        raise SpecUIError("tap[N] is not the pre-norm last hidden state; transformers changed its outputs")
+        raise SpecUIError(
+            "tap[N] is not the pre-norm last hidden state; transformers changed its outputs"
+        )
     vref = {"input_ids": ids, "taps": taps, "hf_last_hidden_state": hf_last, "logits": logits}
     _save_tensors(vdir / "reference.safetensors", vref, info)
     write_verifier_doc(vdir, vref, versions)
@@ -1151,7 +1406,9 @@ def generate(out: Path) -> dict[str, Any]:
         bad = [k for k in saved if not torch.equal(state[k], saved[k])]
         nan = [n for n, t in state.items() if t.is_floating_point() and t.isnan().any()]
         if bad or nan:
-            raise SpecUIError(f"{algo}: reloaded model differs from the saved one ({bad}) or has NaN ({nan})")
+            raise SpecUIError(
+                f"{algo}: reloaded model differs from the saved one ({bad}) or has NaN ({nan})"
+            )
         if algo in ("dflash", "dspark"):
             lm = torch.zeros(p["seq_len"], dtype=torch.long)
             lm[p["dflash_anchor"]] = 1
@@ -1160,22 +1417,40 @@ def generate(out: Path) -> dict[str, Any]:
             if algo == "dflash":
                 sanity = dflash_prefix_sanity(model, verifier, ids, ref["block_logits"])
         else:
-            batch = collate(raw_sample(taps, ids, torch.ones(p["seq_len"], dtype=torch.long)), shifted=True)
-            ref, checks[algo] = (eagle3_reference if algo == "eagle3" else peagle_reference)(model, batch)
+            batch = collate(
+                raw_sample(taps, ids, torch.ones(p["seq_len"], dtype=torch.long)), shifted=True
+            )
+            ref, checks[algo] = (eagle3_reference if algo == "eagle3" else peagle_reference)(
+                model, batch
+            )
         _save_tensors(folder / "reference.safetensors", ref, {"algorithm": algo, **info})
         cfg = json.loads((folder / "config.json").read_text())
-        write_reference_doc(folder, algo, cfg, ref, saved, frozen, checks[algo], versions,
-                            sanity if algo == "dflash" else {})  # fmt: skip
+        write_reference_doc(
+            folder,
+            algo,
+            cfg,
+            ref,
+            saved,
+            frozen,
+            checks[algo],
+            versions,
+            sanity if algo == "dflash" else {},
+        )
 
     _enforce(checks, sanity)
     print("make_fixtures: self-check (independent plain-torch implementation)", flush=True)
     diffs = self_check(out)
     worst = max(diffs.values())
     if worst > SELF_CHECK_TOL:
-        raise SpecUIError(f"self-check failed: max abs diff {worst:.3g} > {SELF_CHECK_TOL}: {diffs}")
+        raise SpecUIError(
+            f"self-check failed: max abs diff {worst:.3g} > {SELF_CHECK_TOL}: {diffs}"
+        )
     write_readme(out, versions, diffs)
-    files = {str(f.relative_to(out)): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
-             for f in sorted(out.rglob("*")) if f.is_file() and f.parent != out}  # fmt: skip
+    files = {
+        str(f.relative_to(out)): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+        for f in sorted(out.rglob("*"))
+        if f.is_file() and f.parent != out
+    }
     total = sum(v["bytes"] for v in files.values())
     if total > p["size_limit_bytes"]:
         raise SpecUIError(f"the set is {total} bytes, over its limit of {p['size_limit_bytes']}")
@@ -1188,9 +1463,10 @@ def generate(out: Path) -> dict[str, Any]:
         "checks": checks,
         "dflash_prefix_sanity": sanity,
         "independent_reimplementation_max_abs_diff": diffs,
-        "reload_check": "SpeculatorModel.from_pretrained(dir) reloads every draft; all tensors equal to the "
-                        "saved model, no NaN",
-    }  # fmt: skip
+        "reload_check": "SpeculatorModel.from_pretrained(dir) reloads every draft; all tensors "
+        "equal to the "
+        "saved model, no NaN",
+    }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -1201,14 +1477,20 @@ def _enforce(checks: dict[str, Any], sanity: dict[str, float]) -> None:
     if max(checks["dspark"].values()) > SELF_CHECK_TOL:
         bad.append(f"DSpark heads by hand differ from the library's forward: {checks['dspark']}")
     if not checks["eagle3"]["argmax_of_captured_logits_equals_draft_tokens"]:
-        bad.append("the EAGLE-3 logits captured from lm_head are not the ones the forward drafted from")
-    alone = checks["peagle"]["chain logits: full COD batch vs depth0+chain-only batch (max abs diff)"]
+        bad.append(
+            "the EAGLE-3 logits captured from lm_head are not the ones the forward drafted from"
+        )
+    alone = checks["peagle"][
+        "chain logits: full COD batch vs depth0+chain-only batch (max abs diff)"
+    ]
     if alone > SELF_CHECK_TOL:
         bad.append(f"a P-EAGLE rollout depends on the other rollouts of its batch (by {alone:.3g})")
     after = [v for k, v in sanity.items() if k.startswith("change tokens") or "identical" in k]
     controls = [v for k, v in sanity.items() if k.startswith("control")]
     if max(after) > 0 or min(controls) < 1e-3:
-        bad.append(f"DFlash block logits do not depend on exactly the prefix and the anchor: {sanity}")
+        bad.append(
+            f"DFlash block logits do not depend on exactly the prefix and the anchor: {sanity}"
+        )
     if bad:
         raise SpecUIError("; ".join(bad))
 
@@ -1217,7 +1499,8 @@ def _enforce(checks: dict[str, Any], sanity: dict[str, float]) -> None:
 
 
 def _volatile_free(cfg: dict[str, Any]) -> dict[str, Any]:
-    """A config without the fields that legitimately differ between runs (see the module docstring)."""
+    """A config without the fields that legitimately differ between runs (see the module
+    docstring)."""
     cfg = json.loads(json.dumps(cfg))
     cfg.pop("transformers_version", None)
     verifier = cfg.get("speculators_config", {}).get("verifier")
@@ -1227,7 +1510,8 @@ def _volatile_free(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def compare(new: Path, old: Path, tol: float) -> list[str]:
-    """Problems found comparing a fresh set with a committed one (printing the max diffs as it goes)."""
+    """Problems found comparing a fresh set with a committed one (printing the max diffs as it
+    goes)."""
     import torch
     from safetensors.torch import load_file
 
@@ -1235,7 +1519,9 @@ def compare(new: Path, old: Path, tol: float) -> list[str]:
     old_manifest = json.loads((old / "manifest.json").read_text())
     new_manifest = json.loads((new / "manifest.json").read_text())
     if old_manifest.get("config") != new_manifest["config"]:
-        problems.append(f"manifest config differs: {old_manifest.get('config')} vs {new_manifest['config']}")
+        problems.append(
+            f"manifest config differs: {old_manifest.get('config')} vs {new_manifest['config']}"
+        )
     names = sorted({str(f.relative_to(d)) for d in (new, old) for f in d.rglob("*") if f.is_file()})
     identical = 0
     for name in names:
@@ -1248,12 +1534,20 @@ def compare(new: Path, old: Path, tol: float) -> list[str]:
             print(f"  {name:<40} identical bytes")
             continue
         if name == "manifest.json":
-            print(f"  {name:<40} config section "
-                  f"{'same' if old_manifest.get('config') == new_manifest['config'] else 'DIFFERENT'}; "
-                  "versions / hashes / results not compared")
+            same = old_manifest.get("config") == new_manifest["config"]
+            print(
+                f"  {name:<40} config section "
+                f"{'same' if same else 'DIFFERENT'}; "
+                "versions / hashes / results not compared"
+            )
         elif name.endswith(".json"):
-            same = _volatile_free(json.loads(a.read_text())) == _volatile_free(json.loads(b.read_text()))
-            print(f"  {name:<40} {'same (up to name_or_path / transformers_version)' if same else 'DIFFERENT'}")
+            same = _volatile_free(json.loads(a.read_text())) == _volatile_free(
+                json.loads(b.read_text())
+            )
+            print(
+                f"  {name:<40} "
+                f"{'same (up to name_or_path / transformers_version)' if same else 'DIFFERENT'}"
+            )
             if not same:
                 problems.append(f"{name}: configs differ")
         elif name.endswith(".safetensors"):
@@ -1264,24 +1558,38 @@ def compare(new: Path, old: Path, tol: float) -> list[str]:
             worst, where = 0.0, ""
             for k in sorted(ta):
                 if ta[k].dtype != tb[k].dtype or ta[k].shape != tb[k].shape:
-                    problems.append(f"{name}:{k}: {ta[k].dtype}{list(ta[k].shape)} vs {tb[k].dtype}{list(tb[k].shape)}")
+                    problems.append(
+                        f"{name}:{k}: {ta[k].dtype}{list(ta[k].shape)} vs "
+                        f"{tb[k].dtype}{list(tb[k].shape)}"
+                    )
                     continue
                 exact = not ta[k].is_floating_point()
-                d = 0.0 if torch.equal(ta[k], tb[k]) else (float("inf") if exact else _max_diff(ta[k], tb[k]))
+                d = (
+                    0.0
+                    if torch.equal(ta[k], tb[k])
+                    else (float("inf") if exact else _max_diff(ta[k], tb[k]))
+                )
                 if d > worst:
                     worst, where = d, k
                 if d > tol:
                     problems.append(f"{name}:{k}: max abs diff {d:.3g} > {tol}")
-            print(f"  {name:<40} same names/dtypes/shapes; max abs diff {worst:.3g}{f' ({where})' if where else ''}")
+            print(
+                f"  {name:<40} same names/dtypes/shapes; max abs diff "
+                f"{worst:.3g}{f' ({where})' if where else ''}"
+            )
         else:
             print(f"  {name:<40} differs (prose / versions: not compared)")
     print(f"  {identical}/{len(names)} files byte-identical")
     for label, folder in (("new", new), ("committed", old)):
         diffs = self_check(folder)
         worst_name = max(diffs, key=lambda k: diffs[k])
-        print(f"  self-check of the {label} set: max abs diff {diffs[worst_name]:.3g} ({worst_name})")
+        print(
+            f"  self-check of the {label} set: max abs diff {diffs[worst_name]:.3g} ({worst_name})"
+        )
         if diffs[worst_name] > SELF_CHECK_TOL:
-            problems.append(f"self-check of the {label} set: {worst_name} off by {diffs[worst_name]:.3g}")
+            problems.append(
+                f"self-check of the {label} set: {worst_name} off by {diffs[worst_name]:.3g}"
+            )
     return problems
 
 
@@ -1289,7 +1597,8 @@ def compare(new: Path, old: Path, tol: float) -> list[str]:
 
 
 def _prepare(out: Path) -> None:
-    """Empty ``out`` for a new set: a missing or empty folder, or one holding a previous set, never anything else.
+    """Empty ``out`` for a new set: a missing or empty folder, or one holding a previous set, \
+never anything else.
 
     The set is written in place, not moved there afterwards, because the library
     records the verifier's path in every config.json at write time.
@@ -1299,7 +1608,10 @@ def _prepare(out: Path) -> None:
             raise SpecUIError(f"--out {out} exists and is not a folder")
         entries = list(out.iterdir())
         if entries and not (out / "manifest.json").is_file():
-            raise SpecUIError(f"--out {out} is not empty and holds no fixture set (no manifest.json); refusing to overwrite")
+            raise SpecUIError(
+                f"--out {out} is not empty and holds no fixture set (no manifest.json); refusing "
+                "to overwrite"
+            )
         for entry in entries:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     out.mkdir(parents=True, exist_ok=True)
@@ -1307,13 +1619,29 @@ def _prepare(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, help="where to write the set (default: a new temporary folder; "
-                    f"pass {COMMITTED.relative_to(REPO)} explicitly to replace the committed set)")  # fmt: skip
-    ap.add_argument("--check", action="store_true", help="compare the regenerated set with --against")
-    ap.add_argument("--against", type=Path, default=COMMITTED, help="the set --check compares with (default: %(default)s)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        help="where to write the set (default: a new temporary folder; pass "
+        f"{COMMITTED.relative_to(REPO)} explicitly to replace the committed set)",
+    )
+    ap.add_argument(
+        "--check", action="store_true", help="compare the regenerated set with --against"
+    )
+    ap.add_argument(
+        "--against",
+        type=Path,
+        default=COMMITTED,
+        help="the set --check compares with (default: %(default)s)",
+    )
     # 1e-4: the tolerance the conformance tests hold implementations to; torch 2.13 vs
     # 2.14 kernels alone differ by ~5e-6 here, a real change by orders of magnitude more.
-    ap.add_argument("--tol", type=float, default=1e-4, help="max abs diff allowed per float tensor in --check (default: %(default)s)")
+    ap.add_argument(
+        "--tol",
+        type=float,
+        default=1e-4,
+        help="max abs diff allowed per float tensor in --check (default: %(default)s)",
+    )
     a = ap.parse_args(argv)
     try:
         if a.check and not (a.against / "manifest.json").is_file():
@@ -1321,11 +1649,14 @@ def main(argv: list[str] | None = None) -> int:
         if a.tol < 0:
             raise SpecUIError(f"--tol must be >= 0, got {a.tol}")
         if a.out is not None and a.check and a.out.resolve() == a.against.resolve():
-            raise SpecUIError("--check would compare the set with itself: give --out another folder, or none")
+            raise SpecUIError(
+                "--check would compare the set with itself: give --out another folder, or none"
+            )
         _ensure_speculators()
         from loguru import logger
 
-        logger.remove()  # the library logs every file it opens (and a missing shard index) at INFO / WARNING
+        # the library logs every file it opens (and a missing shard index) at INFO / WARNING
+        logger.remove()
         logger.add(sys.stderr, level="ERROR")
         out = a.out if a.out is not None else Path(tempfile.mkdtemp(prefix="specui-fixtures-"))
         _prepare(out)
