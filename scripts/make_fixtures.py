@@ -1,12 +1,11 @@
 #!/usr/bin/env python3
 """Regenerate (or check) the speculators 0.9.0 conformance fixtures with the real library.
 
-    scripts/setup_speculators.sh                                  # once: .venv-speculators
-    .venv-speculators/bin/python scripts/make_fixtures.py         # a fresh set in a temp folder
-    .venv-speculators/bin/python scripts/make_fixtures.py --check # ... and compare it with the \
-committed set
-    .venv-speculators/bin/python scripts/make_fixtures.py --out tests/fixtures/speculators-0.9.0 \
- # replace it
+    scripts/setup_speculators.sh                                   # once: .venv-speculators
+    .venv-speculators/bin/python scripts/make_fixtures.py          # a fresh set in a temp folder
+    .venv-speculators/bin/python scripts/make_fixtures.py --check  # ... compared with the committed
+    # replace the committed set:
+    .venv-speculators/bin/python scripts/make_fixtures.py --out tests/fixtures/speculators-0.9.0
 
 (Any other interpreter re-executes itself with ``.venv-speculators/bin/python``
 when that exists.)  The test suite never runs this script and never needs its venv:
