@@ -1,4 +1,5 @@
-"""The four learned drafters: checkpoints round-trip, inference agrees with training, bad files are refused.
+"""The four learned drafters: checkpoints round-trip, inference agrees with training, bad files
+are refused.
 
 Uses the tiny fixture verifier (6 layers, hidden 64, vocab 512): everything here runs in seconds.
 """
@@ -50,8 +51,12 @@ def features(taps: torch.Tensor, aux: list[int]) -> torch.Tensor:
     return taps[:, aux].flatten(1)  # [T, n_aux*H]
 
 
-def ctx(ids: torch.Tensor, feats: torch.Tensor, sampling: SamplingParams | None = None,
-        generator: torch.Generator | None = None) -> DraftContext:  # fmt: skip
+def ctx(
+    ids: torch.Tensor,
+    feats: torch.Tensor,
+    sampling: SamplingParams | None = None,
+    generator: torch.Generator | None = None,
+) -> DraftContext:
     return DraftContext(
         token_ids=ids, features=feats, sampling=sampling or SamplingParams(), generator=generator
     )
@@ -185,18 +190,26 @@ def test_failed_save_keeps_the_previous_checkpoint(
 
 # --- the incremental inference path agrees with the training layout ---------------------------
 
+
+def sliding(window: int) -> dict:
+    """Two sliding-attention layers with the given window (a variant's keywords)."""
+    return dict(layer_types=["sliding_attention"] * 2, sliding_window=window)
+
+
 DFLASH_VARIANTS = {
     "dflash": dict(num_layers=2, block_size=6),
     # sliding layers, causal inside the block, a window shorter than the context
-    "dflash-sliding-causal": dict(num_layers=2, block_size=5, layer_types=["sliding_attention"] * 2,
-                                  sliding_window=7, sliding_window_non_causal=False),
+    "dflash-sliding-causal": dict(
+        num_layers=2, block_size=5, **sliding(7), sliding_window_non_causal=False
+    ),
     "dflash-reduced-vocab": dict(num_layers=1, block_size=4, draft_vocab=list(range(0, 512, 3))),
     "dspark": dict(num_layers=2, block_size=5, markov_rank=8),
     "dspark-no-markov": dict(num_layers=1, block_size=4, markov_rank=0),
     "dspark-gated": dict(num_layers=1, block_size=4, markov_rank=8, markov_head_type="gated"),
-    "dspark-rnn-not-from-anchor": dict(num_layers=1, block_size=5, markov_rank=8, markov_head_type="rnn",
-                                       sample_from_anchor=False),
-}  # fmt: skip
+    "dspark-rnn-not-from-anchor": dict(
+        num_layers=1, block_size=5, markov_rank=8, markov_head_type="rnn", sample_from_anchor=False
+    ),
+}
 
 
 @pytest.mark.parametrize("variant", DFLASH_VARIANTS)
@@ -232,13 +245,23 @@ def test_dflash_family_inference_matches_training_forward(
 
 EAGLE_VARIANTS = {
     "eagle3": dict(num_speculative_tokens=3),
-    "eagle3-2layers-sliding": dict(num_layers=2, num_speculative_tokens=3, layer_types=["sliding_attention"] * 2,
-                                   sliding_window=6, norm_output=False, norm_before_residual=False),
-    "eagle3-qwen3-fcnorm": dict(model_type="qwen3", num_speculative_tokens=2, norm_before_fc=False, fc_norm=True),
+    "eagle3-2layers-sliding": dict(
+        num_layers=2,
+        num_speculative_tokens=3,
+        **sliding(6),
+        norm_output=False,
+        norm_before_residual=False,
+    ),
+    "eagle3-qwen3-fcnorm": dict(
+        model_type="qwen3", num_speculative_tokens=2, norm_before_fc=False, fc_norm=True
+    ),
     "peagle": dict(num_speculative_tokens=4),
-    "peagle-sliding-reduced-vocab": dict(num_speculative_tokens=3, layer_types=["sliding_attention"] * 2,
-                                         sliding_window=5, draft_vocab=list(range(100, 400))),
-}  # fmt: skip
+    "peagle-sliding-reduced-vocab": dict(
+        num_speculative_tokens=3,
+        **sliding(5),
+        draft_vocab=list(range(100, 400)),
+    ),
+}
 
 
 @pytest.mark.parametrize("variant", EAGLE_VARIANTS)
@@ -525,21 +548,49 @@ def _edit_tensors(folder: Path, edit) -> None:
 
 
 BAD = {
-    "hidden size": ("dflash", lambda f: _edit_config(f, lambda c: c["transformer_layer_config"].update(hidden_size=32))),
-    "vocab size": ("eagle3", lambda f: _edit_config(f, lambda c: c["transformer_layer_config"].update(vocab_size=1000))),
-    "out of range": ("peagle", lambda f: _edit_config(f, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 3, 9]))),
-    "unknown speculators_model_type": ("dflash", lambda f: _edit_config(f, lambda c: c.update(speculators_model_type="medusa"))),
+    "hidden size": (
+        "dflash",
+        lambda f: _edit_config(f, lambda c: c["transformer_layer_config"].update(hidden_size=32)),
+    ),
+    "vocab size": (
+        "eagle3",
+        lambda f: _edit_config(f, lambda c: c["transformer_layer_config"].update(vocab_size=1000)),
+    ),
+    "out of range": (
+        "peagle",
+        lambda f: _edit_config(f, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 3, 9])),
+    ),
+    "unknown speculators_model_type": (
+        "dflash",
+        lambda f: _edit_config(f, lambda c: c.update(speculators_model_type="medusa")),
+    ),
     "mask_token_id": ("dspark", lambda f: _edit_config(f, lambda c: c.update(mask_token_id=600))),
-    "lacks tensors layers.1.mlp.up_proj.weight": ("dflash", lambda f: _edit_tensors(f, lambda t: t.pop("layers.1.mlp.up_proj.weight"))),
-    "tensor fc.weight has shape [64, 128]": ("eagle3", lambda f: _edit_tensors(f, lambda t: t.update({"fc.weight": torch.zeros(64, 128)}))),
+    "lacks tensors layers.1.mlp.up_proj.weight": (
+        "dflash",
+        lambda f: _edit_tensors(f, lambda t: t.pop("layers.1.mlp.up_proj.weight")),
+    ),
+    "tensor fc.weight has shape [64, 128]": (
+        "eagle3",
+        lambda f: _edit_tensors(f, lambda t: t.update({"fc.weight": torch.zeros(64, 128)})),
+    ),
     "NaN": ("dspark", lambda f: _edit_tensors(f, lambda t: t["norm.weight"].fill_(float("nan")))),
     "not a readable safetensors": (
-        "peagle", lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:5000])),
-    "not valid JSON": ("dflash", lambda f: (f / "config.json").write_text('{"speculators_model_type": "dflash",')),
+        "peagle",
+        lambda f: (f / "model.safetensors").write_bytes(
+            (f / "model.safetensors").read_bytes()[:5000]
+        ),
+    ),
+    "not valid JSON": (
+        "dflash",
+        lambda f: (f / "config.json").write_text('{"speculators_model_type": "dflash",'),
+    ),
     "has no config.json": ("dflash", lambda f: (f / "config.json").unlink()),
     "has no model.safetensors": ("eagle3", lambda f: (f / "model.safetensors").unlink()),
-    "block_size' must be int": ("dflash", lambda f: _edit_config(f, lambda c: c.update(block_size="8"))),
-}  # fmt: skip
+    "block_size' must be int": (
+        "dflash",
+        lambda f: _edit_config(f, lambda c: c.update(block_size="8")),
+    ),
+}
 
 
 @pytest.mark.parametrize("problem", BAD)
