@@ -373,7 +373,8 @@ def card(a: argparse.Namespace) -> None:
     from safetensors import safe_open
 
     with safe_open(str(dest / "model.safetensors"), "pt") as f:
-        n_params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118 (safe_open is not iterable)
+        # f.keys(): safe_open is not iterable
+        n_params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
     model_type = json.loads((dest / "config.json").read_text()).get(
         "speculators_model_type", a.algo
     )
