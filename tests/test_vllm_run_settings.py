@@ -12,8 +12,8 @@ from specui.vllm.bench import BenchSettings
 
 
 def test_bench_settings_ask_the_run_service_for_what_a_vllm_run_stores() -> None:
-    settings = BenchSettings(max_new_tokens=48, temperature=0.7, top_p=0.9, top_k=20, seed=5,
-                             concurrency=3)  # fmt: skip
+    sampling = {"temperature": 0.7, "top_p": 0.9, "top_k": 20}
+    settings = BenchSettings(max_new_tokens=48, **sampling, seed=5, concurrency=3)
     request = settings.request("dflash")
     assert isinstance(request, DecodeRequest)
     assert (request.drafter, request.max_new_tokens, request.seed) == ("dflash", 48, 5)
@@ -24,8 +24,7 @@ def test_bench_settings_ask_the_run_service_for_what_a_vllm_run_stores() -> None
     )
     extra = {"vllm": {"api": "completions"}, "concurrency": 3}
     # What run_benchmark stored before it asked the run service: the same fields, the same values.
-    by_hand = DecodingSettings(num_speculative_tokens=4, temperature=0.7, top_p=0.9, top_k=20,
-                               max_new_tokens=48, extra=extra)  # fmt: skip
+    by_hand = DecodingSettings(num_speculative_tokens=4, **sampling, max_new_tokens=48, extra=extra)
     assert run_settings(request, 4, extra) == by_hand
     assert run_settings(request, 4, extra).to_dict()["concurrency"] == 3  # top level, for baselines
 

@@ -39,7 +39,8 @@ _dumps = json.JSONEncoder(separators=(",", ":")).encode
 _dumps_text = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 # The steps table's columns but its id, in table order: what _step_row returns.
-_STEP_COLUMNS = tuple(c.name for c in StepRecord.__table__.columns if c.name != "id")  # type: ignore[attr-defined]
+_STEP_TABLE = StepRecord.__table__  # type: ignore[attr-defined]
+_STEP_COLUMNS = tuple(c.name for c in _STEP_TABLE.columns if c.name != "id")
 _STEP_INSERT = (
     f"INSERT INTO steps ({', '.join(_STEP_COLUMNS)}) VALUES ({', '.join('?' * len(_STEP_COLUMNS))})"
 )

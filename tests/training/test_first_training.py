@@ -136,12 +136,10 @@ def test_every_long_stage_shows_a_bar_with_a_rate_and_an_eta(
             for _ in range(10)
         )
     )
-    argv = [
-        "train", "--algorithm", "dflash", "--verifier", str(fixture_dir / "verifier"),
-        "--prompts", str(prompts), "--out", str(tmp_path / "o"), "--steps", "3",
-        "--max-new-tokens", "16", "--gen-batch-size", "2", "--aux-layers", "1,3,4",
-        "--extraction", "offline", "--threads", "1", "--warmup-steps", "1",
-    ]  # fmt: skip
+    argv = ["train", "--algorithm", "dflash", "--verifier", str(fixture_dir / "verifier")]
+    argv += ["--prompts", str(prompts), "--out", str(tmp_path / "o"), "--steps", "3"]
+    argv += ["--max-new-tokens", "16", "--gen-batch-size", "2", "--aux-layers", "1,3,4"]
+    argv += ["--extraction", "offline", "--threads", "1", "--warmup-steps", "1"]
     assert main(argv) == 0
     err = capsys.readouterr().err
     plan = re.search(
@@ -178,8 +176,10 @@ def test_the_readme_training_command_generates_no_response(tmp_path: Path) -> No
 
     # The command as written (every general training prompt, the default cap), a few small
     # steps: only the drafter's size and the step count differ, nothing that picks the data.
-    cfg = readme_config("--out", str(tmp_path / "my-dflash"), "--steps", "2", "--layers", "1",
-                        "--max-seq-len", "256", "--threads", "1", "--log-every", "1")  # fmt: skip
+    small = ["--steps", "2", "--layers", "1", "--max-seq-len", "256"]
+    cfg = readme_config(
+        "--out", str(tmp_path / "my-dflash"), *small, "--threads", "1", "--log-every", "1"
+    )
     generation: list[tuple[int, int]] = []
 
     def stage(what: str, done: int, total: int) -> None:
