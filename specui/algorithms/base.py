@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from specui.verifier.model import Verifier
 
 SPECULATORS_VERSION = "0.9.0"
+# A drafting step's blocks (the new committed rows plus K draft rows) stay under this and run on
+# the bf16 kernel where it runs; longer ones, a prompt's first step, go to oneDNN.
+DRAFT_KERNEL_ROWS = 64
 DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -478,7 +481,7 @@ class LearnedDrafter:
         from specui.verifier.batch_invariant import bf16_matmuls
 
         for module in (self.model, *self.model.own_matmuls_outside()):
-            bf16_matmuls(module)
+            bf16_matmuls(module, kernel_rows=DRAFT_KERNEL_ROWS)
 
     def empty_proposal(self) -> Any:
         return Proposal(token_ids=[], probs=torch.zeros(0, self.model.config.layer.vocab_size))

@@ -13,8 +13,10 @@ each weight once for up to ``MAX_ROWS`` rows and oneDNN takes longer blocks (pre
 return what ``onednn::qlinear_pointwise`` returns for the same operands, bit for bit (an exact
 int32 sum, made float once, times the channel's scale), so using them changes no output.
 
-**The bf16 matmul** (AMX only, ``specui_bf16_matmul``) sums each output in one fixed order at any
-row count: batch-invariant without padding a single row, but its own bits, not oneDNN's.
+**The bf16 matmul** (AMX: ``specui_bf16_matmul``; else AVX512-BF16: ``specui_bf16_matmul_avx512``,
+which the drafters use for their few-row products, twice oneDNN's speed through cold weights)
+sums each output in one fixed order at any row count: batch-invariant without padding a single
+row, but its own bits, not oneDNN's.
 
 **The gguf matmul** (``specui_gguf_matmul``, AVX512 with VNNI; the ``gguf`` precision) reads a
 GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks, repacked once into tiles of 16 channels (same values,
@@ -73,6 +75,7 @@ FLAGS = (
     "-mavx512bw",
     "-mavx512vl",
     "-mavx512vnni",
+    "-mavx512bf16",
     "-mamx-tile",
     "-mamx-bf16",
     "-mamx-int8",
@@ -181,6 +184,12 @@ class Kernel:
         bf16.argtypes = fn.argtypes[:5] + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
         bf16.restype = ctypes.c_int
         self._bf16 = bf16
+        avx512 = self._lib.specui_bf16_matmul_avx512
+        avx512.argtypes = bf16.argtypes
+        avx512.restype = ctypes.c_int
+        self._bf16_avx512 = avx512
+        # Where AMX is missing, the bf16 matmul runs on AVX512-BF16 if the CPU has it.
+        self.avx512_bf16 = "avx512_bf16" in _cpu_flags()
         gguf = self._lib.specui_gguf_matmul
         gguf.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                          ctypes.c_int64, ctypes.c_void_p]  # fmt: skip
@@ -203,8 +212,9 @@ class Kernel:
         self, x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """float32 ``[rows, out]``: bf16 rows ``x`` times ``w`` in float32 sums (one fixed order per output), plus ``bias``."""
-        if self.amx_reason is not None:  # AMX instructions would fault
-            raise RuntimeError(f"bf16 kernel: {self.amx_reason}")
+        fn = self._bf16 if self.amx_reason is None else self._bf16_avx512
+        if self.amx_reason is not None and not self.avx512_bf16:  # the instructions would fault
+            raise RuntimeError(f"bf16 kernel: {self.amx_reason} and AVX512-BF16")
         if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != w.k:
             raise ValueError(
                 f"bf16 kernel: needs bf16 rows of {w.k} inputs, got {tuple(x.shape)} {x.dtype}"
@@ -213,7 +223,7 @@ class Kernel:
             raise ValueError("bf16 kernel: a contiguous float32 bias")
         x = x.contiguous()
         out = torch.empty(x.shape[0], w.out_features)
-        rc = self._bf16(x.data_ptr(), x.shape[0], w.k, w.k_padded, w.data.data_ptr(),
+        rc = fn(x.data_ptr(), x.shape[0], w.k, w.k_padded, w.data.data_ptr(),
                         None if bias is None else bias.data_ptr(), w.out_features, out.data_ptr())  # fmt: skip
         if rc != 0:
             raise MemoryError("bf16 kernel: no memory for its scratch rows")
@@ -513,6 +523,12 @@ def amx_available() -> bool:
     return kernel is not None and kernel.amx_reason is None
 
 
+def bf16_kernel_available() -> bool:
+    """Whether the bf16 matmul runs in this process (on AMX, or else on AVX512-BF16)."""
+    kernel = load()
+    return kernel is not None and (kernel.amx_reason is None or kernel.avx512_bf16)
+
+
 def bf16_matmul(x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None) -> torch.Tensor:
     """``Kernel.bf16_matmul`` of the loaded kernel (weights packed by :func:`pack_bf16` while it was loaded)."""
     return _state["kernel"].bf16_matmul(x, w, bias)  # type: ignore[union-attr]
@@ -599,7 +615,7 @@ def self_check(kernel: Kernel) -> str | None:
         for amx in (False, True) if kernel.amx_reason is None else (False,):
             if not torch.equal(kernel.matmul(q, pack(wq, amx), scale), onednn_matmul(q, onednn)):
                 return f"its {'AMX ' if amx else ''}{rows}x{k} by {k}x{n} int8 product differs from oneDNN's"
-    if kernel.amx_reason is None:
+    if kernel.amx_reason is None or kernel.avx512_bf16:
         w = torch.randn(37, 131, generator=gen).bfloat16()
         x = torch.randn(TILE + 3, 131, generator=gen).bfloat16()
         bias = torch.randn(37, generator=gen)
@@ -722,6 +738,8 @@ def status() -> str:
     if kernel is not None:
         if kernel.amx_reason is None:
             return "specui kernels: AMX int8 and bf16 matmuls, gguf matmul, row-wise attention"
+        bf16 = "drafters' on AVX512-BF16, others oneDNN's" if kernel.avx512_bf16 else "oneDNN's"
         return (f"specui kernels: AVX512-VNNI int8 matmul for up to {MAX_ROWS} rows (oneDNN u8s8 beyond), "
-                f"gguf matmul, row-wise attention; bf16 matmuls oneDNN's ({kernel.amx_reason})")  # fmt: skip
+                f"gguf matmul, row-wise attention; bf16 matmuls {bf16} "
+                f"({kernel.amx_reason})")  # fmt: skip
     return f"oneDNN u8s8 and SDPA rows ({_state.get('reason')})"
