@@ -1,5 +1,5 @@
-"""The drafters' serving path (``LearnedDrafter.matmuls_in_bf16``: the bf16 kernels) drafts what
-the float32 eager path drafts.
+"""The drafters' serving path (``LearnedDrafter.matmuls_in_bf16``: bf16 kernels, fused weights,
+preallocated caches) drafts what the float32 eager path drafts.
 
 Real shipped drafters beside the embedded verifier, on the contexts of real greedy decodes: each
 step's draft logits of both paths, their argmax compared slot by slot.  The sequential drafters
@@ -62,6 +62,8 @@ def test_serving_path_drafts_what_the_float32_eager_path_drafts(
     algo, embedded_verifier, prompt_ids
 ):
     eager = resolve_drafter(algo, embedded_verifier)  # a float32 verifier: the eager path
+    eager.in_place = False
+    eager.reset()
     serving = resolve_drafter(algo, embedded_verifier)
     serving.matmuls_in_bf16()
     same = total = 0

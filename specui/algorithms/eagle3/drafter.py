@@ -10,34 +10,52 @@ from torch import nn
 
 from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, stack_probs
 from specui.algorithms.eagle3.model import Eagle3Model
-from specui.algorithms.layers import KV, extend_kv
+from specui.algorithms.layers import KV, CacheWrite, KVBuffer, extend_kv
 from specui.trace import Proposal
 
 
 class EagleRowCache:
-    """Per-layer K/V of the step-0 rows (0..P-1) of committed positions, grown incrementally."""
+    """Per-layer K/V of the step-0 rows (0..P-1) of committed positions, grown incrementally.
 
-    def __init__(self) -> None:
+    ``in_place``: held in one ``KVBuffer`` a layer, with each step's speculative rows written
+    after the committed ones; else concatenated (the eager path, ``kv``).
+    """
+
+    def __init__(self, in_place: bool = False) -> None:
         self.prefix = PrefixCache()
         self.kv: list[KV] | None = None  # per layer (k, v) [1, 1, Hkv, P, D]
+        self.buffers: list[KVBuffer] | None = [] if in_place else None
         self.rows = 0
 
     def valid_rows(self, ids: torch.Tensor, max_rows: int) -> int:
         """Rows still valid for committed ``ids`` (row i used tokens up to x[i+1]), at most ``max_rows``."""
         if self.prefix.valid_length(ids, self.rows + 1) == 0:
             self.kv, self.rows = None, 0
-        if (
-            self.rows > max_rows and self.kv is not None
-        ):  # asked again for the same anchor: redo its row
-            self.kv = [(k[..., :max_rows, :], v[..., :max_rows, :]) for k, v in self.kv]
+        if self.rows > max_rows:  # asked again for the same anchor: redo its row
+            if self.kv is not None:
+                self.kv = [(k[..., :max_rows, :], v[..., :max_rows, :]) for k, v in self.kv]
             self.rows = max_rows
         return self.rows
 
     def append(self, ids: torch.Tensor, kv: list[KV], n: int) -> None:
-        """Keep the first ``n`` new rows of ``kv`` (per layer [1, 1, Hkv, S, D])."""
-        self.kv = extend_kv(self.kv, [(k[..., :n, :], v[..., :n, :]) for k, v in kv])
+        """Keep the first ``n`` new rows of ``kv`` (per layer [1, 1, Hkv, S, D]); in place they
+        are already in the buffers, after the cached rows."""
+        if self.buffers is None:
+            self.kv = extend_kv(self.kv, [(k[..., :n, :], v[..., :n, :]) for k, v in kv])
         self.rows += n
         self.prefix.remember(ids)
+
+    def past(
+        self, model: nn.Module, device: torch.device, spec: list[KV] | None = None, extra: int = 0
+    ) -> list[KV] | list[CacheWrite]:
+        """Each layer's ``past`` for rows after the cached ones and ``extra`` speculative rows
+        (in ``spec`` on the eager path)."""
+        if self.buffers is not None:
+            layers = model.config.layer.num_hidden_layers
+            self.buffers += [KVBuffer() for _ in range(layers - len(self.buffers))]
+            return [CacheWrite(b, self.rows + extra) for b in self.buffers]
+        past = self.kv or self.empty(model, device)
+        return extend_kv(past, spec) if spec is not None else past
 
     def empty(self, model: nn.Module, device: torch.device) -> list[KV]:
         cfg = model.config.layer
@@ -52,7 +70,7 @@ class Eagle3Drafter(LearnedDrafter):
     model: Eagle3Model
 
     def reset(self) -> None:
-        self._cache = EagleRowCache()
+        self._cache = EagleRowCache(self.in_place)
 
     @torch.inference_mode()
     def draft_steps(
@@ -67,7 +85,7 @@ class Eagle3Drafter(LearnedDrafter):
         )  # the anchor row: verifier processed position a, emitted x[a+1] = ids[-1]
         dev = ids.device
         have = self._cache.valid_rows(ids, max_rows=a)  # the anchor row is always recomputed
-        past = self._cache.kv or self._cache.empty(m, dev)
+        past = self._cache.past(m, dev)
 
         # Pass 0: the step-0 rows new since last time (the anchor row last), all cached afterwards.
         rows = torch.arange(have, a + 1, device=dev)  # [n]
@@ -75,7 +93,7 @@ class Eagle3Drafter(LearnedDrafter):
         vis0 = [self._visible(li, rows, keys) for li in range(len(m.layers))]
         h, kv = m.run_layers(
             m.embed_tokens(ids[rows + 1])[None, None], m.features(feats[rows])[None, None], (rows + 1)[None, None],
-            [v[None, None] for v in vis0], past,
+            [None if v is None else v[None, None] for v in vis0], past,
         )  # fmt: skip
         self._cache.append(ids, kv, rows.numel())
         step_logits, g = m.output(h[..., -1:, :])
@@ -94,12 +112,10 @@ class Eagle3Drafter(LearnedDrafter):
                 break
             # Step s+1: the anchor row again, fed the drafted token and its own output, at position a+2+s.
             # keys: every step-0 row (cached), this block's earlier speculative rows, this row
-            past_s = extend_kv(self._cache.kv, spec) if spec is not None else self._cache.kv
+            past_s = self._cache.past(m, dev, spec, extra=s)
             anchor = torch.tensor([a], device=dev)
-            vis = [
-                self._visible(li, anchor, keys, extra=s + 1)[None, None]
-                for li in range(len(m.layers))
-            ]
+            vis = [self._visible(li, anchor, keys, extra=s + 1) for li in range(len(m.layers))]
+            vis = [None if v is None else v[None, None] for v in vis]
             pos = torch.tensor([[[a + 2 + s]]], device=dev)
             h, kv = m.run_layers(m.embed_tokens(token)[None, None], g, pos, vis, past_s)
             spec = extend_kv(spec, kv)
@@ -108,11 +124,14 @@ class Eagle3Drafter(LearnedDrafter):
 
     def _visible(
         self, layer_idx: int, rows: torch.Tensor, keys: torch.Tensor, extra: int = 0
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """[len(rows), len(keys) + extra]: step-0 keys j <= row (within the window) plus ``extra``
-        speculative keys of the same row, all visible."""
-        vis = keys[None] <= rows[:, None]
+        speculative keys of the same row, all visible.  None (in place) where every key is:
+        the last row of a full-attention layer."""
         w = self.model.config.layer.window(layer_idx)
+        if self.in_place and w is None and rows.numel() == 1 and int(rows[0]) == len(keys) - 1:
+            return None
+        vis = keys[None] <= rows[:, None]
         if w is not None:
             vis = vis & (keys[None] > rows[:, None] - w)
         return torch.cat([vis, vis.new_ones(rows.numel(), extra)], dim=-1)

@@ -26,7 +26,7 @@ class PEagleDrafter(Eagle3Drafter):
         a = ids.numel() - 2  # anchor row: token ids[-1], feature of the position before it
         K, dev = self.num_speculative_tokens, ids.device
         have = self._cache.valid_rows(ids, max_rows=a)  # the anchor row is always recomputed
-        past = self._cache.kv or self._cache.empty(m, dev)
+        past = self._cache.past(m, dev)
 
         new = torch.arange(have, a + 1, device=dev)  # new depth-0 rows, the anchor row last
         depth = torch.arange(1, K, device=dev)  # mask rows (a, 1..K-1)
