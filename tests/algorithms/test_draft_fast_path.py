@@ -38,8 +38,7 @@ def draft_logits(drafter: LearnedDrafter, ctx: DraftContext, forced: list[int] |
         return drafter.draft_chain(ctx, forced_tokens=forced)[2]
     if algo == "peagle":
         return drafter.draft_rows(ctx)
-    logits = drafter.draft_block(ctx)[1]
-    return logits if drafter.model.config.sample_from_anchor else logits[1:]
+    return drafter.draft_block(ctx, 0 if drafter.model.config.sample_from_anchor else 1)[1]
 
 
 def recorded_contexts(drafter: LearnedDrafter, verifier, prompt: torch.Tensor) -> list:

@@ -59,8 +59,11 @@ class DFlashDrafter(LearnedDrafter):
         self._prefix.remember(ids)
 
     @torch.inference_mode()
-    def draft_block(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """One block from the committed state: (hidden [B, H], draft logits [B, Vd]).
+    def draft_block(
+        self, ctx: DraftContext, first_slot: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block from the committed state: (hidden [B, H], draft logits [B - first_slot, Vd]
+        of slots ``first_slot..``: the head, the step's largest matmul, only where read).
 
         Slot 0 is the anchor (the last committed token) at position L-1; the
         context is every committed position before it.
@@ -76,7 +79,7 @@ class DFlashDrafter(LearnedDrafter):
         ctx_vis: list[torch.Tensor | None] = []
         for i in range(len(m.layers)):
             window = m.config.layer.window(i)
-            if self.in_place and window is None and not m.block_mask(i, B).logical_not().any():
+            if self.in_place and window is None:  # a full layer's block is bidirectional too
                 ctx_vis.append(None)  # every key: SDPA needs no mask
                 continue
             vis = j >= p - window if window is not None else torch.ones_like(j, dtype=torch.bool)
@@ -91,11 +94,10 @@ class DFlashDrafter(LearnedDrafter):
         else:
             hidden, _ = m.run_block(m.embed(block), block_pos, self._ctx, ctx_vis)
         hidden = hidden[0, 0]
-        return hidden, m.lm_head(hidden)
+        return hidden, m.lm_head(hidden[first_slot:])
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        _, logits = self.draft_block(ctx)
-        if not self.model.config.sample_from_anchor:
-            logits = logits[1:]  # slot 0 would predict the anchor itself
+        # slot 0 would predict the anchor itself, unless sampled from the anchor
+        _, logits = self.draft_block(ctx, 0 if self.model.config.sample_from_anchor else 1)
         tokens, q = self.pick(logits, ctx)
         return Proposal(token_ids=tokens.tolist(), probs=q)
