@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from specui.algorithms.layers import LayerConfig, init_weights, set_draft_vocab, to_target_vocab
+from specui.algorithms.layers import (
+    MLP,
+    Attention,
+    LayerConfig,
+    init_weights,
+    set_draft_vocab,
+    to_target_vocab,
+)
 from specui.errors import SpecUIError
 from specui.sampling import process_logits
 from specui.trace import MAX_SPECULATIVE_TOKENS, Proposal, SamplingParams
@@ -48,6 +55,9 @@ if TYPE_CHECKING:
     from specui.verifier.model import Verifier
 
 SPECULATORS_VERSION = "0.9.0"
+# A drafting step's blocks (the new committed rows plus K draft rows) stay under this and run on
+# the bf16 kernel where it runs; longer ones, a prompt's first step, go to oneDNN.
+DRAFT_KERNEL_ROWS = 64
 DTYPES = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -416,6 +426,10 @@ class LearnedDrafter:
     """
 
     model_class: type
+    # Caches in preallocated per-layer buffers written in place, attention in one SDPA call
+    # (``layers.CacheWrite``); False keeps the eager path (concatenated caches, explicit
+    # masks) -- set it before ``reset()``.
+    in_place: bool = True
 
     def __init__(
         self,
@@ -481,10 +495,14 @@ class LearnedDrafter:
         """Run the drafter's matmuls on the bf16 kernels (beside a bf16, int8 or GGUF verifier:
         about a third less drafting time, and the verifier decides every token), with the
         layers its model holds outside its modules (``DraftModel.own_matmuls_outside``)."""
-        from specui.verifier.batch_invariant import bf16_matmuls
+        from specui.verifier.batch_invariant import bf16_matmuls, to_bf16_linear
 
         for module in (self.model, *self.model.own_matmuls_outside()):
-            bf16_matmuls(module)
+            bf16_matmuls(module, kernel_rows=DRAFT_KERNEL_ROWS)
+        # q/k/v and gate/up stacked into one matmul each: a call, not three (two), a layer.
+        for module in self.model.modules():
+            if isinstance(module, Attention | MLP):
+                module.fuse(lambda linear: to_bf16_linear(linear, DRAFT_KERNEL_ROWS))
 
     def empty_proposal(self) -> Any:
         return Proposal(token_ids=[], probs=torch.zeros(0, self.model.config.layer.vocab_size))

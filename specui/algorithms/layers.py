@@ -17,6 +17,7 @@ Shape letters used throughout:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -246,6 +247,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and not torch.is_grad_enabled():
+            # Inference: the same formula in one op instead of six (a drafter step runs dozens).
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
@@ -279,6 +283,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
+def stacked_linear(parts: list[nn.Linear], convert: Callable[[nn.Linear], None]) -> nn.Linear:
+    """One ``nn.Linear`` whose outputs are those of ``parts`` side by side (one matmul call
+    where there were several), switched by ``convert`` (e.g. to the bf16 kernels)."""
+    weight = torch.cat([m.weight.detach().float() for m in parts])
+    out = nn.Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None)
+    with torch.no_grad():
+        out.weight.copy_(weight)
+        if out.bias is not None:
+            out.bias.copy_(torch.cat([m.bias.detach().float() for m in parts]))
+    convert(out)
+    return out.requires_grad_(False)
+
+
+@dataclass
+class Stacked:
+    """Inference copies of a layer's weights stacked into one matmul each (``fuse``), held
+    outside the module tree so they stay out of checkpoints, ``parameters()`` and training."""
+
+    first: nn.Linear  # q/k/v, or gate/up
+    second: nn.Linear | None = None  # k/v (DFlash's context), or none
+
+
 class MLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
 
@@ -288,14 +314,60 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=b)
         self.up_proj = nn.Linear(h, i, bias=b)
         self.down_proj = nn.Linear(i, h, bias=b)
+        self.stacked: Stacked | None = None
+
+    def fuse(self, convert: Callable[[nn.Linear], None]) -> None:
+        """Gate and up as one matmul at inference (see ``Stacked``)."""
+        self.stacked = Stacked(stacked_linear([self.gate_proj, self.up_proj], convert))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stacked is not None and not torch.is_grad_enabled():
+            gate, up = self.stacked.first(x).chunk(2, -1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 # --- attention ---------------------------------------------------------------------------
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (k, v)
+
+
+class KVBuffer:
+    """One layer's cached keys and values, each ``[1, 1, Hkv, capacity, D]``, written in place.
+
+    Inference only.  A drafter keeps its committed positions at the front and writes each step's
+    draft rows after them, where the next step overwrites them: no step concatenates the cache
+    (``extend_kv`` copies all of it, twice per layer and step).  Capacity doubles when full.
+    """
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> KV:
+        """Put ``k``/``v`` [.., Hkv, S, D] at positions ``start..start+S-1``; returns the keys and
+        values of positions ``0..start+S-1`` (views)."""
+        heads, n, d = k.shape[-3:]
+        end = start + n
+        if self.k is None or self.k.shape[-2] < end:
+            grown = [k.new_empty(1, 1, heads, max(2 * end, 64), d) for _ in range(2)]
+            if self.k is not None and self.v is not None:
+                grown[0][..., :start, :] = self.k[..., :start, :]
+                grown[1][..., :start, :] = self.v[..., :start, :]
+            self.k, self.v = grown
+        assert self.v is not None
+        self.k[..., start:end, :] = k.reshape(1, 1, heads, n, d)
+        self.v[..., start:end, :] = v.reshape(1, 1, heads, n, d)
+        return self.k[..., :end, :], self.v[..., :end, :]
+
+
+@dataclass
+class CacheWrite:
+    """``past`` for Attention.forward at inference: write this call's keys/values into
+    ``buffer`` at ``start`` and attend over positions ``0..start+S-1`` of it."""
+
+    buffer: KVBuffer
+    start: int
 
 
 def extend_kv(past: list[KV] | None, new: list[KV]) -> list[KV]:
@@ -387,32 +459,58 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
+        self.stacked: Stacked | None = None
+        self.widths = [self.n_heads * self.head_dim] + [self.n_kv * self.head_dim] * 2
+
+    def fuse(self, convert: Callable[[nn.Linear], None]) -> None:
+        """q/k/v as one matmul, and k/v as one (the context's), at inference (``Stacked``)."""
+        qkv = [self.q_proj, self.k_proj, self.v_proj]
+        self.stacked = Stacked(stacked_linear(qkv, convert), stacked_linear(qkv[1:], convert))
+
+    def _stacked(self, x: torch.Tensor, which: int) -> list[torch.Tensor] | None:
+        """The stacked projections of ``x`` (0: q, k, v; 1: k, v), or None to run them apart."""
+        if self.stacked is None or torch.is_grad_enabled():
+            return None
+        if which == 0:
+            return list(self.stacked.first(x).split(self.widths, -1))
+        assert self.stacked.second is not None
+        return list(self.stacked.second(x).split(self.widths[1:], -1))
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """[..., S, n*D] -> [..., n, S, D]"""
         return x.unflatten(-1, (n, self.head_dim)).transpose(-2, -3)
 
-    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [..., S, in] -> rotated q [..., Hq, S, D]."""
-        q = self._heads(self.q_proj(x), self.n_heads)
+    def query(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        proj: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x [..., S, in] -> rotated q [..., Hq, S, D] (``proj``: q_proj(x), when made already)."""
+        q = self._heads(self.q_proj(x) if proj is None else proj, self.n_heads)
         if self.q_norm is not None:
             q = self.q_norm(q)
         return apply_rope(q, cos, sin)
 
-    def key_value(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> KV:
-        """x [..., S, in] -> rotated k, v [..., Hkv, S, D] (what a KV cache stores)."""
-        k = self._heads(self.k_proj(x), self.n_kv)
+    def key_value(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, proj: list | None = None
+    ) -> KV:
+        """x [..., S, in] -> rotated k, v [..., Hkv, S, D] (what a KV cache stores); ``proj``:
+        [k_proj(x), v_proj(x)] when made already (else the stacked ones where fused)."""
+        k, v = proj or self._stacked(x, 1) or (self.k_proj(x), self.v_proj(x))
+        k = self._heads(k, self.n_kv)
         if self.k_norm is not None:
             k = self.k_norm(k)
-        return apply_rope(k, cos, sin), self._heads(self.v_proj(x), self.n_kv)
+        return apply_rope(k, cos, sin), self._heads(v, self.n_kv)
 
     def forward(
         self,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        visible: torch.Tensor,
-        past: KV | None = None,
+        visible: torch.Tensor | None,
+        past: KV | CacheWrite | None = None,
         ctx: KV | None = None,
         ctx_visible: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KV]:
@@ -420,9 +518,20 @@ class Attention(nn.Module):
 
         Keys are ``past`` (a cache, [N, A, Hkv, P, D]) followed by the S new
         tokens; ``visible`` is [.., S, P+S].  ``ctx`` is the shared context of `attend`.
+        A ``CacheWrite`` past (inference, N = A = 1) holds the cache and the new keys in one
+        buffer and attends in one SDPA call; there ``visible`` None means every key.
         """
-        q = self.query(x, cos, sin)
-        k, v = self.key_value(x, cos, sin)
+        proj = self._stacked(x, 0)
+        q = self.query(x, cos, sin, None if proj is None else proj[0])
+        k, v = self.key_value(x, cos, sin, None if proj is None else proj[1:])
+        if isinstance(past, CacheWrite):
+            keys, values = past.buffer.write(past.start, k, v)
+            mask = None if visible is None else visible.unsqueeze(-3)[0]  # over the query heads
+            # 4-D operands: SDPA takes three times as long on 5-D ones (N = A = 1 here)
+            out = F.scaled_dot_product_attention(q[0], keys[0], values[0], mask, enable_gqa=True)
+            out = out[None]
+            return self.o_proj(out.transpose(-2, -3).flatten(-2)), (k, v)
+        assert visible is not None
         keys, values = (
             (k, v) if past is None else (torch.cat([past[0], k], -2), torch.cat([past[1], v], -2))
         )
@@ -453,8 +562,8 @@ class DecoderLayer(nn.Module):
         h: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        visible: torch.Tensor,
-        past: KV | None = None,
+        visible: torch.Tensor | None,
+        past: KV | CacheWrite | None = None,
         ctx: KV | None = None,
         ctx_visible: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, KV]:

@@ -49,6 +49,7 @@ machine (a block against the same tokens one at a time, bit for bit) before
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,6 +80,8 @@ class BF16Linear(nn.Linear):
     # specui.verifier.cpu_kernels' layout, where that kernel runs
     weight_kernel: PackedBF16 | None = None
     bias_f32: torch.Tensor | None = None
+    # The most rows the kernel's copy takes; longer blocks (a drafter's prefill) go to oneDNN's.
+    kernel_rows: int = sys.maxsize
 
     @property
     def is_packed(self) -> bool:
@@ -89,7 +92,7 @@ class BF16Linear(nn.Linear):
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         n = rows.shape[0]
         # AMX (specui.verifier.cpu_kernels): a row's sums alike at any row count
-        if self.weight_kernel is not None:
+        if self.weight_kernel is not None and n <= self.kernel_rows:
             out = cpu_kernels.bf16_matmul(rows, self.weight_kernel, self.bias_f32)
             return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
         if n == 1:  # oneDNN's 1-row kernel sums in another order than its many-row one
@@ -242,8 +245,11 @@ def _fuse_int8_layers(model: nn.Module) -> None:
             mlp.gate_up_q8 = int8_weight(parts)
 
 
-def to_bf16_linear(m: nn.Linear) -> None:
-    """Switch one ``nn.Linear`` to :class:`BF16Linear` in place (its float32 ``weight`` is kept)."""
+def to_bf16_linear(m: nn.Linear, kernel_rows: int = 0) -> None:
+    """Switch one ``nn.Linear`` to :class:`BF16Linear` in place (its float32 ``weight`` is kept).
+
+    ``kernel_rows``: without AMX, blocks of up to that many rows go to the AVX512-BF16 kernel
+    where it runs (a second, kernel-layout copy of the weight); 0 keeps them all on oneDNN."""
     weight = m.weight.detach().to(torch.bfloat16)
     if cpu_kernels.amx_available():  # AMX: the kernel's copy only, for every row count
         m.weight_kernel = cpu_kernels.pack_bf16(weight)
@@ -255,6 +261,10 @@ def to_bf16_linear(m: nn.Linear) -> None:
     except (AttributeError, RuntimeError):  # a torch without oneDNN's packed linear: plain F.linear
         m.weight_packed = None
         m.register_buffer("weight_bf16", weight, persistent=False)
+    if kernel_rows > 0 and m.weight_packed is not None and cpu_kernels.bf16_kernel_available():
+        m.weight_kernel = cpu_kernels.pack_bf16(weight)
+        m.bias_f32 = None if m.bias is None else m.bias.detach().float().contiguous()
+        m.kernel_rows = kernel_rows
     m.__class__ = BF16Linear
 
 
@@ -272,15 +282,16 @@ def _free_float_weight(m: BF16Linear | Int8Linear | GGUFLinear) -> None:
         m.weight = nn.Parameter(m.weight_bf16, requires_grad=False)
 
 
-def bf16_matmuls(module: nn.Module) -> list[BF16Linear]:
+def bf16_matmuls(module: nn.Module, kernel_rows: int = 0) -> list[BF16Linear]:
     """Switch every ``nn.Linear`` of ``module`` to :class:`BF16Linear`; returns them.
 
     Also what a drafter runs in beside a bf16 verifier: drafting need not be
-    lossless (the verifier decides), and its small matmuls are memory bound.
+    lossless (the verifier decides), and its small matmuls are memory bound
+    (``kernel_rows``: see :func:`to_bf16_linear`).
     """
     linears = [m for m in module.modules() if type(m) is nn.Linear]
     for m in linears:
-        to_bf16_linear(m)
+        to_bf16_linear(m, kernel_rows)
     return linears
 
 

@@ -261,6 +261,76 @@ int specui_bf16_matmul(const uint16_t *x, int64_t rows, int64_t k, int64_t kp, c
     return 0;
 }
 
+/* ---- The bf16 matmul on AVX512-BF16 (no AMX) -------------------------------------------------
+ *
+ * The drafters' product (specui.algorithms) where AMX is missing: 1 to a few dozen rows by each
+ * weight, a stream through the weights that oneDNN reads at about half the speed one core
+ * reaches.  Same operands and layout as specui_bf16_matmul ([channels/16][kp/2][16][2]): each
+ * 64-byte load of weights (16 channels x 1 input pair) meets every row of a pass with vdpbf16ps
+ * (pairs of bf16 products summed in float32), two tiles of channels at a time.  Each output sums
+ * its pairs in input order whatever the row count, so a row gets the same bits alone as in a block.
+ */
+#define BF16_MAX_ROWS 12 /* rows per pass: 2 tiles x 12 rows = 24 accumulators */
+
+static inline __attribute__((always_inline)) void bf16_pass(const uint32_t *xs, int64_t kp,
+                                                            const uint16_t *wp, const float *bias,
+                                                            float *out, int64_t n_out, int64_t o,
+                                                            int R, int G) {
+    __m512 acc[BF16_MAX_ROWS][2];
+    for (int i = 0; i < R; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    const uint16_t *t0 = wp + (o / TILE) * kp * TILE, *t1 = t0 + kp * TILE;
+    for (int64_t q = 0; q < kp / 2; ++q) {
+        __m512bh w0 = (__m512bh)_mm512_loadu_si512(t0 + q * 32);
+        __m512bh w1 = G > 1 ? (__m512bh)_mm512_loadu_si512(t1 + q * 32) : w0;
+        for (int i = 0; i < R; ++i) {
+            __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xs[i * (kp / 2) + q]);
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xb, w0);
+            if (G > 1) acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xb, w1);
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        int64_t oc = o + g * TILE, left = n_out - oc;
+        __mmask16 m = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + oc) : _mm512_setzero_ps();
+        for (int i = 0; i < R; ++i)
+            _mm512_mask_storeu_ps(out + i * n_out + oc, m, _mm512_add_ps(acc[i][g], b));
+    }
+}
+
+/* One case per (rows, tiles), both constants in the pass, so its accumulators stay in registers. */
+#define BF16_CASE(r) \
+    case 2 * r: bf16_pass(xs, kp, wp, bias, out, n_out, o, r, 1); return; \
+    case 2 * r + 1: bf16_pass(xs, kp, wp, bias, out, n_out, o, r, 2); return;
+static void bf16_dispatch(const uint32_t *xs, int64_t kp, const uint16_t *wp, const float *bias,
+                          float *out, int64_t n_out, int64_t o, int R, int G) {
+    switch (2 * R + G - 1) {
+        BF16_CASE(1) BF16_CASE(2) BF16_CASE(3) BF16_CASE(4) BF16_CASE(5) BF16_CASE(6)
+        BF16_CASE(7) BF16_CASE(8) BF16_CASE(9) BF16_CASE(10) BF16_CASE(11) BF16_CASE(12)
+    }
+}
+
+/* x: [rows, k] bf16; wp: packed weights, kp a multiple of 32; bias: float32 or NULL;
+ * out: [rows, n_out] float32.  Returns 0, or -1 when it cannot allocate its scratch. */
+int specui_bf16_matmul_avx512(const uint16_t *x, int64_t rows, int64_t k, int64_t kp,
+                              const uint16_t *wp, const float *bias, int64_t n_out, float *out) {
+    uint16_t *xs = (uint16_t *)x;
+    if (k != kp) { /* rows read in whole pairs up to kp: a zero-padded copy */
+        xs = calloc((size_t)(rows * kp), sizeof(uint16_t));
+        if (!xs) return -1;
+        for (int64_t i = 0; i < rows; ++i) memcpy(xs + i * kp, x + i * k, sizeof(uint16_t) * k);
+    }
+    const int64_t tiles = (n_out + TILE - 1) / TILE;
+    for (int64_t r0 = 0; r0 < rows; r0 += BF16_MAX_ROWS) {
+        int R = rows - r0 < BF16_MAX_ROWS ? (int)(rows - r0) : BF16_MAX_ROWS;
+        const uint32_t *xr = (const uint32_t *)(xs + r0 * kp);
+        for (int64_t t = 0; t < tiles; t += 2)
+            bf16_dispatch(xr, kp, wp, bias, out + r0 * n_out, n_out, t * TILE, R,
+                          t + 1 < tiles ? 2 : 1);
+    }
+    if (xs != x) free(xs);
+    return 0;
+}
+
 /* ---- The int8 matmul on AMX ------------------------------------------------------------------
  *
  * The same product as specui_int8_matmul (oneDNN's bits: exact int32 sums, made float once,

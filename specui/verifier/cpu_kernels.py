@@ -13,8 +13,10 @@ each weight once for up to ``MAX_ROWS`` rows and oneDNN takes longer blocks (pre
 return what ``onednn::qlinear_pointwise`` returns for the same operands, bit for bit (an exact
 int32 sum, made float once, times the channel's scale), so using them changes no output.
 
-**The bf16 matmul** (AMX only, ``specui_bf16_matmul``) sums each output in one fixed order at any
-row count: batch-invariant without padding a single row, but its own bits, not oneDNN's.
+**The bf16 matmul** (AMX: ``specui_bf16_matmul``; else AVX512-BF16: ``specui_bf16_matmul_avx512``,
+which the drafters use for their few-row products, twice oneDNN's speed through cold weights)
+sums each output in one fixed order at any row count: batch-invariant without padding a single
+row, but its own bits, not oneDNN's.
 
 **The gguf matmul** (``specui_gguf_matmul``, AVX512 with VNNI; the ``gguf`` precision) reads a
 GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks, repacked once into tiles of 16 channels (same values,
@@ -74,6 +76,7 @@ FLAGS = (
     "-mavx512bw",
     "-mavx512vl",
     "-mavx512vnni",
+    "-mavx512bf16",
     "-mamx-tile",
     "-mamx-bf16",
     "-mamx-int8",
@@ -172,6 +175,9 @@ class Kernel:
         self._int8_amx = self.function("specui_int8_matmul_amx", "pqqqpppqp")
         self._attention = self.function("specui_attention_rows", "pqqqppqqqfp")
         self._bf16 = self.function("specui_bf16_matmul", "pqqqppqp")
+        self._bf16_avx512 = self.function("specui_bf16_matmul_avx512", "pqqqppqp")
+        # Where AMX is missing, the bf16 matmul runs on AVX512-BF16 if the CPU has it.
+        self.avx512_bf16 = "avx512_bf16" in _cpu_flags()
         self._gguf = self.function("specui_gguf_matmul", "ipqqpqp")
         missing = [f for f in AMX_FLAGS if f not in _cpu_flags()]
         if missing:
@@ -193,8 +199,9 @@ class Kernel:
     ) -> torch.Tensor:
         """float32 ``[rows, out]``: bf16 rows ``x`` times ``w`` in float32 sums (one fixed order per
         output), plus ``bias``."""
-        if self.amx_reason is not None:  # AMX instructions would fault
-            raise RuntimeError(f"bf16 kernel: {self.amx_reason}")
+        fn = self._bf16 if self.amx_reason is None else self._bf16_avx512
+        if self.amx_reason is not None and not self.avx512_bf16:  # the instructions would fault
+            raise RuntimeError(f"bf16 kernel: {self.amx_reason} and AVX512-BF16")
         if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != w.k:
             raise ValueError(
                 f"bf16 kernel: needs bf16 rows of {w.k} inputs, got {tuple(x.shape)} {x.dtype}"
@@ -205,7 +212,7 @@ class Kernel:
         out = torch.empty(x.shape[0], w.out_features)
         rows = (x.data_ptr(), x.shape[0], w.k, w.k_padded)
         bias_ptr = None if bias is None else bias.data_ptr()
-        rc = self._bf16(*rows, w.data.data_ptr(), bias_ptr, w.out_features, out.data_ptr())
+        rc = fn(*rows, w.data.data_ptr(), bias_ptr, w.out_features, out.data_ptr())
         if rc != 0:
             raise MemoryError("bf16 kernel: no memory for its scratch rows")
         return out
@@ -522,6 +529,12 @@ def amx_available() -> bool:
     return kernel is not None and kernel.amx_reason is None
 
 
+def bf16_kernel_available() -> bool:
+    """Whether the bf16 matmul runs in this process (on AMX, or else on AVX512-BF16)."""
+    kernel = load()
+    return kernel is not None and (kernel.amx_reason is None or kernel.avx512_bf16)
+
+
 def bf16_matmul(x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None) -> torch.Tensor:
     """``Kernel.bf16_matmul`` of the loaded kernel (weights packed by :func:`pack_bf16` while
     it was loaded)."""
@@ -614,7 +627,7 @@ def self_check(kernel: Kernel) -> str | None:
                     f"its {'AMX ' if amx else ''}{rows}x{k} by {k}x{n} int8 product differs"
                     " from oneDNN's"
                 )
-    if kernel.amx_reason is None:
+    if kernel.amx_reason is None or kernel.avx512_bf16:
         w = torch.randn(37, 131, generator=gen).bfloat16()
         x = torch.randn(TILE + 3, 131, generator=gen).bfloat16()
         bias = torch.randn(37, generator=gen)
@@ -747,9 +760,10 @@ def status() -> str:
     if kernel is not None:
         if kernel.amx_reason is None:
             return "specui kernels: AMX int8 and bf16 matmuls, gguf matmul, row-wise attention"
+        bf16 = "drafters' on AVX512-BF16, others oneDNN's" if kernel.avx512_bf16 else "oneDNN's"
         return (
             f"specui kernels: AVX512-VNNI int8 matmul for up to {MAX_ROWS} rows"
             " (oneDNN u8s8 beyond), "
-            f"gguf matmul, row-wise attention; bf16 matmuls oneDNN's ({kernel.amx_reason})"
+            f"gguf matmul, row-wise attention; bf16 matmuls {bf16} ({kernel.amx_reason})"
         )
     return f"oneDNN u8s8 and SDPA rows ({_state.get('reason')})"

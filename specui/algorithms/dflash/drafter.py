@@ -9,7 +9,7 @@ import torch
 
 from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache
 from specui.algorithms.dflash.model import DFlashModel
-from specui.algorithms.layers import KV, extend_kv
+from specui.algorithms.layers import KV, CacheWrite, KVBuffer, extend_kv
 from specui.trace import Proposal
 
 
@@ -29,6 +29,8 @@ class DFlashDrafter(LearnedDrafter):
     def reset(self) -> None:
         self._prefix = PrefixCache()
         self._ctx: list[KV] = []  # per layer (k, v) [1, Hkv, P, D] for positions 0..P-1
+        # in place: per layer, positions 0..P-1 then the block's own keys (rewritten each step)
+        self._buffers: list[KVBuffer] = []
         self._cached = 0
 
     @property
@@ -43,17 +45,25 @@ class DFlashDrafter(LearnedDrafter):
         if have == 0:
             self._ctx = []
         new = feats[have:]  # [n, F]
-        if new.shape[0] or not self._ctx:
+        if new.shape[0] or not (self._ctx or self._buffers):
             C = m.context(new)[None]  # [1, n, H]
             pos = torch.arange(have, have + new.shape[0], device=feats.device)[None]
             fresh = [m.context_kv(layer, C, pos) for layer in m.layers]
-            self._ctx = extend_kv(self._ctx or None, fresh)
+            if self.in_place:
+                self._buffers = self._buffers or [KVBuffer() for _ in m.layers]
+                for buffer, (k, v) in zip(self._buffers, fresh, strict=True):
+                    buffer.write(have, k, v)
+            else:
+                self._ctx = extend_kv(self._ctx or None, fresh)
         self._cached = feats.shape[0]
         self._prefix.remember(ids)
 
     @torch.inference_mode()
-    def draft_block(self, ctx: DraftContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """One block from the committed state: (hidden [B, H], draft logits [B, Vd]).
+    def draft_block(
+        self, ctx: DraftContext, first_slot: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block from the committed state: (hidden [B, H], draft logits [B - first_slot, Vd]
+        of slots ``first_slot..``: the head, the step's largest matmul, only where read).
 
         Slot 0 is the anchor (the last committed token) at position L-1; the
         context is every committed position before it.
@@ -66,18 +76,28 @@ class DFlashDrafter(LearnedDrafter):
         block[..., 0] = ids[-1]
         block_pos = p + torch.arange(B, device=dev)[None, None]  # [1, 1, B]
         j = torch.arange(p, device=dev)
-        ctx_vis = []
+        ctx_vis: list[torch.Tensor | None] = []
         for i in range(len(m.layers)):
             window = m.config.layer.window(i)
+            if self.in_place and window is None:  # a full layer's block is bidirectional too
+                ctx_vis.append(None)  # every key: SDPA needs no mask
+                continue
             vis = j >= p - window if window is not None else torch.ones_like(j, dtype=torch.bool)
             ctx_vis.append(vis[None, None, None, :].expand(1, 1, B, p))
-        hidden, _ = m.run_block(m.embed(block), block_pos, self._ctx, ctx_vis)
+        if self.in_place:
+            past = [CacheWrite(buffer, p) for buffer in self._buffers]
+            ctx_vis = [  # the context's columns, then the block's own
+                v if v is None else torch.cat([v, m.block_mask(i, B)[None, None]], -1)
+                for i, v in enumerate(ctx_vis)
+            ]
+            hidden, _ = m.run_block(m.embed(block), block_pos, past, ctx_vis)
+        else:
+            hidden, _ = m.run_block(m.embed(block), block_pos, self._ctx, ctx_vis)
         hidden = hidden[0, 0]
-        return hidden, m.lm_head(hidden)
+        return hidden, m.lm_head(hidden[first_slot:])
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        _, logits = self.draft_block(ctx)
-        if not self.model.config.sample_from_anchor:
-            logits = logits[1:]  # slot 0 would predict the anchor itself
+        # slot 0 would predict the anchor itself, unless sampled from the anchor
+        _, logits = self.draft_block(ctx, 0 if self.model.config.sample_from_anchor else 1)
         tokens, q = self.pick(logits, ctx)
         return Proposal(token_ids=tokens.tolist(), probs=q)

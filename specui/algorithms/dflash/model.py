@@ -30,6 +30,7 @@ from specui.algorithms.base import Borrowed, DraftConfig, DraftModel, verifier_i
 from specui.algorithms.dflash.config import DFlashConfig
 from specui.algorithms.layers import (
     KV,
+    CacheWrite,
     DecoderLayer,
     LayerConfig,
     RMSNorm,
@@ -208,16 +209,24 @@ class DFlashModel(DraftModel):
         self,
         h: torch.Tensor,
         block_pos: torch.Tensor,
-        ctx_kv: list[KV],
-        ctx_visible: list[torch.Tensor],
+        ctx_kv: list[KV] | list[CacheWrite],
+        ctx_visible: list[torch.Tensor] | list[torch.Tensor | None],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """h [N, A, B, H] slot embeddings at ``block_pos`` [N|1, A, B]; per layer context K/V and
-        visibility [N|1, A, B, T]  ->  (normed hidden [N, A, B, H], per-layer outputs)."""
+        visibility [N|1, A, B, T]  ->  (normed hidden [N, A, B, H], per-layer outputs).
+
+        At inference the context K/V may be a ``CacheWrite`` into a buffer holding it (N = A =
+        1): the block's keys go after it, and the visibility covers both ([1, 1, B, T+B], or
+        None for all)."""
         cos, sin = self.rotary(block_pos)
         outs = []
         for i, layer in enumerate(self.layers):
-            own = self.block_mask(i, h.shape[-2])[None, None]  # [1, 1, B, B]
-            h, _ = layer(h, cos, sin, own, ctx=ctx_kv[i], ctx_visible=ctx_visible[i])
+            kv = ctx_kv[i]
+            if isinstance(kv, CacheWrite):
+                h, _ = layer(h, cos, sin, ctx_visible[i], past=kv)
+            else:
+                own = self.block_mask(i, h.shape[-2])[None, None]  # [1, 1, B, B]
+                h, _ = layer(h, cos, sin, own, ctx=kv, ctx_visible=ctx_visible[i])
             outs.append(h)
         return self.norm(h), outs
 

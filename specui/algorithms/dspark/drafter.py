@@ -99,10 +99,12 @@ class DSparkDrafter(DFlashDrafter):
         first = (
             0 if m.config.sample_from_anchor else 1
         )  # DFlash-style slot 0 predicts the anchor: skipped
+        # The confidence head reads no earlier slot: in place, one call for all slots at the end.
+        later = self.in_place and m.confidence_head is not None
         prev, state = anchor, None
-        tokens, qs, logits_out, confs = [], [], [], []
+        tokens, qs, logits_out, confs, prevs = [], [], [], [], []
         for k in range(hidden.shape[0]):
-            bias, conf, state = m.heads(hidden[k], prev, state)
+            bias, conf, state = m.heads(hidden[k], prev, state, confidence=not later)
             if k < first:  # runs only to advance an rnn state the way training does
                 continue
             logits = base[k] + bias if bias is not None else base[k]
@@ -115,8 +117,15 @@ class DSparkDrafter(DFlashDrafter):
             confs.append(
                 conf if conf is not None else torch.tensor(float("nan"), device=hidden.device)
             )
+            prevs.append(prev)
             prev = token[0]
-        return torch.stack(tokens), stack_probs(qs), torch.stack(logits_out), torch.stack(confs)
+        conf_logits = m.confidence(hidden[first:], torch.stack(prevs)) if later else None
+        return (
+            torch.stack(tokens),
+            stack_probs(qs),
+            torch.stack(logits_out),
+            torch.stack(confs) if conf_logits is None else conf_logits,
+        )
 
     def propose(self, ctx: DraftContext) -> Proposal:
         tokens, q, _, conf_logits = self.draft_chain(ctx)

@@ -119,8 +119,8 @@ class DSparkModel(DFlashModel):
 
     @classmethod
     def create(cls, verifier: Any, **sizes: Any) -> DSparkModel:
-        """DFlashModel.create; options add markov_rank (0 = none), markov_head_type, the confidence
-        head."""
+        """DFlashModel.create; options add markov_rank (0 = none), markov_head_type, the
+        confidence head."""
         if (
             sizes.get("markov_rank", 256) == 0
         ):  # no Markov head: the confidence head reads h_k alone
@@ -137,18 +137,32 @@ class DSparkModel(DFlashModel):
             )  # bias 0: training starts from plain DFlash
 
     def heads(
-        self, hidden: torch.Tensor, prev_ids: torch.Tensor, state: torch.Tensor | None = None
+        self,
+        hidden: torch.Tensor,
+        prev_ids: torch.Tensor,
+        state: torch.Tensor | None = None,
+        confidence: bool = True,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-        """(Markov bias [.., Vd] or None, confidence logit [..] or None, rnn state) for hidden [..,
-        H]."""
-        bias = conf = e = None
+        """(Markov bias [.., Vd] or None, confidence logit [..] or None, rnn state) for hidden
+        [.., H] (``confidence`` False: no confidence logit, for ``confidence`` on many slots)."""
+        bias = e = None
         if self.markov_head is not None:
             e = self.markov_head.markov_w1(prev_ids)
             bias, state = self.markov_head.step(e, hidden, state)
-        if self.confidence_head is not None:
-            x = torch.cat([hidden, e], -1) if self.config.confidence_head_with_markov else hidden
-            conf = self.confidence_head(x)
-        return bias, conf, state
+        return bias, self.confidence(hidden, prev_ids, e) if confidence else None, state
+
+    def confidence(
+        self, hidden: torch.Tensor, prev_ids: torch.Tensor, e: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """Confidence logits [..] of slots with hidden [.., H] after ``prev_ids`` [..] (``e``:
+        their W1 rows, when looked up already), or None without a confidence head."""
+        if self.confidence_head is None:
+            return None
+        if not self.config.confidence_head_with_markov:
+            return self.confidence_head(hidden)
+        assert self.markov_head is not None
+        e = self.markov_head.markov_w1(prev_ids) if e is None else e
+        return self.confidence_head(torch.cat([hidden, e], -1))
 
     def forward_blocks(  # type: ignore[override]
         self,
@@ -186,11 +200,7 @@ class DSparkModel(DFlashModel):
                 else out.hidden
             )
             conf = self.confidence_head(x)  # [A, B]
+        heads = {"markov_logits": logits, "confidence_logits": conf}
         return SparkBlockOutput(
-            hidden=out.hidden,
-            logits=out.logits,
-            layer_outputs=out.layer_outputs,
-            markov_logits=logits,
-            confidence_logits=conf,
-            prev_token_ids=prev_token_ids,
+            out.hidden, out.logits, out.layer_outputs, **heads, prev_token_ids=prev_token_ids
         )

@@ -10,16 +10,21 @@ from torch import nn
 
 from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, stack_probs
 from specui.algorithms.eagle3.model import Eagle3Model
-from specui.algorithms.layers import KV, extend_kv
+from specui.algorithms.layers import KV, CacheWrite, KVBuffer, extend_kv
 from specui.trace import Proposal
 
 
 class EagleRowCache:
-    """Per-layer K/V of the step-0 rows (0..P-1) of committed positions, grown incrementally."""
+    """Per-layer K/V of the step-0 rows (0..P-1) of committed positions, grown incrementally.
 
-    def __init__(self) -> None:
+    ``in_place``: held in one ``KVBuffer`` a layer, with each step's speculative rows written
+    after the committed ones; else concatenated (the eager path, ``kv``).
+    """
+
+    def __init__(self, in_place: bool = False) -> None:
         self.prefix = PrefixCache()
         self.kv: list[KV] | None = None  # per layer (k, v) [1, 1, Hkv, P, D]
+        self.buffers: list[KVBuffer] | None = [] if in_place else None
         self.rows = 0
 
     def valid_rows(self, ids: torch.Tensor, max_rows: int) -> int:
@@ -27,18 +32,31 @@ class EagleRowCache:
         ``max_rows``."""
         if self.prefix.valid_length(ids, self.rows + 1) == 0:
             self.kv, self.rows = None, 0
-        if (
-            self.rows > max_rows and self.kv is not None
-        ):  # asked again for the same anchor: redo its row
-            self.kv = [(k[..., :max_rows, :], v[..., :max_rows, :]) for k, v in self.kv]
+        if self.rows > max_rows:  # asked again for the same anchor: redo its row
+            if self.kv is not None:
+                self.kv = [(k[..., :max_rows, :], v[..., :max_rows, :]) for k, v in self.kv]
             self.rows = max_rows
         return self.rows
 
     def append(self, ids: torch.Tensor, kv: list[KV], n: int) -> None:
-        """Keep the first ``n`` new rows of ``kv`` (per layer [1, 1, Hkv, S, D])."""
-        self.kv = extend_kv(self.kv, [(k[..., :n, :], v[..., :n, :]) for k, v in kv])
+        """Keep the first ``n`` new rows of ``kv`` (per layer [1, 1, Hkv, S, D]); in place they
+        are already in the buffers, after the cached rows."""
+        if self.buffers is None:
+            self.kv = extend_kv(self.kv, [(k[..., :n, :], v[..., :n, :]) for k, v in kv])
         self.rows += n
         self.prefix.remember(ids)
+
+    def past(
+        self, model: nn.Module, device: torch.device, spec: list[KV] | None = None, extra: int = 0
+    ) -> list[KV] | list[CacheWrite]:
+        """Each layer's ``past`` for rows after the cached ones and ``extra`` speculative rows
+        (in ``spec`` on the eager path)."""
+        if self.buffers is not None:
+            layers = model.config.layer.num_hidden_layers
+            self.buffers += [KVBuffer() for _ in range(layers - len(self.buffers))]
+            return [CacheWrite(b, self.rows + extra) for b in self.buffers]
+        past = self.kv or self.empty(model, device)
+        return extend_kv(past, spec) if spec is not None else past
 
     def empty(self, model: nn.Module, device: torch.device) -> list[KV]:
         cfg = model.config.layer
@@ -53,35 +71,29 @@ class Eagle3Drafter(LearnedDrafter):
     model: Eagle3Model
 
     def reset(self) -> None:
-        self._cache = EagleRowCache()
+        self._cache = EagleRowCache(self.in_place)
 
     @torch.inference_mode()
     def draft_steps(
         self, ctx: DraftContext, forced_tokens: list[int] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """(tokens [K], q [K, V] (None when greedy), draft logits [K, Vd]).  ``forced_tokens``
-        (tests) replaces
-        the token fed to the next step."""
+        (tests) replaces the token fed to the next step."""
         m = self.model
         ids, feats = self.inputs(ctx)
-        a = (
-            ids.numel() - 2
-        )  # the anchor row: verifier processed position a, emitted x[a+1] = ids[-1]
+        # the anchor row: the verifier processed position a and emitted x[a+1] = ids[-1]
+        a = ids.numel() - 2
         dev = ids.device
         have = self._cache.valid_rows(ids, max_rows=a)  # the anchor row is always recomputed
-        past = self._cache.kv or self._cache.empty(m, dev)
+        past = self._cache.past(m, dev)
 
         # Pass 0: the step-0 rows new since last time (the anchor row last), all cached afterwards.
         rows = torch.arange(have, a + 1, device=dev)  # [n]
         keys = torch.arange(a + 1, device=dev)  # [have + n]
         vis0 = [self._visible(li, rows, keys) for li in range(len(m.layers))]
-        h, kv = m.run_layers(
-            m.embed_tokens(ids[rows + 1])[None, None],
-            m.features(feats[rows])[None, None],
-            (rows + 1)[None, None],
-            [v[None, None] for v in vis0],
-            past,
-        )
+        inputs = (m.embed_tokens(ids[rows + 1]), m.features(feats[rows]), rows + 1)
+        masks = [None if v is None else v[None, None] for v in vis0]
+        h, kv = m.run_layers(*(t[None, None] for t in inputs), masks, past)
         self._cache.append(ids, kv, rows.numel())
         step_logits, g = m.output(h[..., -1:, :])
 
@@ -97,15 +109,13 @@ class Eagle3Drafter(LearnedDrafter):
             logits_out.append(logits)
             if s == self.num_speculative_tokens - 1:
                 break
-            # Step s+1: the anchor row again, fed the drafted token and its own output, at position
-            # a+2+s.
+            # Step s+1: the anchor row again, fed the drafted token and its own output, at
+            # position a+2+s.
             # keys: every step-0 row (cached), this block's earlier speculative rows, this row
-            past_s = extend_kv(self._cache.kv, spec) if spec is not None else self._cache.kv
+            past_s = self._cache.past(m, dev, spec, extra=s)
             anchor = torch.tensor([a], device=dev)
-            vis = [
-                self._visible(li, anchor, keys, extra=s + 1)[None, None]
-                for li in range(len(m.layers))
-            ]
+            vis = [self._visible(li, anchor, keys, extra=s + 1) for li in range(len(m.layers))]
+            vis = [None if v is None else v[None, None] for v in vis]
             pos = torch.tensor([[[a + 2 + s]]], device=dev)
             h, kv = m.run_layers(m.embed_tokens(token)[None, None], g, pos, vis, past_s)
             spec = extend_kv(spec, kv)
@@ -114,11 +124,14 @@ class Eagle3Drafter(LearnedDrafter):
 
     def _visible(
         self, layer_idx: int, rows: torch.Tensor, keys: torch.Tensor, extra: int = 0
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """[len(rows), len(keys) + extra]: step-0 keys j <= row (within the window) plus ``extra``
-        speculative keys of the same row, all visible."""
-        vis = keys[None] <= rows[:, None]
+        speculative keys of the same row, all visible.  None (in place) where every key is:
+        the last row of a full-attention layer."""
         w = self.model.config.layer.window(layer_idx)
+        if self.in_place and w is None and rows.numel() == 1 and int(rows[0]) == len(keys) - 1:
+            return None
+        vis = keys[None] <= rows[:, None]
         if w is not None:
             vis = vis & (keys[None] > rows[:, None] - w)
         return torch.cat([vis, vis.new_ones(rows.numel(), extra)], dim=-1)

@@ -26,7 +26,6 @@ class PEagleDrafter(Eagle3Drafter):
         a = ids.numel() - 2  # anchor row: token ids[-1], feature of the position before it
         K, dev = self.num_speculative_tokens, ids.device
         have = self._cache.valid_rows(ids, max_rows=a)  # the anchor row is always recomputed
-        past = self._cache.kv or self._cache.empty(m, dev)
 
         new = torch.arange(have, a + 1, device=dev)  # new depth-0 rows, the anchor row last
         depth = torch.arange(1, K, device=dev)  # mask rows (a, 1..K-1)
@@ -35,8 +34,13 @@ class PEagleDrafter(Eagle3Drafter):
         feats_in = torch.cat([feats[new], m.mask_hidden.reshape(1, -1).expand(K - 1, -1)])
         pos = torch.cat([new, a + depth])  # [R]
 
-        # Queries: new depth-0 rows, then mask rows.  Keys: cached depth-0 rows 0..have-1, then the
-        # queries.
+        if self.in_place and all(m.config.layer.window(li) is None for li in range(len(m.layers))):
+            # In key order (cached rows, new rows, mask rows) each query sees the keys up to
+            # itself: depth-0 rows j <= its anchor, then its own rollout.  No per-row test.
+            causal = torch.ones(R, have + R, dtype=torch.bool, device=dev).tril(have)[None, None]
+            return self._run_rows(ids, tokens, feats_in, pos, [causal] * len(m.layers), n)
+        # Queries: new depth-0 rows, then mask rows.  Keys: cached depth-0 rows 0..have-1, then
+        # the queries.
         key_row = torch.cat(
             [torch.arange(a + 1, device=dev), torch.full_like(depth, a)]
         )  # anchor of each key
@@ -51,12 +55,25 @@ class PEagleDrafter(Eagle3Drafter):
             ctx_li = context & (key_row[None] > (pos - w)[:, None]) if w is not None else context
             visible.append((ctx_li | own)[None, None])
         assert visible[0].shape == (1, 1, R, have + R)
+        return self._run_rows(ids, tokens, feats_in, pos, visible, n)
+
+    def _run_rows(
+        self,
+        ids: torch.Tensor,
+        tokens: torch.Tensor,
+        feats_in: torch.Tensor,
+        pos: torch.Tensor,
+        visible: list[torch.Tensor],
+        n: int,
+    ) -> torch.Tensor:
+        """``draft_rows``' pass over its R rows (``n`` new depth-0 ones, then the mask rows)."""
+        m = self.model
         h, kv = m.run_layers(
             m.embed_tokens(tokens)[None, None],
             m.features(feats_in)[None, None],
             pos[None, None],
             visible,
-            past,
+            self._cache.past(m, ids.device),
         )
         self._cache.append(ids, kv, n)  # depth-0 rows only: mask rows depend on this anchor
         h = h[0, 0, n - 1 :]  # the anchor row and its mask rows

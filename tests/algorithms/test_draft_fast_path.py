@@ -1,0 +1,83 @@
+"""The drafters' serving path (``LearnedDrafter.matmuls_in_bf16``: bf16 kernels, fused weights,
+preallocated caches) drafts what the float32 eager path drafts.
+
+Real shipped drafters beside the embedded verifier, on the contexts of real greedy decodes: each
+step's draft logits of both paths, their argmax compared slot by slot.  The sequential drafters
+(EAGLE-3's steps, DSpark's Markov head) feed the serving path the eager path's tokens, so a slot
+is compared on the same prefix rather than after an earlier flip.  bf16 weights move near-ties, so
+the bar is agreement on 99% of slots, not equality (the verifier decides every token anyway).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specui.algorithms.base import DraftContext, LearnedDrafter
+from specui.algorithms.resolve import resolve_drafter, shipped_drafters
+from specui.engine import generate
+
+ALGOS = sorted(shipped_drafters())
+PROMPTS, NEW_TOKENS = 3, 40
+MIN_AGREEMENT = 0.99
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(embedded_verifier) -> list[torch.Tensor]:
+    from specui.data import load_prompts
+
+    return [p.encode(embedded_verifier) for p in load_prompts("spec-bench", limit=PROMPTS)]
+
+
+def draft_logits(drafter: LearnedDrafter, ctx: DraftContext, forced: list[int] | None):
+    """Draft logits [K, Vd] of one step (``forced``: the tokens the sequential drafters read)."""
+    algo = drafter.algorithm
+    if algo == "eagle3":
+        return drafter.draft_steps(ctx, forced_tokens=forced)[2]
+    if algo == "dspark":
+        return drafter.draft_chain(ctx, forced_tokens=forced)[2]
+    if algo == "peagle":
+        return drafter.draft_rows(ctx)
+    return drafter.draft_block(ctx, 0 if drafter.model.config.sample_from_anchor else 1)[1]
+
+
+def recorded_contexts(drafter: LearnedDrafter, verifier, prompt: torch.Tensor) -> list:
+    """The contexts the engine hands ``drafter`` in a greedy decode of ``prompt``."""
+    contexts = []
+    propose = drafter.propose
+
+    def record(ctx: DraftContext):
+        contexts.append(ctx)
+        return propose(ctx)
+
+    drafter.propose = record  # type: ignore[method-assign]
+    generate(verifier, drafter, prompt, max_new_tokens=NEW_TOKENS)
+    del drafter.propose
+    return contexts
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_serving_path_drafts_what_the_float32_eager_path_drafts(
+    algo, embedded_verifier, prompt_ids
+):
+    eager = resolve_drafter(algo, embedded_verifier)  # a float32 verifier: the eager path
+    eager.in_place = False
+    eager.reset()
+    serving = resolve_drafter(algo, embedded_verifier)
+    serving.matmuls_in_bf16()
+    same = total = 0
+    for prompt in prompt_ids:
+        contexts = recorded_contexts(eager, embedded_verifier, prompt)
+        eager.reset()
+        serving.reset()
+        for ctx in contexts:
+            if ctx.token_ids.numel() < 2:
+                continue
+            want = draft_logits(eager, ctx, None).argmax(-1)
+            from_draft = want + eager.model.d2t[want] if eager.model.d2t is not None else want
+            got = draft_logits(serving, ctx, from_draft.tolist()).argmax(-1)
+            same += int((got == want).sum())
+            total += want.numel()
+    print(f"{algo}: {same}/{total} = {same / total:.2%}")
+    assert total > 100 * PROMPTS
+    assert same / total >= MIN_AGREEMENT, f"{algo}: {same}/{total} slots agree"
