@@ -114,7 +114,8 @@ class Decoding:
             raise SpecUIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if len(prompt_ids) >= verifier.max_context:
             raise SpecUIError(
-                f"the prompt has {len(prompt_ids)} tokens; the verifier's context window is {verifier.max_context}"
+                f"the prompt has {len(prompt_ids)} tokens; the verifier's context window is"
+                f" {verifier.max_context}"
             )
         if any(not 0 <= t < verifier.vocab_size for t in prompt_ids):
             raise SpecUIError(f"prompt token ids must lie in 0..{verifier.vocab_size - 1}")
@@ -200,8 +201,9 @@ class Decoding:
                 )
                 output.extend(emitted)
                 context_len = len(committed) - len(emitted)
-                res.steps.append(self._trace(step, context_len, proposal, target_probs, n, final, kind, emitted,
-                                             t1 - t0, t2 - t1))  # fmt: skip
+                verified = (target_probs, n, final, kind, emitted)
+                trace = self._trace(step, context_len, proposal, *verified, t1 - t0, t2 - t1)
+                res.steps.append(trace)
                 step += 1
                 yield res.steps[-1]
                 if reason:
