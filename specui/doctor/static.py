@@ -197,7 +197,7 @@ def check_block(facts: Facts, k: int | None) -> list[Finding]:
     if cfg is None:
         return []
     if hasattr(cfg, "block_size"):
-        capacity = cfg.block_size - (0 if cfg.sample_from_anchor else 1)
+        capacity = cfg.block_size - cfg.first_draft_slot
         for what, value in (
             ("config.json's speculative_tokens", cfg.num_speculative_tokens),
             ("the requested K", k),

@@ -254,19 +254,37 @@ class FastDecoder:
         cache.reserve(end)
         kv = cache.data
         h = F.embedding(ids, self.embed)  # [n, H] float32
-        out = {0: h} if 0 in taps else {}
         cos, sin = self.cos[start:end], self.signed_sin[start:end]  # [n, 1, d]
+        if self.gguf_layers is not None and n <= ROWWISE_MAX_ROWS:
+            # every layer in one C call, which updates F.embedding's fresh rows in place
+            h = h.contiguous()
+            out = {0: h.clone()} if 0 in taps else {}
+            out.update(self.gguf_layers.run(h, cos, sin, kv, start, taps))
+        else:
+            out = {0: h} if 0 in taps else {}
+            h = self._layers(h, cos, sin, kv, start, taps, out)
+        cache.length = end
+        last = h if keep == 0 else h[-keep:]
+        logits = self.mm(self.rows(_norm(last, *self.final_norm)), self.head, last.shape[0])
+        return logits, out
+
+    def _layers(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: torch.Tensor,
+        start: int,
+        taps: set[int],
+        out: dict[int, torch.Tensor],
+    ) -> torch.Tensor:
+        """The decoder layers as torch ops between the matmuls: the residual stream after the
+        last, with the wanted taps put in ``out``."""
+        n = h.shape[0]
+        end = start + n
         nh, kvh, d = self.heads, self.kv_heads, self.head_dim
         rows, mm = self.rows, self.mm
-        if self.gguf_layers is not None and n <= ROWWISE_MAX_ROWS:
-            h = h.contiguous()  # F.embedding's rows, updated in place by the C layers
-            if 0 in taps:
-                out[0] = h.clone()
-            out.update(self.gguf_layers.run(h, cos, sin, kv, start, taps))
-            layers = []
-        else:
-            layers = self.layers
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(self.layers):
             xb = rows(_norm(h, layer.ln1, layer.eps1))
             if layer.qkv is not None:
                 q, k, v = mm(xb, layer.qkv, n).split((nh * d, kvh * d, kvh * d), dim=-1)
@@ -292,10 +310,7 @@ class FastDecoder:
             h = h + mm(rows(gated), layer.down, n)
             if i + 1 in taps:
                 out[i + 1] = h
-        cache.length = end
-        last = h if keep == 0 else h[-keep:]
-        logits = mm(rows(_norm(last, *self.final_norm)), self.head, last.shape[0])
-        return logits, out
+        return h
 
     def _attention(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, start: int

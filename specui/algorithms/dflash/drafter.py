@@ -35,7 +35,7 @@ class DFlashDrafter(LearnedDrafter):
 
     @property
     def block_size(self) -> int:
-        return self.num_speculative_tokens + (0 if self.model.config.sample_from_anchor else 1)
+        return self.num_speculative_tokens + self.model.config.first_draft_slot
 
     @torch.inference_mode()
     def update_context(self, ids: torch.Tensor, feats: torch.Tensor) -> None:
@@ -97,7 +97,6 @@ class DFlashDrafter(LearnedDrafter):
         return hidden, m.lm_head(hidden[first_slot:])
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        # slot 0 would predict the anchor itself, unless sampled from the anchor
-        _, logits = self.draft_block(ctx, 0 if self.model.config.sample_from_anchor else 1)
+        _, logits = self.draft_block(ctx, self.model.config.first_draft_slot)
         tokens, q = self.pick(logits, ctx)
         return Proposal(token_ids=tokens.tolist(), probs=q)

@@ -96,9 +96,7 @@ class DSparkDrafter(DFlashDrafter):
         m = self.model
         hidden, base = self.draft_block(ctx)  # [B, H], [B, Vd]
         anchor = ctx.token_ids.reshape(-1)[-1].to(hidden.device)
-        first = (
-            0 if m.config.sample_from_anchor else 1
-        )  # DFlash-style slot 0 predicts the anchor: skipped
+        first = m.config.first_draft_slot  # DFlash-style: a slot 0 that predicts the anchor
         # The confidence head reads no earlier slot: in place, one call for all slots at the end.
         later = self.in_place and m.confidence_head is not None
         prev, state = anchor, None
@@ -114,18 +112,17 @@ class DSparkDrafter(DFlashDrafter):
             tokens.append(token[0])
             qs.append(None if q is None else q[0])
             logits_out.append(logits)
-            confs.append(
-                conf if conf is not None else torch.tensor(float("nan"), device=hidden.device)
-            )
+            if not later:
+                confs.append(
+                    conf if conf is not None else torch.tensor(float("nan"), device=hidden.device)
+                )
             prevs.append(prev)
             prev = token[0]
-        conf_logits = m.confidence(hidden[first:], torch.stack(prevs)) if later else None
-        return (
-            torch.stack(tokens),
-            stack_probs(qs),
-            torch.stack(logits_out),
-            torch.stack(confs) if conf_logits is None else conf_logits,
-        )
+        if later:
+            conf_logits = m.confidence(hidden[first:], torch.stack(prevs))
+        else:
+            conf_logits = torch.stack(confs)
+        return torch.stack(tokens), stack_probs(qs), torch.stack(logits_out), conf_logits
 
     def propose(self, ctx: DraftContext) -> Proposal:
         tokens, q, _, conf_logits = self.draft_chain(ctx)

@@ -118,7 +118,8 @@ class Eagle3Drafter(LearnedDrafter):
             vis = [None if v is None else v[None, None] for v in vis]
             pos = torch.tensor([[[a + 2 + s]]], device=dev)
             h, kv = m.run_layers(m.embed_tokens(token)[None, None], g, pos, vis, past_s)
-            spec = extend_kv(spec, kv)
+            if self._cache.buffers is None:  # in place, the buffers hold them already
+                spec = extend_kv(spec, kv)
             step_logits, g = m.output(h)
         return torch.stack(tokens), stack_probs(qs), torch.stack(logits_out)
 
