@@ -14,8 +14,11 @@ import pytest
 import torch
 
 from specui.algorithms.base import DraftContext, LearnedDrafter
+from specui.algorithms.layers import MLP, Attention, KVBuffer
 from specui.algorithms.resolve import resolve_drafter, shipped_drafters
 from specui.engine import generate
+from specui.verifier import cpu_kernels
+from specui.verifier.batch_invariant import BF16Linear
 
 ALGOS = sorted(shipped_drafters())
 PROMPTS, NEW_TOKENS = 3, 40
@@ -38,7 +41,7 @@ def draft_logits(drafter: LearnedDrafter, ctx: DraftContext, forced: list[int] |
         return drafter.draft_chain(ctx, forced_tokens=forced)[2]
     if algo == "peagle":
         return drafter.draft_rows(ctx)
-    return drafter.draft_block(ctx, 0 if drafter.model.config.sample_from_anchor else 1)[1]
+    return drafter.draft_block(ctx, drafter.model.config.first_draft_slot)[1]
 
 
 def recorded_contexts(drafter: LearnedDrafter, verifier, prompt: torch.Tensor) -> list:
@@ -65,6 +68,12 @@ def test_serving_path_drafts_what_the_float32_eager_path_drafts(
     eager.reset()
     serving = resolve_drafter(algo, embedded_verifier)
     serving.matmuls_in_bf16()
+    # the serving path is on: stacked q/k/v and gate/up, the bf16 kernel's copy where it runs
+    fused = [m for m in serving.model.modules() if isinstance(m, Attention | MLP)]
+    assert fused and all(m.stacked is not None for m in fused)
+    if cpu_kernels.bf16_kernel_available():
+        linears = [m for m in serving.model.modules() if isinstance(m, BF16Linear)]
+        assert linears and all(m.weight_kernel is not None for m in linears)
     same = total = 0
     for prompt in prompt_ids:
         contexts = recorded_contexts(eager, embedded_verifier, prompt)
@@ -81,3 +90,18 @@ def test_serving_path_drafts_what_the_float32_eager_path_drafts(
     print(f"{algo}: {same}/{total} = {same / total:.2%}")
     assert total > 100 * PROMPTS
     assert same / total >= MIN_AGREEMENT, f"{algo}: {same}/{total} slots agree"
+
+
+def test_a_kv_buffer_grows_keeps_its_rows_and_overwrites_in_place():
+    buffer, gen = KVBuffer(), torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 1, 1, 3, 5, 8, generator=gen)  # [1, 1, Hkv, S, D] each
+    keys, values = buffer.write(0, k, v)
+    assert torch.equal(keys, k) and torch.equal(values, v)
+    more_k, more_v = torch.randn(2, 1, 1, 3, 100, 8, generator=gen)  # past the first capacity
+    keys, values = buffer.write(5, more_k, more_v)
+    assert keys.shape[-2] == 105 and torch.equal(keys[..., :5, :], k)
+    assert torch.equal(values[..., 5:, :], more_v)
+    draft_k, draft_v = torch.randn(2, 1, 1, 3, 2, 8, generator=gen)  # a step's rows, rewritten
+    keys, values = buffer.write(4, draft_k, draft_v)
+    assert keys.shape[-2] == 6 and torch.equal(keys[..., :4, :], k[..., :4, :])
+    assert torch.equal(keys[..., 4:, :], draft_k) and torch.equal(values[..., 4:, :], draft_v)
