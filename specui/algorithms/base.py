@@ -333,6 +333,12 @@ class DraftModel(nn.Module):
         """The verifier's tensor standing in for a missing ``key``."""
         raise KeyError(key)
 
+    def head_module(self) -> nn.Module | None:
+        """The module of the draft LM head (its own ``lm_head`` by default), for the one-call
+        layers (``layer_call``)."""
+        head = getattr(self, "lm_head", None)
+        return head if isinstance(head, nn.Module) else None
+
     def own_matmuls_outside(self) -> list[nn.Module]:
         """Layers the drafter owns but holds outside its modules (so outside its checkpoint),
         for ``LearnedDrafter.matmuls_in_bf16``; none by default."""
@@ -430,6 +436,9 @@ class LearnedDrafter:
     # (``layers.CacheWrite``); False keeps the eager path (concatenated caches, explicit
     # masks) -- set it before ``reset()``.
     in_place: bool = True
+    # The layers in one C call on the bf16 kernels (``layer_call``), set by ``matmuls_in_bf16``
+    # where it serves the model; read through ``one_call``.
+    layer_call: Any = None
 
     def __init__(
         self,
@@ -503,6 +512,15 @@ class LearnedDrafter:
         for module in self.model.modules():
             if isinstance(module, Attention | MLP):
                 module.fuse(lambda linear: to_bf16_linear(linear, DRAFT_KERNEL_ROWS))
+        from specui.algorithms.layer_call import DraftLayerCall
+
+        self.layer_call = DraftLayerCall.build(self.model, self.model.head_module())
+
+    @property
+    def one_call(self) -> Any:
+        """The one-call layers (``layer_call.DraftLayerCall``) where the drafter runs them in
+        place, else None (the torch ops)."""
+        return self.layer_call if self.in_place else None
 
     def empty_proposal(self) -> Any:
         return Proposal(token_ids=[], probs=torch.zeros(0, self.model.config.layer.vocab_size))

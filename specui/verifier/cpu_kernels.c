@@ -131,16 +131,17 @@ static inline __m512 exp_nonpositive(__m512 x) {
 #define MAX_HEAD_CHUNKS 16 /* head_dim up to 256 */
 
 /* q: [rows][heads][d]; k, v: kv_heads x (start + rows) keys, at k + g * head_stride + j * d;
- * out: [rows][heads][d].  d a multiple of 16.  Returns 0, -1 without memory, -2 on bad shapes. */
-int specui_attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d, const float *k,
+ * row r sees keys 0 .. start + r, or all start + rows of them with see_block (a drafter's
+ * bidirectional block: the same sums over more keys).  out: [rows][heads][d].  d a multiple of 16.  Returns 0, -1 without memory, -2 on bad shapes. */
+static int attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d, const float *k,
                           const float *v, int64_t kv_heads, int64_t head_stride, int64_t start,
-                          float scale, float *out) {
+                          float scale, int64_t see_block, float *out) {
     if (d % 16 || d / 16 > MAX_HEAD_CHUNKS || kv_heads <= 0 || heads % kv_heads) return -2;
     const int64_t chunks = d / 16, group = heads / kv_heads, longest = start + rows;
     float *scores = malloc(sizeof(float) * (longest + 16));
     if (!scores) return -1;
     for (int64_t r = 0; r < rows; ++r) {
-        const int64_t len = start + r + 1;
+        const int64_t len = see_block ? longest : start + r + 1;
         for (int64_t h = 0; h < heads; ++h) {
             const float *qh = q + (r * heads + h) * d;
             const float *kg = k + (h / group) * head_stride, *vg = v + (h / group) * head_stride;
@@ -178,6 +179,12 @@ int specui_attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d
     }
     free(scores);
     return 0;
+}
+
+int specui_attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d, const float *k,
+                          const float *v, int64_t kv_heads, int64_t head_stride, int64_t start,
+                          float scale, float *out) {
+    return attention_rows(q, rows, heads, d, k, v, kv_heads, head_stride, start, scale, 0, out);
 }
 
 /* ---- The bf16 matmul for a few rows, on AMX ---------------------------------------------------
@@ -661,35 +668,61 @@ static int gguf_matmul_pieces(int type, const float *x, int64_t rows, int64_t k,
     return 0;
 }
 
-/* ---- The gguf verifier's decoder layers in one call ------------------------------------------
+/* ---- Decoder layers in one call: the gguf verifier's, and the drafters' ----------------------
  *
  * A one-token gguf step is a stream through 60 MB of blocks (~13 ms at one core's bandwidth), yet
  * it took ~27 ms through `specui.verifier.decoder`'s torch ops: per layer some 35 of them (norms,
  * rotary, the KV writes, SiLU, residual adds, views) at a few microseconds each, plus their
- * allocations.  `specui_gguf_layers` runs every layer of a block of rows (a one-token step or a
+ * allocations.  `specui_decoder_layers` runs every layer of a block of rows (a one-token step or a
  * verify block) on the kernels above with no torch in between: RMSNorm, the fused q/k/v matmul
  * (and its bias), Qwen3's per-head q/k norms where there are, rotary, the K/V rows written into the
  * cache, row-wise attention, the output projection and residual, RMSNorm, the fused gate/up matmul,
  * SiLU(gate) * up, the down projection and residual, and the wanted taps of the residual stream.
+ *
+ * The drafters' layers are the same layers on bf16 weights (WEIGHT_BF16: pack_bf16's layout, on
+ * AMX or AVX512-BF16), where the torch ops cost more than the matmuls: a draft block of 7-8 rows
+ * through 2-3 layers is ~2 ms of arithmetic, and was ~5 ms.  Three things only drafters ask for:
+ *  - `see_block`: each query row sees every row of its block (DFlash's bidirectional block), not
+ *    only the rows up to its own;
+ *  - `ctx_rows`: leading rows that are context, not queries (DFlash's projected verifier feature
+ *    of newly committed positions): every layer writes their keys and values, straight from the
+ *    rows (no input norm), through the same q/k/v matmul as the block's rows;
+ *  - `hidden_norm` on the first layer (the EAGLE family): q/k/v read [norm(embedding); norm'(f)]
+ *    of the row's embedding in `h` and its feature f in `feature`, and the residual stream starts
+ *    from f (normed where `residual_normed`).
  *
  * Its numbers are its own (the norms' sums of squares 16 lanes at a time, SiLU through
  * exp_nonpositive), within float32 rounding of the torch ops, and batch-invariant for the same
  * reason as the kernels it calls: every step is a row's own, in a fixed order whatever the row
  * count.  `batch_invariant.check` proves that on the loaded verifier at load.
  */
+#define WEIGHT_BF16 30 /* bf16 weights in pack_bf16's layout (GGML's number for BF16) */
+
 typedef struct {
-    int32_t type, unused;
+    int32_t type, amx; /* a GGUF block type or WEIGHT_BF16; amx: bf16 weights on the AMX kernel */
     const uint8_t *data;
     const float *bias; /* float32 [n_out] or NULL */
     int64_t k, n_out;
-} specui_gguf_weight;
+} specui_layer_weight;
 
 typedef struct {
     const float *ln1, *ln2;       /* the two RMSNorms' weights [hidden] */
     const float *q_norm, *k_norm; /* Qwen3's per-head norms' weights [d], or NULL */
-    float eps1, eps2, q_eps, k_eps, scaling, unused;
-    specui_gguf_weight qkv, o, gate_up, down; /* q/k/v and gate/up fused (outputs in that order) */
-} specui_gguf_layer;
+    const float *hidden_norm;     /* the EAGLE family's first layer: the feature's norm, or NULL */
+    float eps1, eps2, q_eps, k_eps, scaling, hidden_eps;
+    int32_t residual_normed, unused;
+    specui_layer_weight qkv, o, gate_up, down; /* q/k/v and gate/up fused (outputs in that order) */
+} specui_layer;
+
+/* The final norm and LM head after the layers (a drafter's): every query row normed into `normed`
+ * [queries][hidden], the rows from `logits_from` on multiplied by `w` into `logits`. */
+typedef struct {
+    const float *norm;
+    float eps;
+    int32_t logits_from;
+    specui_layer_weight w;
+    float *normed, *logits;
+} specui_layers_head;
 
 /* out = weight * (x * rsqrt(mean(x^2) + eps)) over n floats (n a multiple of 16). */
 static void rms_norm(const float *x, const float *weight, float eps, int64_t n, float *out) {
@@ -723,7 +756,28 @@ static void silu_mul(const float *gate_up, int64_t n, float *out) {
     }
 }
 
-static int weight_matmul(const specui_gguf_weight *w, const float *x, int64_t rows, float *out) {
+/* float32 rows -> bf16 rounded to nearest even (what torch's .to(torch.bfloat16) gives), each
+ * row padded with zeros to kp; then the bf16 kernel. */
+static int bf16_rows_matmul(const specui_layer_weight *w, const float *x, int64_t rows, float *out) {
+    const int64_t k = w->k, kp = (k + 31) / 32 * 32;
+    uint16_t *xb = calloc((size_t)(rows * kp), sizeof(uint16_t));
+    if (!xb) return -1;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < k; i += 16) {
+            const int64_t left = k - i;
+            const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+            const __m256bh b = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + r * k + i));
+            _mm256_mask_storeu_epi16(xb + r * kp + i, m, (__m256i)b);
+        }
+    const uint16_t *wp = (const uint16_t *)w->data;
+    int rc = w->amx ? specui_bf16_matmul(xb, rows, kp, kp, wp, w->bias, w->n_out, out)
+                    : specui_bf16_matmul_avx512(xb, rows, kp, kp, wp, w->bias, w->n_out, out);
+    free(xb);
+    return rc;
+}
+
+static int weight_matmul(const specui_layer_weight *w, const float *x, int64_t rows, float *out) {
+    if (w->type == WEIGHT_BF16) return bf16_rows_matmul(w, x, rows, out);
     int rc = specui_gguf_matmul(w->type, x, rows, w->k, w->data, w->n_out, out);
     if (rc == 0 && w->bias)
         for (int64_t r = 0; r < rows; ++r)
@@ -731,41 +785,64 @@ static int weight_matmul(const specui_gguf_weight *w, const float *x, int64_t ro
     return rc;
 }
 
-/* h: [rows][hidden] float32, the residual stream in and out; cos, ssin: [rows][d] for positions
- * start..start+rows-1; kv: the cache [layers][2][kv_heads][capacity][d], positions below `start`
- * already filled; taps: [slots][rows][hidden], tap_slot[l] (l = 1..layers) the slot of the stream
- * after layer l, or -1.  hidden and the intermediate size multiples of 32, d of 16.
- * Returns 0, -1 without memory, -2 on shapes the kernels do not take. */
-int specui_gguf_layers(const specui_gguf_layer *layers, int64_t n_layers, int64_t heads, int64_t kv_heads,
-                       int64_t d, float *h, int64_t rows, int64_t hidden, const float *cos, const float *ssin,
-                       float *kv, int64_t capacity, int64_t start, const int64_t *tap_slot, float *taps) {
-    if (rows <= 0 || hidden % 32 || d % 16 || kv_heads <= 0 || heads % kv_heads || start + rows > capacity) return -2;
+/* h: [rows][hidden] float32: `ctx_rows` context rows, then the query rows, whose residual stream
+ * is updated in place; cos, ssin: [rows][d], each row's rotary; feature: [rows - ctx_rows][hidden]
+ * when the first layer has a hidden_norm, else unused; kv: the cache
+ * [layers][2][kv_heads][capacity][d], row r's keys and values written at start + r, positions below
+ * `start` already filled; query row i sees cache positions up to start + ctx_rows + i, or every
+ * row of the call with `see_block`; taps: [slots][query rows][hidden], tap_slot[l] (l = 1..layers)
+ * the slot of the stream after layer l, or -1; head: the final norm and LM head, or NULL.  hidden and
+ * the intermediate size multiples of 32, d of 16.  Returns 0, -1 without memory, -2 on shapes the
+ * kernels do not take. */
+int specui_decoder_layers(const specui_layer *layers, int64_t n_layers, int64_t heads, int64_t kv_heads,
+                          int64_t d, float *h, int64_t rows, int64_t hidden, const float *cos, const float *ssin,
+                          float *kv, int64_t capacity, int64_t start, const int64_t *tap_slot, float *taps,
+                          int64_t ctx_rows, int64_t see_block, const float *feature,
+                          const specui_layers_head *head) {
+    const int64_t nq = rows - ctx_rows;
+    if (nq <= 0 || ctx_rows < 0 || hidden % 32 || d % 16 || kv_heads <= 0 || heads % kv_heads ||
+        start < 0 || start + rows > capacity)
+        return -2;
+    if (head && (head->w.k != hidden || head->logits_from < 0 || head->logits_from >= nq)) return -2;
     const int64_t qd = heads * d, kd = kv_heads * d, qkv_out = qd + 2 * kd;
     const int64_t inter = layers[0].gate_up.n_out / 2;
     if (inter % 32) return -2;
     for (int64_t i = 0; i < n_layers; ++i) {
-        const specui_gguf_layer *L = layers + i;
-        if (L->qkv.n_out != qkv_out || L->qkv.k != hidden || L->o.k != qd || L->o.n_out != hidden ||
+        const specui_layer *L = layers + i;
+        const int64_t in = L->hidden_norm ? 2 * hidden : hidden;
+        if (L->hidden_norm && (i > 0 || ctx_rows > 0 || !feature)) return -2;
+        if (L->qkv.n_out != qkv_out || L->qkv.k != in || L->o.k != qd || L->o.n_out != hidden ||
             L->gate_up.n_out != 2 * inter || L->gate_up.k != hidden || L->down.k != inter || L->down.n_out != hidden)
             return -2;
     }
-    float *x = malloc(sizeof(float) * rows * hidden), *t = malloc(sizeof(float) * rows * hidden);
-    float *qkv = malloc(sizeof(float) * rows * qkv_out), *q = malloc(sizeof(float) * rows * qd);
-    float *att = malloc(sizeof(float) * rows * qd), *gu = malloc(sizeof(float) * rows * 2 * inter);
-    float *g = malloc(sizeof(float) * rows * inter), *tmp = malloc(sizeof(float) * d);
+    float *x = malloc(sizeof(float) * rows * 2 * hidden), *t = malloc(sizeof(float) * nq * hidden);
+    float *qkv = malloc(sizeof(float) * rows * qkv_out), *q = malloc(sizeof(float) * nq * qd);
+    float *att = malloc(sizeof(float) * nq * qd), *gu = malloc(sizeof(float) * nq * 2 * inter);
+    float *g = malloc(sizeof(float) * nq * inter), *tmp = malloc(sizeof(float) * d);
     int rc = (x && t && qkv && q && att && gu && g && tmp) ? 0 : -1;
     const int64_t head_stride = capacity * d;
+    float *hq = h + ctx_rows * hidden; /* the query rows' residual stream */
     for (int64_t i = 0; i < n_layers && rc == 0; ++i) {
-        const specui_gguf_layer *L = layers + i;
+        const specui_layer *L = layers + i;
         float *keys = kv + (i * 2) * kv_heads * head_stride, *values = keys + kv_heads * head_stride;
-        for (int64_t r = 0; r < rows; ++r) rms_norm(h + r * hidden, L->ln1, L->eps1, hidden, x + r * hidden);
+        const int64_t in = L->qkv.k;
+        for (int64_t r = 0; r < ctx_rows; ++r) memcpy(x + r * in, h + r * hidden, sizeof(float) * hidden);
+        for (int64_t r = 0; r < nq; ++r) {
+            float *xr = x + (ctx_rows + r) * in, *hr = hq + r * hidden;
+            rms_norm(hr, L->ln1, L->eps1, hidden, xr);
+            if (L->hidden_norm) { /* [norm(embedding); norm'(feature)]; the stream starts from f */
+                const float *f = feature + r * hidden;
+                rms_norm(f, L->hidden_norm, L->hidden_eps, hidden, xr + hidden);
+                memcpy(hr, L->residual_normed ? xr + hidden : f, sizeof(float) * hidden);
+            }
+        }
         if ((rc = weight_matmul(&L->qkv, x, rows, qkv))) break;
         for (int64_t r = 0; r < rows; ++r) {
             const float *row = qkv + r * qkv_out, *c = cos + r * d, *s = ssin + r * d;
-            for (int64_t hd = 0; hd < heads; ++hd) {
+            for (int64_t hd = 0; hd < heads && r >= ctx_rows; ++hd) {
                 const float *src = row + hd * d;
                 if (L->q_norm) rms_norm(src, L->q_norm, L->q_eps, d, tmp), src = tmp;
-                rotate(src, c, s, d, q + (r * heads + hd) * d);
+                rotate(src, c, s, d, q + ((r - ctx_rows) * heads + hd) * d);
             }
             for (int64_t gh = 0; gh < kv_heads; ++gh) {
                 const float *src = row + qd + gh * d;
@@ -774,16 +851,21 @@ int specui_gguf_layers(const specui_gguf_layer *layers, int64_t n_layers, int64_
                 memcpy(values + gh * head_stride + (start + r) * d, row + qd + kd + gh * d, sizeof(float) * d);
             }
         }
-        if ((rc = specui_attention_rows(q, rows, heads, d, keys, values, kv_heads, head_stride, start, L->scaling, att)))
+        if ((rc = attention_rows(q, nq, heads, d, keys, values, kv_heads, head_stride, start + ctx_rows,
+                                 L->scaling, see_block, att)))
             break;
-        if ((rc = weight_matmul(&L->o, att, rows, t))) break;
-        for (int64_t j = 0; j < rows * hidden; ++j) h[j] += t[j];
-        for (int64_t r = 0; r < rows; ++r) rms_norm(h + r * hidden, L->ln2, L->eps2, hidden, x + r * hidden);
-        if ((rc = weight_matmul(&L->gate_up, x, rows, gu))) break;
-        for (int64_t r = 0; r < rows; ++r) silu_mul(gu + r * 2 * inter, inter, g + r * inter);
-        if ((rc = weight_matmul(&L->down, g, rows, t))) break;
-        for (int64_t j = 0; j < rows * hidden; ++j) h[j] += t[j];
-        if (tap_slot[i + 1] >= 0) memcpy(taps + tap_slot[i + 1] * rows * hidden, h, sizeof(float) * rows * hidden);
+        if ((rc = weight_matmul(&L->o, att, nq, t))) break;
+        for (int64_t j = 0; j < nq * hidden; ++j) hq[j] += t[j];
+        for (int64_t r = 0; r < nq; ++r) rms_norm(hq + r * hidden, L->ln2, L->eps2, hidden, x + r * hidden);
+        if ((rc = weight_matmul(&L->gate_up, x, nq, gu))) break;
+        for (int64_t r = 0; r < nq; ++r) silu_mul(gu + r * 2 * inter, inter, g + r * inter);
+        if ((rc = weight_matmul(&L->down, g, nq, t))) break;
+        for (int64_t j = 0; j < nq * hidden; ++j) hq[j] += t[j];
+        if (tap_slot[i + 1] >= 0) memcpy(taps + tap_slot[i + 1] * nq * hidden, hq, sizeof(float) * nq * hidden);
+    }
+    if (rc == 0 && head) {
+        for (int64_t r = 0; r < nq; ++r) rms_norm(hq + r * hidden, head->norm, head->eps, hidden, head->normed + r * hidden);
+        rc = weight_matmul(&head->w, head->normed + head->logits_from * hidden, nq - head->logits_from, head->logits);
     }
     free(x); free(t); free(qkv); free(q); free(att); free(gu); free(g); free(tmp);
     return rc;

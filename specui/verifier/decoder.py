@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specui.verifier import cpu_kernels
+from specui.verifier import cpu_kernels, gguf_layers
 from specui.verifier.batch_invariant import (
     ATTENTION_NAME,
     ROWWISE_MAX_ROWS,
@@ -38,7 +38,6 @@ from specui.verifier.batch_invariant import (
     int8_matmul,
     quantize_rows,
 )
-from specui.verifier.gguf_layers import GGUFLayers
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 _linear = torch.ops.mkldnn._linear_pointwise
@@ -227,10 +226,10 @@ class FastDecoder:
         )
         # gguf: every layer of a step or verify block in one C call (specui.verifier.gguf_layers).
         self.gguf_layers = (
-            GGUFLayers(self.layers, self.heads, self.kv_heads, self.head_dim)
+            gguf_layers.gguf_layers(self.layers, self.heads, self.kv_heads, self.head_dim)
             if self.mm is gguf_matmul
             and self.attention_kernel
-            and GGUFLayers.supported(self.layers)
+            and gguf_layers.supported(self.layers)
             else None
         )
 

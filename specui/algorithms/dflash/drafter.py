@@ -70,10 +70,12 @@ class DFlashDrafter(LearnedDrafter):
         """
         m = self.model
         ids, feats = self.inputs(ctx)
-        self.update_context(ids, feats)
         p, B, dev = ids.numel() - 1, self.block_size, ids.device
         block = torch.full((1, 1, B), m.config.mask_token_id, dtype=torch.long, device=dev)
         block[..., 0] = ids[-1]
+        if self.one_call is not None:
+            return self._block_in_one_call(ids, feats, block, first_slot)
+        self.update_context(ids, feats)
         block_pos = p + torch.arange(B, device=dev)[None, None]  # [1, 1, B]
         j = torch.arange(p, device=dev)
         ctx_vis: list[torch.Tensor | None] = []
@@ -95,6 +97,29 @@ class DFlashDrafter(LearnedDrafter):
             hidden, _ = m.run_block(m.embed(block), block_pos, self._ctx, ctx_vis)
         hidden = hidden[0, 0]
         return hidden, m.lm_head(hidden[first_slot:])
+
+    def _block_in_one_call(
+        self, ids: torch.Tensor, feats: torch.Tensor, block: torch.Tensor, first_slot: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``draft_block`` through the one-call layers: the context rows new since the last step
+        (keys and values only) and the block, which sees all of itself, in one call at positions
+        ``have..p+B-1``, with the final norm and the head."""
+        m = self.model
+        have = self._prefix.valid_length(ids, self._cached)
+        p = ids.numel() - 1
+        rows = m.embed(block).reshape(block.shape[-1], -1)
+        if p > have:
+            rows = torch.cat([m.context(feats[have:]), rows])
+        positions = torch.arange(have, p + block.shape[-1], device=ids.device)
+        out, normed, logits = self.one_call.run(
+            rows, positions, have, ctx_rows=p - have, see_block=True, logits_from=first_slot
+        )
+        self._cached = feats.shape[0]
+        self._prefix.remember(ids)
+        if normed is None or logits is None:  # no kernel copy of the head
+            normed = m.norm(out)
+            logits = m.lm_head(normed[first_slot:])
+        return normed, logits
 
     def propose(self, ctx: DraftContext) -> Proposal:
         _, logits = self.draft_block(ctx, self.model.config.first_draft_slot)

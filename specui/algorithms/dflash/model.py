@@ -161,6 +161,9 @@ class DFlashModel(DraftModel):
             )
         self.borrowed = Borrowed(embed_tokens=verifier.embed_tokens, lm_head=lm_head)
 
+    def head_module(self) -> nn.Module | None:
+        return None if self.borrowed is None else self.borrowed.lm_head
+
     def own_matmuls_outside(self) -> list[nn.Module]:
         """A draft vocabulary's copy of the verifier's head rows: the drafter's own, but outside
         its modules (so out of its checkpoint).  The full head is the verifier's, left alone."""

@@ -85,17 +85,24 @@ class Eagle3Drafter(LearnedDrafter):
         a = ids.numel() - 2
         dev = ids.device
         have = self._cache.valid_rows(ids, max_rows=a)  # the anchor row is always recomputed
-        past = self._cache.past(m, dev)
 
         # Pass 0: the step-0 rows new since last time (the anchor row last), all cached afterwards.
         rows = torch.arange(have, a + 1, device=dev)  # [n]
         keys = torch.arange(a + 1, device=dev)  # [have + n]
-        vis0 = [self._visible(li, rows, keys) for li in range(len(m.layers))]
         inputs = (m.embed_tokens(ids[rows + 1]), m.features(feats[rows]), rows + 1)
-        masks = [None if v is None else v[None, None] for v in vis0]
-        h, kv = m.run_layers(*(t[None, None] for t in inputs), masks, past)
-        self._cache.append(ids, kv, rows.numel())
-        step_logits, g = m.output(h[..., -1:, :])
+        if self.one_call is not None:  # the rows in cache order are causal: no masks
+            n = rows.numel()
+            out = self.one_call.run(
+                inputs[0], inputs[2], have, feature=inputs[1], logits_from=n - 1
+            )
+            step_logits, g = self._output(*out)
+            self._cache.append(ids, [], n)
+        else:
+            masks = [self._visible(li, rows, keys) for li in range(len(m.layers))]
+            masks = [None if v is None else v[None, None] for v in masks]
+            h, kv = m.run_layers(*(t[None, None] for t in inputs), masks, self._cache.past(m, dev))
+            self._cache.append(ids, kv, rows.numel())
+            step_logits, g = m.output(h[..., -1:, :])
 
         tokens, qs, logits_out = [], [], []
         spec: list[KV] | None = None  # this block's speculative rows, per layer; dropped at the end
@@ -111,17 +118,30 @@ class Eagle3Drafter(LearnedDrafter):
                 break
             # Step s+1: the anchor row again, fed the drafted token and its own output, at
             # position a+2+s.
+            pos = torch.tensor([[[a + 2 + s]]], device=dev)
+            if self.one_call is not None:  # one row, after the cached ones: it sees them all
+                row = self._cache.rows + s
+                out = self.one_call.run(m.embed_tokens(token), pos, row, feature=g, logits_from=0)
+                step_logits, g = self._output(*out)
+                continue
             # keys: every step-0 row (cached), this block's earlier speculative rows, this row
             past_s = self._cache.past(m, dev, spec, extra=s)
             anchor = torch.tensor([a], device=dev)
             vis = [self._visible(li, anchor, keys, extra=s + 1) for li in range(len(m.layers))]
             vis = [None if v is None else v[None, None] for v in vis]
-            pos = torch.tensor([[[a + 2 + s]]], device=dev)
             h, kv = m.run_layers(m.embed_tokens(token)[None, None], g, pos, vis, past_s)
             if self._cache.buffers is None:  # in place, the buffers hold them already
                 spec = extend_kv(spec, kv)
             step_logits, g = m.output(h)
         return torch.stack(tokens), stack_probs(qs), torch.stack(logits_out)
+
+    def _output(
+        self, h: torch.Tensor, normed: torch.Tensor | None, logits: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``Eagle3Model.output`` of the one call's last row (its head's, where it has one)."""
+        if normed is None or logits is None:
+            return self.model.output(h[-1:])
+        return logits[-1:], normed[-1:] if self.model.config.norm_output else h[-1:]
 
     def _visible(
         self, layer_idx: int, rows: torch.Tensor, keys: torch.Tensor, extra: int = 0

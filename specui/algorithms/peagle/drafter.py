@@ -68,15 +68,19 @@ class PEagleDrafter(Eagle3Drafter):
     ) -> torch.Tensor:
         """``draft_rows``' pass over its R rows (``n`` new depth-0 ones, then the mask rows)."""
         m = self.model
-        h, kv = m.run_layers(
-            m.embed_tokens(tokens)[None, None],
-            m.features(feats_in)[None, None],
-            pos[None, None],
-            visible,
-            self._cache.past(m, ids.device),
-        )
+        embeds, features = m.embed_tokens(tokens), m.features(feats_in)
+        if self.one_call is not None:  # causal in cache order (draft_rows): no masks
+            start = self._cache.rows
+            h, _, logits = self.one_call.run(
+                embeds, pos, start, feature=features, logits_from=n - 1
+            )
+            self._cache.append(ids, [], n)  # depth-0 rows only: mask rows depend on this anchor
+            return logits if logits is not None else m.lm_head(m.norm(h[n - 1 :]))
+        past = self._cache.past(m, ids.device)
+        rows = (embeds[None, None], features[None, None], pos[None, None])
+        out, kv = m.run_layers(*rows, visible, past)
         self._cache.append(ids, kv, n)  # depth-0 rows only: mask rows depend on this anchor
-        h = h[0, 0, n - 1 :]  # the anchor row and its mask rows
+        h = out[0, 0, n - 1 :]  # the anchor row and its mask rows
         return m.lm_head(m.norm(h))
 
     def propose(self, ctx: DraftContext) -> Proposal:

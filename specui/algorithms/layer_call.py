@@ -1,0 +1,173 @@
+"""A drafter's decoder layers in one C call (``specui.verifier.one_call``), at inference.
+
+A draft block is 1-9 rows through one to three small layers.  Its matmuls on the bf16 kernel are
+about half of a draft; the rest were ~25 torch ops a layer between them (norms, rotary, views,
+KV writes, SDPA, SiLU, residual adds), each a few microseconds.  :class:`DraftLayerCall` runs the
+layers of a block in one call instead, on the weights ``LearnedDrafter.matmuls_in_bf16`` packed
+(q/k/v and gate/up stacked), over :class:`DraftKV`, every layer's keys and values in one buffer.
+
+The drafters call it where they would run their layers in place (``LearnedDrafter.in_place``):
+- DFlash and DSpark: the new context rows (keys and values only) and the block, which sees all of
+  itself (``see_block``);
+- EAGLE-3: the new step-0 rows, then one row a sequential step; P-EAGLE: the new depth-0 rows and
+  the mask rows, causally in cache order.  Their first layer reads the feature beside the token
+  embedding (``hidden_norm``).
+
+Sliding-window layers are not served (the call has no window): such drafters keep the torch ops.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specui.algorithms.layers import DecoderLayer, RMSNorm, Rotary
+from specui.verifier import cpu_kernels
+from specui.verifier.decoder import signed_sin
+from specui.verifier.one_call import (
+    WEIGHT_BF16,
+    CallHead,
+    CallLayer,
+    CallWeight,
+    OneCallLayers,
+)
+
+
+class DraftKV:
+    """Every draft layer's keys and values, ``[layers, 2, kv_heads, capacity, d]`` float32 (the
+    layout the call writes); capacity doubles when a call needs more."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int) -> None:
+        self.data = torch.empty(layers, 2, kv_heads, 0, head_dim)
+
+    def reserve(self, end: int) -> torch.Tensor:
+        """The buffer, with room for positions ``0..end-1`` (the ones kept are copied)."""
+        have = self.data.shape[3]
+        if have < end:
+            grown = self.data.new_empty(*self.data.shape[:3], max(2 * end, 64), self.data.shape[4])
+            grown[..., :have, :] = self.data
+            self.data = grown
+        return self.data
+
+
+def _norm(norm: RMSNorm | None) -> tuple[torch.Tensor, float] | None:
+    return None if norm is None else (norm.weight, norm.eps)
+
+
+def _weight(linear: nn.Module) -> CallWeight | None:
+    """A linear's kernel copy: bf16 (``BF16Linear.weight_kernel``) or a GGUF file's own blocks
+    (``GGUFLinear.weight_gguf``, a gguf verifier's LM head), or None where it has neither."""
+    packed = getattr(linear, "weight_kernel", None)
+    if packed is not None:
+        amx = cpu_kernels.amx_available()
+        bias = getattr(linear, "bias_f32", None)
+        return CallWeight(WEIGHT_BF16, packed.data, packed.k, packed.out_features, bias, amx)
+    gguf = getattr(linear, "weight_gguf", None)
+    if gguf is not None:
+        g = gguf.packed
+        return CallWeight(g.type_id, g.data, g.k, g.out_features, gguf.bias)
+    return None
+
+
+def _layer(layer: DecoderLayer) -> CallLayer | None:
+    attn, mlp = layer.self_attn, layer.mlp
+    if attn.stacked is None or mlp.stacked is None:
+        return None
+    weights = [_weight(m) for m in (attn.stacked.first, attn.o_proj, mlp.stacked.first)]
+    weights.append(_weight(mlp.down_proj))
+    if any(w is None for w in weights):
+        return None
+    qkv, o, gate_up, down = weights
+    assert qkv and o and gate_up and down
+    hidden_norm = getattr(layer, "hidden_norm", None)  # the EAGLE family's first layer
+    return CallLayer(
+        ln1=(layer.input_layernorm.weight, layer.input_layernorm.eps),
+        ln2=(layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps),
+        q_norm=_norm(attn.q_norm),
+        k_norm=_norm(attn.k_norm),
+        scaling=attn.head_dim**-0.5,
+        qkv=qkv,
+        o=o,
+        gate_up=gate_up,
+        down=down,
+        hidden_norm=_norm(hidden_norm),
+        residual_normed=bool(getattr(layer, "norm_before_residual", False)),
+    )
+
+
+class DraftLayerCall:
+    """A draft model's layers, final norm and LM head as one call, with their cache and rotary
+    tables.  Without a kernel copy of the head (``DraftModel.head_module``) the call has none."""
+
+    def __init__(self, layers: OneCallLayers, rotary: Rotary, kv: DraftKV) -> None:
+        self.layers, self.rotary, self.kv = layers, rotary, kv
+        self.has_head = layers.head is not None
+        self._cos = self._sin = torch.empty(0, rotary.inv_freq.shape[0] * 2)
+
+    @classmethod
+    def build(cls, model: nn.Module, head: nn.Module | None) -> DraftLayerCall | None:
+        """The call for ``model`` (its ``layers``, ``norm``, ``rotary`` and ``config.layer``) once
+        its matmuls are on the bf16 kernel, or None where the call cannot serve it: no kernel here,
+        a sliding window, or widths the kernels do not take."""
+        cfg = model.config.layer
+        shapes_fit = (
+            cfg.hidden_size % 32 == 0
+            and cfg.intermediate_size % 32 == 0
+            and cpu_kernels.attention_supported(
+                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+            )
+        )
+        windows = any(cfg.window(i) is not None for i in range(cfg.num_hidden_layers))
+        if not shapes_fit or windows or not cpu_kernels.bf16_kernel_available():
+            return None
+        described = [_layer(layer) for layer in model.layers]
+        if any(layer is None for layer in described):
+            return None
+        head_weight = None if head is None else _weight(head)
+        final = None if head_weight is None else CallHead(_norm(model.norm), head_weight)
+        heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        layers = OneCallLayers(described, *heads, final)  # type: ignore[arg-type]
+        kv = DraftKV(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
+        return cls(layers, model.rotary, kv)
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [n, D] of ``positions``, from tables grown as positions need (the
+        Rotary module's own values, computed once instead of six ops a call)."""
+        end = int(positions.max()) + 1
+        if end > self._cos.shape[0]:
+            cos, sin = self.rotary(torch.arange(max(2 * end, 256)))
+            self._cos, self._sin = cos.contiguous(), signed_sin(sin).contiguous()
+        return self._cos[positions], self._sin[positions]
+
+    def run(
+        self,
+        h: torch.Tensor,
+        positions: torch.Tensor,
+        start: int,
+        *,
+        ctx_rows: int = 0,
+        see_block: bool = False,
+        feature: torch.Tensor | None = None,
+        logits_from: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Rows ``h`` [n, H] at RoPE ``positions`` [n], cached at ``start``.. (see
+        ``OneCallLayers.run``): the query rows' last-layer output [n - ctx_rows, H], and with
+        ``logits_from`` (where the call has a head) their final-normed rows and the logits of the
+        rows from ``logits_from`` on, else None and None."""
+        h = h.reshape(-1, h.shape[-1]).float().contiguous()
+        cos, sin = self._rotary(positions.reshape(-1))
+        kv = self.kv.reserve(start + h.shape[0])
+        if feature is not None:
+            feature = feature.reshape(-1, feature.shape[-1]).float().contiguous()
+        out = self.layers.run(
+            h,
+            cos,
+            sin,
+            kv,
+            start,
+            ctx_rows=ctx_rows,
+            see_block=see_block,
+            feature=feature,
+            logits_from=logits_from if self.has_head else None,
+        )
+        return h[ctx_rows:], out.get("normed"), out.get("logits")
