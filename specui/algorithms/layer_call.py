@@ -14,9 +14,14 @@ The drafters call it where they would run their layers in place (``LearnedDrafte
   embedding (``hidden_norm``).
 
 Sliding-window layers are not served (the call has no window): such drafters keep the torch ops.
+
+:class:`MarkovChainCall` is DSpark's vanilla Markov head drawn greedily, the block's slots one after
+another in one call as well.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import torch
 from torch import nn
@@ -30,6 +35,7 @@ from specui.verifier.one_call import (
     CallLayer,
     CallWeight,
     OneCallLayers,
+    weight_struct,
 )
 
 
@@ -171,3 +177,75 @@ class DraftLayerCall:
             logits_from=logits_from if self.has_head else None,
         )
         return h[ctx_rows:], out.get("normed"), out.get("logits")
+
+
+class MarkovChainCall:
+    """DSpark's vanilla Markov head, greedy, as one call (``specui_markov_greedy``): slot by slot,
+    the base logits plus ``W2 W1[prev]``, their argmax, and that token as the next slot's prev.
+
+    In torch each slot is ~10 small ops around a 1-row matmul of W2 (the draft vocabulary's rows),
+    a block's worth of slots one after another: about a third of a DSpark draft."""
+
+    MEMO_ROWS = 1024  # biases remembered, by token id modulo this (32 MiB at 8192 draft tokens)
+
+    def __init__(self, w1: torch.Tensor, w2: CallWeight, d2t: torch.Tensor | None) -> None:
+        kernel = cpu_kernels.load()
+        if kernel is None:
+            raise RuntimeError("Markov chain call: the CPU kernels are not loaded here")
+        self.w1 = w1.detach().to(torch.bfloat16).contiguous()  # the rows BF16Linear would round to
+        self.w2, self.vocab_size = w2, self.w1.shape[0]
+        self._w2 = weight_struct(w2, None if w2.bias is None else w2.bias.data_ptr())
+        self.d2t = None if d2t is None else d2t.to(torch.int64).contiguous()
+        # Biases remembered by token (the C side's memo): untouched pages cost no memory.
+        self.memo = torch.empty(self.MEMO_ROWS, w2.n_out)
+        self.memo_token = torch.full((self.MEMO_ROWS,), -1, dtype=torch.int64)
+        # base, slots, w1, vocab, w2, d2t, anchor, forced, memo, memo_token, memo_rows, logits,
+        # tokens
+        self._fn = kernel.function("specui_markov_greedy", "pqpqppqpppqpp")
+
+    @classmethod
+    def build(cls, head: nn.Module | None, d2t: torch.Tensor | None) -> MarkovChainCall | None:
+        """The call for a ``MarkovHead`` whose W2 is on the bf16 kernel, or None: another head
+        type (its bias reads the slot's hidden state), no head, or no kernel copy."""
+        if head is None or getattr(head, "head_type", None) != "vanilla":
+            return None
+        w2 = _weight(head.markov_w2)
+        if w2 is None or w2.type_id != WEIGHT_BF16:
+            return None
+        return cls(head.markov_w1.weight, w2, d2t)
+
+    def run(
+        self, base: torch.Tensor, anchor: int, forced: list[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Base logits [slots, Vd] (float32) after the anchor token -> (target tokens [slots],
+        logits [slots, Vd]).  ``forced``: the tokens fed as each next slot's prev instead of the
+        drawn ones (teacher forcing, for tests)."""
+        base = base.float().contiguous()
+        slots = base.shape[0]
+        logits = torch.empty(slots, self.w2.n_out)
+        tokens = torch.empty(slots, dtype=torch.int64)
+        fed = None if forced is None else torch.tensor(forced[:slots], dtype=torch.int64)
+        if fed is not None and fed.numel() < slots:
+            raise ValueError(f"Markov chain call: {slots} forced tokens needed, got {fed.numel()}")
+        rc = self._fn(
+            base.data_ptr(),
+            slots,
+            self.w1.data_ptr(),
+            self.vocab_size,
+            ctypes.addressof(self._w2),
+            None if self.d2t is None else self.d2t.data_ptr(),
+            anchor,
+            None if fed is None else fed.data_ptr(),
+            self.memo.data_ptr(),
+            self.memo_token.data_ptr(),
+            self.MEMO_ROWS,
+            logits.data_ptr(),
+            tokens.data_ptr(),
+        )
+        if rc == -2:
+            raise ValueError(
+                f"Markov chain call: a previous token outside 0..{self.vocab_size - 1}"
+            )
+        if rc != 0:
+            raise MemoryError("Markov chain call: no memory for its scratch row")
+        return tokens, logits

@@ -81,6 +81,12 @@ class CallLayer:
     residual_normed: bool = False
 
 
+def weight_struct(w: CallWeight, bias: int | None = None) -> _Weight:
+    """``w`` as the C side reads it (``specui_layer_weight``); ``bias``: the address of a float32
+    bias the caller keeps alive.  The caller keeps ``w.data`` alive too."""
+    return _Weight(w.type_id, int(w.amx), w.data.data_ptr(), bias, w.k, w.n_out)
+
+
 class _Head(ctypes.Structure):  # specui_layers_head
     _fields_ = [
         ("norm", ctypes.c_void_p),
@@ -138,8 +144,7 @@ class OneCallLayers:
 
     def _weight(self, w: CallWeight) -> _Weight:
         self._keep.append(w.data)
-        bias = self._ptr(w.bias)
-        return _Weight(w.type_id, int(w.amx), w.data.data_ptr(), bias, w.k, w.n_out)
+        return weight_struct(w, self._ptr(w.bias))
 
     def _layer(self, layer: CallLayer) -> _Layer:
         none: Norm = (None, 0.0)  # type: ignore[assignment]

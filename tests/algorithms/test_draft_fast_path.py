@@ -74,6 +74,9 @@ def test_serving_path_drafts_what_the_float32_eager_path_drafts(
     if cpu_kernels.bf16_kernel_available():
         linears = [m for m in serving.model.modules() if isinstance(m, BF16Linear)]
         assert linears and all(m.weight_kernel is not None for m in linears)
+        assert serving.one_call is not None  # the layers, norm and head in one C call
+        if algo == "dspark":
+            assert serving.markov_call is not None  # and the Markov chain
     same = total = 0
     for prompt in prompt_ids:
         contexts = recorded_contexts(eager, embedded_verifier, prompt)

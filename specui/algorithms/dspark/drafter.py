@@ -67,6 +67,7 @@ class DSparkDrafter(DFlashDrafter):
 
     model_class: ClassVar[type] = DSparkModel
     model: DSparkModel
+    markov_call: Any = None  # layer_call.MarkovChainCall, once the matmuls are on the bf16 kernel
 
     def __init__(
         self,
@@ -94,18 +95,25 @@ class DSparkDrafter(DFlashDrafter):
         Confidence logits are NaN without a confidence head.
         """
         m = self.model
-        hidden, base = self.draft_block(ctx)  # [B, H], [B, Vd]
-        anchor = ctx.token_ids.reshape(-1)[-1].to(hidden.device)
         first = m.config.first_draft_slot  # DFlash-style: a slot 0 that predicts the anchor
+        hidden, base = self.draft_block(ctx, first)  # [B, H], [B - first, Vd]
+        anchor = ctx.token_ids.reshape(-1)[-1].to(hidden.device)
         # The confidence head reads no earlier slot: in place, one call for all slots at the end.
         later = self.in_place and m.confidence_head is not None
+        if self.markov_call is not None and self.in_place and ctx.sampling.greedy:
+            tokens, logits = self.markov_call.run(base, int(anchor), forced_tokens)
+            prevs = torch.cat([anchor.reshape(1), torch.tensor(forced_tokens or tokens.tolist())])
+            conf_logits = m.confidence(hidden[first:], prevs[: len(tokens)])
+            if conf_logits is None:
+                conf_logits = torch.full((len(tokens),), float("nan"))
+            return tokens, None, logits, conf_logits
         prev, state = anchor, None
         tokens, qs, logits_out, confs, prevs = [], [], [], [], []
         for k in range(hidden.shape[0]):
             bias, conf, state = m.heads(hidden[k], prev, state, confidence=not later)
             if k < first:  # runs only to advance an rnn state the way training does
                 continue
-            logits = base[k] + bias if bias is not None else base[k]
+            logits = base[k - first] + bias if bias is not None else base[k - first]
             token, q = self.pick(logits[None], ctx)
             if forced_tokens is not None:
                 token = torch.tensor([forced_tokens[len(tokens)]], device=hidden.device)
@@ -123,6 +131,12 @@ class DSparkDrafter(DFlashDrafter):
         else:
             conf_logits = torch.stack(confs)
         return torch.stack(tokens), stack_probs(qs), torch.stack(logits_out), conf_logits
+
+    def matmuls_in_bf16(self) -> None:
+        super().matmuls_in_bf16()
+        from specui.algorithms.layer_call import MarkovChainCall
+
+        self.markov_call = MarkovChainCall.build(self.model.markov_head, self.model.d2t)
 
     def propose(self, ctx: DraftContext) -> Proposal:
         tokens, q, _, conf_logits = self.draft_chain(ctx)

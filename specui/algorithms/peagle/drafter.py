@@ -34,6 +34,12 @@ class PEagleDrafter(Eagle3Drafter):
         feats_in = torch.cat([feats[new], m.mask_hidden.reshape(1, -1).expand(K - 1, -1)])
         pos = torch.cat([new, a + depth])  # [R]
 
+        if self.one_call is not None:  # the order below, causal: the call needs no masks
+            h, _, logits = self.one_call.run(
+                m.embed_tokens(tokens), pos, have, feature=m.features(feats_in), logits_from=n - 1
+            )
+            self._cache.append(ids, [], n)  # depth-0 rows only: mask rows depend on this anchor
+            return logits if logits is not None else m.lm_head(m.norm(h[n - 1 :]))
         if self.in_place and all(m.config.layer.window(li) is None for li in range(len(m.layers))):
             # In key order (cached rows, new rows, mask rows) each query sees the keys up to
             # itself: depth-0 rows j <= its anchor, then its own rollout.  No per-row test.
@@ -68,19 +74,15 @@ class PEagleDrafter(Eagle3Drafter):
     ) -> torch.Tensor:
         """``draft_rows``' pass over its R rows (``n`` new depth-0 ones, then the mask rows)."""
         m = self.model
-        embeds, features = m.embed_tokens(tokens), m.features(feats_in)
-        if self.one_call is not None:  # causal in cache order (draft_rows): no masks
-            start = self._cache.rows
-            h, _, logits = self.one_call.run(
-                embeds, pos, start, feature=features, logits_from=n - 1
-            )
-            self._cache.append(ids, [], n)  # depth-0 rows only: mask rows depend on this anchor
-            return logits if logits is not None else m.lm_head(m.norm(h[n - 1 :]))
-        past = self._cache.past(m, ids.device)
-        rows = (embeds[None, None], features[None, None], pos[None, None])
-        out, kv = m.run_layers(*rows, visible, past)
+        h, kv = m.run_layers(
+            m.embed_tokens(tokens)[None, None],
+            m.features(feats_in)[None, None],
+            pos[None, None],
+            visible,
+            self._cache.past(m, ids.device),
+        )
         self._cache.append(ids, kv, n)  # depth-0 rows only: mask rows depend on this anchor
-        h = out[0, 0, n - 1 :]  # the anchor row and its mask rows
+        h = h[0, 0, n - 1 :]  # the anchor row and its mask rows
         return m.lm_head(m.norm(h))
 
     def propose(self, ctx: DraftContext) -> Proposal:
