@@ -4,7 +4,7 @@
 
 Loads the embedded verifier in ``gguf`` and times verify blocks of 1, 3, 5, 9 and 17 tokens
 after ``--context`` cached positions, once through ``specui.verifier.gguf_layers`` (every layer
-in ``specui_gguf_layers``) and once through ``specui.verifier.decoder``'s torch ops between the
+in ``specui_decoder_layers``) and once through ``specui.verifier.decoder``'s torch ops between the
 same gguf matmuls, interleaved repeat by repeat so that drift on a loaded machine hits both
 alike.  Prints each path's median ms, its 10th-90th percentile, and the ratio of the medians.
 One torch thread.
