@@ -43,6 +43,7 @@ from specui.algorithms.layers import (
     MLP,
     Attention,
     LayerConfig,
+    RMSNorm,
     init_weights,
     set_draft_vocab,
     to_target_vocab,
@@ -339,6 +340,12 @@ class DraftModel(nn.Module):
         head = getattr(self, "lm_head", None)
         return head if isinstance(head, nn.Module) else None
 
+    def context_projection(self) -> tuple[nn.Module, RMSNorm] | None:
+        """The (linear, norm) that make context rows from the verifier's taps, ``norm(linear(
+        taps))``, where the model's layers read such rows (``ctx_rows`` of the one-call layers);
+        None by default."""
+        return None
+
     def own_matmuls_outside(self) -> list[nn.Module]:
         """Layers the drafter owns but holds outside its modules (so outside its checkpoint),
         for ``LearnedDrafter.matmuls_in_bf16``; none by default."""
@@ -492,9 +499,14 @@ class LearnedDrafter:
             )
         return ids, feats[: ids.numel() - 1]
 
-    def pick(self, logits: torch.Tensor, ctx: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def pick(
+        self, logits: torch.Tensor, ctx: Any, greedy_tokens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft-vocabulary logits [k, Vd] -> (target tokens [k], q [k, V] or None), drawn with
-        the context's sampling (``pick_draft_tokens``)."""
+        the context's sampling (``pick_draft_tokens``).  ``greedy_tokens``: the same rows' argmax
+        in the target vocabulary where the one-call head made it already (``DraftCallOut``)."""
+        if greedy_tokens is not None and ctx.sampling.greedy:
+            return greedy_tokens, None
         m = self.model
         return pick_draft_tokens(
             logits, m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator

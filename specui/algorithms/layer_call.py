@@ -22,6 +22,7 @@ another in one call as well.
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ from specui.verifier import cpu_kernels
 from specui.verifier.decoder import signed_sin
 from specui.verifier.one_call import (
     WEIGHT_BF16,
+    CallContext,
     CallHead,
     CallLayer,
     CallWeight,
@@ -101,13 +103,27 @@ def _layer(layer: DecoderLayer) -> CallLayer | None:
     )
 
 
+class DraftCallOut(NamedTuple):
+    """What a draft call gives back: the query rows' last-layer output [queries, H], and where
+    the call has a head and logits were asked, their final-normed rows, the logits of the rows
+    from ``logits_from`` on and those rows' greedy tokens (target ids), else None."""
+
+    hidden: torch.Tensor
+    normed: torch.Tensor | None
+    logits: torch.Tensor | None
+    tokens: torch.Tensor | None
+
+
 class DraftLayerCall:
     """A draft model's layers, final norm and LM head as one call, with their cache and rotary
-    tables.  Without a kernel copy of the head (``DraftModel.head_module``) the call has none."""
+    tables.  Without a kernel copy of the head (``DraftModel.head_module``) the call has none;
+    with one of the context projection (``DraftModel.context_projection``) the call makes the
+    context rows from the verifier's taps itself."""
 
     def __init__(self, layers: OneCallLayers, rotary: Rotary, kv: DraftKV) -> None:
         self.layers, self.rotary, self.kv = layers, rotary, kv
         self.has_head = layers.head is not None
+        self.has_context = layers.context is not None
         self._cos = self._sin = torch.empty(0, rotary.inv_freq.shape[0] * 2)
 
     @classmethod
@@ -130,9 +146,14 @@ class DraftLayerCall:
         if any(layer is None for layer in described):
             return None
         head_weight = None if head is None else _weight(head)
-        final = None if head_weight is None else CallHead(_norm(model.norm), head_weight)
+        d2t = getattr(model, "d2t", None)
+        final = None if head_weight is None else CallHead(_norm(model.norm), head_weight, d2t)
+        context = None
+        projection = model.context_projection()
+        if projection is not None and (fc := _weight(projection[0])) is not None:
+            context = CallContext(fc, _norm(projection[1]))
         heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        layers = OneCallLayers(described, *heads, final)  # type: ignore[arg-type]
+        layers = OneCallLayers(described, *heads, final, context)  # type: ignore[arg-type]
         kv = DraftKV(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
         return cls(layers, model.rotary, kv)
 
@@ -155,11 +176,11 @@ class DraftLayerCall:
         see_block: bool = False,
         feature: torch.Tensor | None = None,
         logits_from: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        context_features: torch.Tensor | None = None,
+    ) -> DraftCallOut:
         """Rows ``h`` [n, H] at RoPE ``positions`` [n], cached at ``start``.. (see
-        ``OneCallLayers.run``): the query rows' last-layer output [n - ctx_rows, H], and with
-        ``logits_from`` (where the call has a head) their final-normed rows and the logits of the
-        rows from ``logits_from`` on, else None and None."""
+        ``OneCallLayers.run``; ``context_features`` [ctx_rows, taps] where ``has_context``: the
+        context rows' taps, their rows in ``h`` then only room)."""
         h = h.reshape(-1, h.shape[-1]).float().contiguous()
         cos, sin = self._rotary(positions.reshape(-1))
         kv = self.kv.reserve(start + h.shape[0])
@@ -175,8 +196,9 @@ class DraftLayerCall:
             see_block=see_block,
             feature=feature,
             logits_from=logits_from if self.has_head else None,
+            context_features=context_features,
         )
-        return h[ctx_rows:], out.get("normed"), out.get("logits")
+        return DraftCallOut(h[ctx_rows:], out.get("normed"), out.get("logits"), out.get("tokens"))
 
 
 class MarkovChainCall:

@@ -681,15 +681,19 @@ static int gguf_matmul_pieces(int type, const float *x, int64_t rows, int64_t k,
  *
  * The drafters' layers are the same layers on bf16 weights (WEIGHT_BF16: pack_bf16's layout, on
  * AMX or AVX512-BF16), where the torch ops cost more than the matmuls: a draft block of 7-8 rows
- * through 2-3 layers is ~2 ms of arithmetic, and was ~5 ms.  Three things only drafters ask for:
+ * through 2-3 layers is ~2 ms of arithmetic, and was ~5 ms.  What only drafters ask for:
  *  - `see_block`: each query row sees every row of its block (DFlash's bidirectional block), not
  *    only the rows up to its own;
  *  - `ctx_rows`: leading rows that are context, not queries (DFlash's projected verifier feature
  *    of newly committed positions): every layer writes their keys and values, straight from the
- *    rows (no input norm), through the same q/k/v matmul as the block's rows;
+ *    rows (no input norm), through the same q/k/v matmul as the block's rows; with `context`
+ *    the call makes those rows itself from the verifier's taps (norm(fc(taps)));
  *  - `hidden_norm` on the first layer (the EAGLE family): q/k/v read [norm(embedding); norm'(f)]
  *    of the row's embedding in `h` and its feature f in `feature`, and the residual stream starts
- *    from f (normed where `residual_normed`).
+ *    from f (normed where `residual_normed`);
+ *  - the final norm, the head and the greedy pick (`head`): on this CPU each torch op around the
+ *    call costs 10-50 us, so a draft's few of them (the context's fc and norm, the argmax) were a
+ *    fifth of a DFlash draft.
  *
  * Its numbers are its own (the norms' sums of squares 16 lanes at a time, SiLU through
  * exp_nonpositive), within float32 rounding of the torch ops, and batch-invariant for the same
@@ -715,14 +719,50 @@ typedef struct {
 } specui_layer;
 
 /* The final norm and LM head after the layers (a drafter's): every query row normed into `normed`
- * [queries][hidden], the rows from `logits_from` on multiplied by `w` into `logits`. */
+ * [queries][hidden], the rows from `logits_from` on multiplied by `w` into `logits`, and each
+ * logits row's first maximum (torch's argmax), mapped to the target vocabulary through `d2t`
+ * where there is one, into `tokens` (where not NULL): a greedy draft's pick in the call. */
 typedef struct {
     const float *norm;
     float eps;
     int32_t logits_from;
     specui_layer_weight w;
     float *normed, *logits;
+    const int64_t *d2t;
+    int64_t *tokens;
 } specui_layers_head;
+
+/* The context rows made in the call from the verifier's taps (DFlash's C = norm(fc(taps))): row r
+ * of the `ctx_rows` is rms_norm(w features[r]) before the first layer reads it. */
+typedef struct {
+    specui_layer_weight w;
+    const float *norm;
+    float eps;
+    int32_t unused;
+    const float *features; /* [ctx_rows][w.k] */
+} specui_context_in;
+
+/* torch.argmax's pick on a row of n floats: the first maximum, or the first NaN where there is
+ * one (torch ranks NaN above every number). */
+static int64_t first_max(const float *row, int64_t n) {
+    __m512 best = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n; j += 16) {
+        const int64_t left = n - j;
+        const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        const __m512 v = _mm512_mask_loadu_ps(best, m, row + j);
+        const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        if (nan) return j + __builtin_ctz(nan);
+        best = _mm512_max_ps(best, v);
+    }
+    const float top = _mm512_reduce_max_ps(best);
+    for (int64_t j = 0; j < n; j += 16) {
+        const int64_t left = n - j;
+        const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        const __mmask16 eq = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, row + j), _mm512_set1_ps(top), _CMP_EQ_OQ);
+        if (eq) return j + __builtin_ctz(eq);
+    }
+    return 0; /* every entry -inf */
+}
 
 /* out = weight * (x * rsqrt(mean(x^2) + eps)) over n floats (n a multiple of 16). */
 static void rms_norm(const float *x, const float *weight, float eps, int64_t n, float *out) {
@@ -791,19 +831,21 @@ static int weight_matmul(const specui_layer_weight *w, const float *x, int64_t r
  * [layers][2][kv_heads][capacity][d], row r's keys and values written at start + r, positions below
  * `start` already filled; query row i sees cache positions up to start + ctx_rows + i, or every
  * row of the call with `see_block`; taps: [slots][query rows][hidden], tap_slot[l] (l = 1..layers)
- * the slot of the stream after layer l, or -1; head: the final norm and LM head, or NULL.  hidden and
+ * the slot of the stream after layer l, or -1; head: the final norm and LM head, or NULL; context:
+ * the context rows' projection (their rows in h are then written, not read), or NULL.  hidden and
  * the intermediate size multiples of 32, d of 16.  Returns 0, -1 without memory, -2 on shapes the
  * kernels do not take. */
 int specui_decoder_layers(const specui_layer *layers, int64_t n_layers, int64_t heads, int64_t kv_heads,
                           int64_t d, float *h, int64_t rows, int64_t hidden, const float *cos, const float *ssin,
                           float *kv, int64_t capacity, int64_t start, const int64_t *tap_slot, float *taps,
                           int64_t ctx_rows, int64_t see_block, const float *feature,
-                          const specui_layers_head *head) {
+                          const specui_layers_head *head, const specui_context_in *context) {
     const int64_t nq = rows - ctx_rows;
     if (nq <= 0 || ctx_rows < 0 || hidden % 32 || d % 16 || kv_heads <= 0 || heads % kv_heads ||
         start < 0 || start + rows > capacity)
         return -2;
     if (head && (head->w.k != hidden || head->logits_from < 0 || head->logits_from >= nq)) return -2;
+    if (context && (context->w.n_out != hidden || !context->features)) return -2;
     const int64_t qd = heads * d, kd = kv_heads * d, qkv_out = qd + 2 * kd;
     const int64_t inter = layers[0].gate_up.n_out / 2;
     if (inter % 32) return -2;
@@ -822,6 +864,11 @@ int specui_decoder_layers(const specui_layer *layers, int64_t n_layers, int64_t 
     int rc = (x && t && qkv && q && att && gu && g && tmp) ? 0 : -1;
     const int64_t head_stride = capacity * d;
     float *hq = h + ctx_rows * hidden; /* the query rows' residual stream */
+    if (rc == 0 && context && ctx_rows > 0) { /* x holds rows x 2 hidden floats: room for these */
+        rc = weight_matmul(&context->w, context->features, ctx_rows, x);
+        for (int64_t r = 0; r < ctx_rows && rc == 0; ++r)
+            rms_norm(x + r * hidden, context->norm, context->eps, hidden, h + r * hidden);
+    }
     for (int64_t i = 0; i < n_layers && rc == 0; ++i) {
         const specui_layer *L = layers + i;
         float *keys = kv + (i * 2) * kv_heads * head_stride, *values = keys + kv_heads * head_stride;
@@ -865,7 +912,12 @@ int specui_decoder_layers(const specui_layer *layers, int64_t n_layers, int64_t 
     }
     if (rc == 0 && head) {
         for (int64_t r = 0; r < nq; ++r) rms_norm(hq + r * hidden, head->norm, head->eps, hidden, head->normed + r * hidden);
-        rc = weight_matmul(&head->w, head->normed + head->logits_from * hidden, nq - head->logits_from, head->logits);
+        const int64_t n_logits = nq - head->logits_from, vocab = head->w.n_out;
+        rc = weight_matmul(&head->w, head->normed + head->logits_from * hidden, n_logits, head->logits);
+        for (int64_t r = 0; rc == 0 && head->tokens && r < n_logits; ++r) {
+            const int64_t best = first_max(head->logits + r * vocab, vocab);
+            head->tokens[r] = head->d2t ? best + head->d2t[best] : best;
+        }
     }
     free(x); free(t); free(qkv); free(q); free(att); free(gu); free(g); free(tmp);
     return rc;
@@ -915,11 +967,8 @@ int specui_markov_greedy(const float *base, int64_t slots, const uint16_t *w1, i
         }
         float *row = logits + s * n;
         const float *b = base + s * n;
-        int64_t best = 0;
-        for (int64_t j = 0; j < n; ++j) {
-            row[j] = bias[j] + b[j];
-            if (row[j] > row[best]) best = j;
-        }
+        for (int64_t j = 0; j < n; ++j) row[j] = bias[j] + b[j];
+        const int64_t best = first_max(row, n);
         tokens[s] = d2t ? best + d2t[best] : best;
         prev = forced ? forced[s] : tokens[s];
     }

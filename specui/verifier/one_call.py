@@ -93,16 +93,37 @@ class _Head(ctypes.Structure):  # specui_layers_head
         ("eps", ctypes.c_float),
         ("logits_from", ctypes.c_int32),
         ("w", _Weight),
-        *_fields(ctypes.c_void_p, "normed logits"),
+        *_fields(ctypes.c_void_p, "normed logits d2t tokens"),
+    ]
+
+
+class _Context(ctypes.Structure):  # specui_context_in
+    _fields_ = [
+        ("w", _Weight),
+        ("norm", ctypes.c_void_p),
+        ("eps", ctypes.c_float),
+        ("unused", ctypes.c_int32),
+        ("features", ctypes.c_void_p),
     ]
 
 
 @dataclass
 class CallHead:
-    """A drafter's final norm and LM head, run by the same call after the layers."""
+    """A drafter's final norm and LM head, run by the same call after the layers, and the greedy
+    pick: each logits row's argmax, mapped to the target vocabulary through ``d2t``."""
 
     norm: Norm
     weight: CallWeight
+    d2t: torch.Tensor | None = None
+
+
+@dataclass
+class CallContext:
+    """A drafter's context rows made by the call from the verifier's taps: ``norm(weight taps)``
+    (DFlash's projected feature), before the first layer reads them."""
+
+    weight: CallWeight
+    norm: Norm
 
 
 class OneCallLayers:
@@ -115,16 +136,22 @@ class OneCallLayers:
         kv_heads: int,
         head_dim: int,
         head: CallHead | None = None,
+        context: CallContext | None = None,
     ) -> None:
         self._keep: list[torch.Tensor] = []  # what the C structures point into
         self.table = (_Layer * len(layers))(*(self._layer(layer) for layer in layers))
-        self.head = (
-            None
-            if head is None
-            else _Head(
-                self._ptr(head.norm[0]), head.norm[1], 0, self._weight(head.weight), None, None
-            )
-        )
+        self.head = None
+        if head is not None:
+            d2t = None if head.d2t is None else head.d2t.to(torch.int64).contiguous()
+            self._keep.extend([] if d2t is None else [d2t])
+            norm, weight = self._ptr(head.norm[0]), self._weight(head.weight)
+            d2t_ptr = None if d2t is None else d2t.data_ptr()
+            self.head = _Head(norm, head.norm[1], 0, weight, None, None, d2t_ptr, None)
+        self.context = None
+        if context is not None:
+            norm = self._ptr(context.norm[0])
+            self.context = _Context(self._weight(context.weight), norm, context.norm[1], 0, None)
+        self.context_width = 0 if context is None else context.weight.k
         self.vocab = 0 if head is None else head.weight.n_out
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.hidden = layers[0].o.n_out
@@ -132,8 +159,8 @@ class OneCallLayers:
         if kernel is None:
             raise RuntimeError("one-call layers: the CPU kernels are not loaded here")
         # layers (the table's address), n_layers, heads, kv_heads, d, h, rows, hidden, cos, ssin,
-        # kv, capacity, start, tap_slot, taps, ctx_rows, see_block, feature, head
-        self._fn = kernel.function("specui_decoder_layers", "pqqqqpqqpppqqppqqpp")
+        # kv, capacity, start, tap_slot, taps, ctx_rows, see_block, feature, head, context
+        self._fn = kernel.function("specui_decoder_layers", "pqqqqpqqpppqqppqqppp")
 
     def _ptr(self, t: torch.Tensor | None) -> int | None:
         if t is None:
@@ -168,6 +195,7 @@ class OneCallLayers:
         see_block: bool = False,
         feature: torch.Tensor | None = None,
         logits_from: int | None = None,
+        context_features: torch.Tensor | None = None,
     ) -> dict[int | str, torch.Tensor]:
         """Every layer over the rows ``h`` [n, hidden] (float32; the query rows updated in place)
         at cache positions ``start``.. (``cos``/``signed_sin`` [n, (1,) d] their rotary), writing
@@ -176,10 +204,12 @@ class OneCallLayers:
         ``ctx_rows``: the first rows are context, not queries (their keys and values only, from
         the rows as they are).  Query row i sees positions up to its own, or every row of the call
         with ``see_block``.  ``feature`` [queries, hidden]: the first layer's feature where it has
-        a ``hidden_norm``.  Returns the query rows' stream after each layer in ``taps``
-        (1-based), ``{layer: [queries, hidden]}``; with ``logits_from`` (where the call has a
-        head) also ``"normed"`` [queries, hidden] and ``"logits"`` of the query rows from that
-        one on."""
+        a ``hidden_norm``.  ``context_features`` [ctx_rows, taps] (where the call has a context
+        projection): the context rows are made from them, not read from ``h``.  Returns the
+        query rows' stream after each layer in ``taps`` (1-based), ``{layer: [queries,
+        hidden]}``; with ``logits_from`` (where the call has a head) also ``"normed"``
+        [queries, hidden], ``"logits"`` of the query rows from that one on and ``"tokens"``,
+        their argmax in the target vocabulary."""
         n = h.shape[0]
         wanted = sorted(t for t in set(taps) if t >= 1)
         slots = torch.full((len(self.table) + 1,), -1, dtype=torch.int64)
@@ -200,11 +230,26 @@ class OneCallLayers:
             queries = n - ctx_rows
             results["normed"] = torch.empty(queries, self.hidden)
             results["logits"] = torch.empty(max(0, queries - logits_from), self.vocab)
+            results["tokens"] = torch.empty(max(0, queries - logits_from), dtype=torch.int64)
             self.head.logits_from = logits_from
             self.head.normed = results["normed"].data_ptr()
             self.head.logits = results["logits"].data_ptr()
+            self.head.tokens = results["tokens"].data_ptr()
             head = ctypes.addressof(self.head)
-        rc = self._fn(ctypes.addressof(self.table), *shape, *rows, *cache, *drafting, head)
+        context = None
+        if context_features is not None:
+            if self.context is None:
+                raise ValueError("one-call layers: context features for a call without a context")
+            f = context_features
+            shape_needed = (ctx_rows, self.context_width)
+            if f.dtype != torch.float32 or not f.is_contiguous() or tuple(f.shape) != shape_needed:
+                raise ValueError(
+                    f"one-call layers: context features of shape {list(f.shape)}; the call"
+                    f" needs contiguous float32 {list(shape_needed)}"
+                )
+            self.context.features = f.data_ptr()
+            context = ctypes.addressof(self.context)
+        rc = self._fn(ctypes.addressof(self.table), *shape, *rows, *cache, *drafting, head, context)
         if rc == -1:
             raise MemoryError("one-call layers: no memory for the call's scratch rows")
         if rc != 0:

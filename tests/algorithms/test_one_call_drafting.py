@@ -5,8 +5,11 @@ on the same bf16-kernel weights.
   close to the torch ops' (the same matmul kernel; norms, rotary and attention summed in another
   order, then rounded to bf16 before the next matmul: within 1% of the largest logit, the same
   argmax on 99% of slots), on the contexts of a real greedy decode with each shipped drafter.
+  DFlash and DSpark make their context rows in the call (``norm(fc(taps))``), so that is compared
+  too.  The call's greedy pick is exactly the argmax of the logits it returns, through d2t.
 - DSpark's Markov chain in one call (``MarkovChainCall``) gives the torch loop's very bits: the same
-  1-row matmul, the same float32 add, torch's first-maximum argmax, remembered biases included.
+  1-row matmul, the same float32 add, torch's first-maximum argmax (ties and NaN included),
+  remembered biases included.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ def test_one_call_drafts_the_torch_ops_logits(algo, embedded_verifier, prompt):
     one_call = resolve_drafter(algo, embedded_verifier)
     one_call.matmuls_in_bf16()
     assert one_call.one_call is not None, f"{algo}: the one-call layers do not serve it"
+    # DFlash's family: the context rows are made in the call, from the verifier's taps
+    assert one_call.one_call.has_context == (algo in ("dflash", "dspark"))
     torch_ops = resolve_drafter(algo, embedded_verifier)
     torch_ops.matmuls_in_bf16()
     torch_ops.layer_call = None
@@ -64,9 +69,22 @@ def test_one_call_drafts_the_torch_ops_logits(algo, embedded_verifier, prompt):
         return propose(ctx)
 
     one_call.propose = record  # type: ignore[method-assign]
+    call, picks = one_call.one_call, []
+    run = call.run
+
+    def run_and_check(*args, **kwargs):
+        out = run(*args, **kwargs)
+        if out.logits is not None:  # the call's greedy pick: the argmax of its logits, via d2t
+            best = out.logits.argmax(-1)
+            d2t = one_call.model.d2t
+            picks.append(torch.equal(out.tokens, best if d2t is None else best + d2t[best]))
+        return out
+
+    call.run = run_and_check  # type: ignore[method-assign]
     generate(embedded_verifier, one_call, prompt, max_new_tokens=24)
-    del one_call.propose
+    del one_call.propose, call.run
     assert len(contexts) > 5
+    assert picks and all(picks)
     one_call.reset()
     torch_ops.reset()
     worst, same, total = 0.0, 0, 0
@@ -93,7 +111,9 @@ def test_the_markov_chain_call_gives_the_torch_loops_bits(embedded_verifier):
     base = torch.randn(7, m.config.draft_vocab_size, generator=gen) * 4
     anchor = 1234
 
-    def torch_loop(forced: list[int] | None) -> tuple[list[int], torch.Tensor]:
+    def torch_loop_on(
+        base: torch.Tensor, forced: list[int] | None
+    ) -> tuple[list[int], torch.Tensor]:
         prev, tokens, rows = torch.tensor(anchor), [], []
         for k in range(base.shape[0]):
             bias, _, _ = m.heads(torch.zeros(m.config.layer.hidden_size), prev, confidence=False)
@@ -104,6 +124,9 @@ def test_the_markov_chain_call_gives_the_torch_loops_bits(embedded_verifier):
             prev = torch.tensor(forced[k] if forced is not None else tokens[-1])
         return tokens, torch.stack(rows)
 
+    def torch_loop(forced: list[int] | None) -> tuple[list[int], torch.Tensor]:
+        return torch_loop_on(base, forced)
+
     forced = torch.randint(0, m.config.layer.vocab_size, (7,), generator=gen).tolist()
     for fed in (None, forced, None):  # the third call reads biases the first two remembered
         tokens, logits = call.run(base, anchor, fed)
@@ -111,5 +134,27 @@ def test_the_markov_chain_call_gives_the_torch_loops_bits(embedded_verifier):
         assert tokens.tolist() == want_tokens
         assert torch.equal(logits, want_logits)
     assert int((call.memo_token >= 0).sum()) >= 7
+    # torch's argmax on ties (the first) and NaN (the first NaN), as the C pick gives them
+    tied = torch.full((3, m.config.draft_vocab_size), -5.0)
+    tied[0, [40, 41, 4000]] = 9.0
+    tied[1, [17, 300]] = float("nan")
+    tied[2, -1] = 1e30
+    for fed in (None, forced):
+        tokens, logits = call.run(tied, anchor, fed)
+        want_tokens, want_logits = torch_loop_on(tied, fed)
+        assert tokens.tolist() == want_tokens
+        assert torch.equal(logits.isnan(), want_logits.isnan())
     with pytest.raises(ValueError, match="outside"):
         call.run(base, m.config.layer.vocab_size + 5)
+
+
+def test_context_features_of_the_wrong_shape_are_refused(embedded_verifier):
+    drafter = resolve_drafter("dflash", embedded_verifier)
+    drafter.matmuls_in_bf16()
+    call = drafter.one_call
+    assert call is not None and call.has_context
+    hidden = drafter.model.config.layer.hidden_size
+    rows = torch.zeros(3, hidden)
+    taps = torch.zeros(2, 3 * hidden - 1)  # one tap short of the fc's width
+    with pytest.raises(ValueError, match="context features"):
+        call.run(rows, torch.arange(3), 0, ctx_rows=2, see_block=True, context_features=taps)

@@ -32,6 +32,8 @@ class DFlashDrafter(LearnedDrafter):
         # in place: per layer, positions 0..P-1 then the block's own keys (rewritten each step)
         self._buffers: list[KVBuffer] = []
         self._cached = 0
+        self._mask_rows: torch.Tensor | None = None  # the block's mask-token rows (one-call path)
+        self._greedy_tokens: torch.Tensor | None = None  # the call's argmax of the last block
 
     @property
     def block_size(self) -> int:
@@ -104,24 +106,43 @@ class DFlashDrafter(LearnedDrafter):
         """``draft_block`` through the one-call layers: the context rows new since the last step
         (keys and values only) and the block, which sees all of itself, in one call at positions
         ``have..p+B-1``, with the final norm and the head."""
-        m = self.model
+        m, call = self.model, self.one_call
         have = self._prefix.valid_length(ids, self._cached)
-        p = ids.numel() - 1
-        rows = m.embed(block).reshape(block.shape[-1], -1)
-        if p > have:
-            rows = torch.cat([m.context(feats[have:]), rows])
-        positions = torch.arange(have, p + block.shape[-1], device=ids.device)
-        out, normed, logits = self.one_call.run(
-            rows, positions, have, ctx_rows=p - have, see_block=True, logits_from=first_slot
+        p, B = ids.numel() - 1, block.shape[-1]
+        # The block's rows: the anchor's embedding, then the mask token's, kept from the last call
+        # (two torch ops fewer a step, at 10-50 us each here).
+        if self._mask_rows is None:
+            self._mask_rows = m.embed(block[0, 0, 1:]).contiguous()
+        anchor = m.embed(block[0, 0, :1])
+        fresh = feats[have:]
+        if p > have and call.has_context:  # the call projects the new context rows itself
+            rows = torch.empty(p - have + B, anchor.shape[-1])
+            rows[p - have] = anchor[0]
+            rows[p - have + 1 :] = self._mask_rows
+            taps = fresh.contiguous()
+        else:
+            rows = torch.cat([m.context(fresh), anchor, self._mask_rows])
+            taps = None
+        positions = torch.arange(have, p + B, device=ids.device)
+        out = call.run(
+            rows,
+            positions,
+            have,
+            ctx_rows=p - have,
+            see_block=True,
+            logits_from=first_slot,
+            context_features=taps,
         )
         self._cached = feats.shape[0]
         self._prefix.remember(ids)
-        if normed is None or logits is None:  # no kernel copy of the head
-            normed = m.norm(out)
-            logits = m.lm_head(normed[first_slot:])
-        return normed, logits
+        self._greedy_tokens = out.tokens
+        if out.normed is None or out.logits is None:  # no kernel copy of the head
+            normed = m.norm(out.hidden)
+            return normed, m.lm_head(normed[first_slot:])
+        return out.normed, out.logits
 
     def propose(self, ctx: DraftContext) -> Proposal:
+        self._greedy_tokens = None
         _, logits = self.draft_block(ctx, self.model.config.first_draft_slot)
-        tokens, q = self.pick(logits, ctx)
+        tokens, q = self.pick(logits, ctx, self._greedy_tokens)
         return Proposal(token_ids=tokens.tolist(), probs=q)

@@ -164,6 +164,9 @@ class DFlashModel(DraftModel):
     def head_module(self) -> nn.Module | None:
         return None if self.borrowed is None else self.borrowed.lm_head
 
+    def context_projection(self) -> tuple[nn.Module, RMSNorm]:
+        return self.fc, self.hidden_norm
+
     def own_matmuls_outside(self) -> list[nn.Module]:
         """A draft vocabulary's copy of the verifier's head rows: the drafter's own, but outside
         its modules (so out of its checkpoint).  The full head is the verifier's, left alone."""

@@ -95,7 +95,8 @@ class Eagle3Drafter(LearnedDrafter):
             out = self.one_call.run(
                 inputs[0], inputs[2], have, feature=inputs[1], logits_from=n - 1
             )
-            step_logits, g = self._output(*out)
+            step_logits, g = self._output(out.hidden, out.normed, out.logits)
+            step_tokens = out.tokens
             self._cache.append(ids, [], n)
         else:
             masks = [self._visible(li, rows, keys) for li in range(len(m.layers))]
@@ -103,12 +104,13 @@ class Eagle3Drafter(LearnedDrafter):
             h, kv = m.run_layers(*(t[None, None] for t in inputs), masks, self._cache.past(m, dev))
             self._cache.append(ids, kv, rows.numel())
             step_logits, g = m.output(h[..., -1:, :])
+            step_tokens = None
 
         tokens, qs, logits_out = [], [], []
         spec: list[KV] | None = None  # this block's speculative rows, per layer; dropped at the end
         for s in range(self.num_speculative_tokens):
             logits = step_logits.reshape(-1)
-            token, q = self.pick(logits[None], ctx)
+            token, q = self.pick(logits[None], ctx, step_tokens)
             if forced_tokens is not None:
                 token = torch.tensor([forced_tokens[s]], device=dev)
             tokens.append(token[0])
@@ -122,7 +124,8 @@ class Eagle3Drafter(LearnedDrafter):
             if self.one_call is not None:  # one row, after the cached ones: it sees them all
                 row = self._cache.rows + s
                 out = self.one_call.run(m.embed_tokens(token), pos, row, feature=g, logits_from=0)
-                step_logits, g = self._output(*out)
+                step_logits, g = self._output(out.hidden, out.normed, out.logits)
+                step_tokens = out.tokens
                 continue
             # keys: every step-0 row (cached), this block's earlier speculative rows, this row
             past_s = self._cache.past(m, dev, spec, extra=s)
@@ -133,6 +136,7 @@ class Eagle3Drafter(LearnedDrafter):
             if self._cache.buffers is None:  # in place, the buffers hold them already
                 spec = extend_kv(spec, kv)
             step_logits, g = m.output(h)
+            step_tokens = None
         return torch.stack(tokens), stack_probs(qs), torch.stack(logits_out)
 
     def _output(

@@ -35,7 +35,7 @@ class PEagleDrafter(Eagle3Drafter):
         pos = torch.cat([new, a + depth])  # [R]
 
         if self.one_call is not None:  # the order below, causal: the call needs no masks
-            h, _, logits = self.one_call.run(
+            h, _, logits, self._greedy_tokens = self.one_call.run(
                 m.embed_tokens(tokens), pos, have, feature=m.features(feats_in), logits_from=n - 1
             )
             self._cache.append(ids, [], n)  # depth-0 rows only: mask rows depend on this anchor
@@ -88,5 +88,7 @@ class PEagleDrafter(Eagle3Drafter):
     def propose(self, ctx: DraftContext) -> Proposal:
         if ctx.token_ids.numel() < 2:
             return self.empty_proposal()
-        tokens, q = self.pick(self.draft_rows(ctx), ctx)
+        self._greedy_tokens = None  # the one call's argmax of the rows, where it made one
+        logits = self.draft_rows(ctx)
+        tokens, q = self.pick(logits, ctx, self._greedy_tokens)
         return Proposal(token_ids=tokens.tolist(), probs=q)
