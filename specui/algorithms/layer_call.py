@@ -157,19 +157,24 @@ class DraftLayerCall:
         kv = DraftKV(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim)
         return cls(layers, model.rotary, kv)
 
-    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rotary(self, positions: torch.Tensor | range) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin [n, D] of ``positions``, from tables grown as positions need (the
-        Rotary module's own values, computed once instead of six ops a call)."""
-        end = int(positions.max()) + 1
+        Rotary module's own values, computed once instead of six ops a call); a ``range`` is a
+        slice of the tables, no gather."""
+        end = (positions.stop if isinstance(positions, range) else int(positions.max())) + 1
         if end > self._cos.shape[0]:
             cos, sin = self.rotary(torch.arange(max(2 * end, 256)))
             self._cos, self._sin = cos.contiguous(), signed_sin(sin).contiguous()
+        if isinstance(positions, range) and positions.step == 1:
+            return self._cos[positions.start : positions.stop], self._sin[
+                positions.start : positions.stop
+            ]
         return self._cos[positions], self._sin[positions]
 
     def run(
         self,
         h: torch.Tensor,
-        positions: torch.Tensor,
+        positions: torch.Tensor | range,
         start: int,
         *,
         ctx_rows: int = 0,
@@ -181,8 +186,11 @@ class DraftLayerCall:
         """Rows ``h`` [n, H] at RoPE ``positions`` [n], cached at ``start``.. (see
         ``OneCallLayers.run``; ``context_features`` [ctx_rows, taps] where ``has_context``: the
         context rows' taps, their rows in ``h`` then only room)."""
-        h = h.reshape(-1, h.shape[-1]).float().contiguous()
-        cos, sin = self._rotary(positions.reshape(-1))
+        if h.dim() != 2 or h.dtype != torch.float32 or not h.is_contiguous():
+            h = h.reshape(-1, h.shape[-1]).float().contiguous()
+        cos, sin = self._rotary(
+            positions if isinstance(positions, range) else positions.reshape(-1)
+        )
         kv = self.kv.reserve(start + h.shape[0])
         if feature is not None:
             feature = feature.reshape(-1, feature.shape[-1]).float().contiguous()

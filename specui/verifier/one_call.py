@@ -153,6 +153,8 @@ class OneCallLayers:
             self.context = _Context(self._weight(context.weight), norm, context.norm[1], 0, None)
         self.context_width = 0 if context is None else context.weight.k
         self.vocab = 0 if head is None else head.weight.n_out
+        self._no_taps = torch.full((len(layers) + 1,), -1, dtype=torch.int64)
+        self._no_taps_out = torch.empty(1)
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.hidden = layers[0].o.n_out
         kernel = cpu_kernels.load()
@@ -212,10 +214,13 @@ class OneCallLayers:
         their argmax in the target vocabulary."""
         n = h.shape[0]
         wanted = sorted(t for t in set(taps) if t >= 1)
-        slots = torch.full((len(self.table) + 1,), -1, dtype=torch.int64)
-        for s, t in enumerate(wanted):
-            slots[t] = s
-        out = torch.empty(max(1, len(wanted)), n - ctx_rows, self.hidden)
+        if wanted:
+            slots = torch.full((len(self.table) + 1,), -1, dtype=torch.int64)
+            for s, t in enumerate(wanted):
+                slots[t] = s
+            out = torch.empty(len(wanted), n - ctx_rows, self.hidden)
+        else:  # no taps (a draft): the call writes none, so no buffers a call
+            slots, out = self._no_taps, self._no_taps_out
         tensors = (h, kv, cos, signed_sin, *(() if feature is None else (feature,)))
         if not all(t.is_contiguous() and t.dtype == torch.float32 for t in tensors):
             raise ValueError("one-call layers: contiguous float32 rows, rotary tables and cache")
