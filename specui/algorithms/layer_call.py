@@ -182,10 +182,13 @@ class DraftLayerCall:
         feature: torch.Tensor | None = None,
         logits_from: int | None = None,
         context_features: torch.Tensor | None = None,
+        kv_only_before_logits: bool = False,
     ) -> DraftCallOut:
         """Rows ``h`` [n, H] at RoPE ``positions`` [n], cached at ``start``.. (see
         ``OneCallLayers.run``; ``context_features`` [ctx_rows, taps] where ``has_context``: the
-        context rows' taps, their rows in ``h`` then only room)."""
+        context rows' taps, their rows in ``h`` then only room; ``kv_only_before_logits``: the
+        query rows before ``logits_from`` are only keys and values in the last layer, as the
+        EAGLE family's committed rows are, and their output rows are NaN)."""
         if h.dim() != 2 or h.dtype != torch.float32 or not h.is_contiguous():
             h = h.reshape(-1, h.shape[-1]).float().contiguous()
         cos, sin = self._rotary(
@@ -205,7 +208,10 @@ class DraftLayerCall:
             feature=feature,
             logits_from=logits_from if self.has_head else None,
             context_features=context_features,
+            kv_only_before_logits=kv_only_before_logits and self.has_head,
         )
+        if kv_only_before_logits and self.has_head and logits_from:
+            h[ctx_rows : ctx_rows + logits_from] = float("nan")  # not computed: never read as out
         return DraftCallOut(h[ctx_rows:], out.get("normed"), out.get("logits"), out.get("tokens"))
 
 

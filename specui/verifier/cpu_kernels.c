@@ -808,6 +808,10 @@ typedef struct {
     float *normed, *logits;
     const int64_t *d2t;
     int64_t *tokens;
+    /* 1: the query rows before logits_from are only keys and values in the last layer (the EAGLE
+     * family's rows of committed positions: read later as cache, never as output), and their
+     * stream after it and their normed rows are not computed. */
+    int64_t kv_only_before;
 } specui_layers_head;
 
 /* The context rows made in the call from the verifier's taps (DFlash's C = norm(fc(taps))): row r
@@ -976,20 +980,26 @@ int specui_decoder_layers(const specui_layer *layers, int64_t n_layers, int64_t 
                 memcpy(values + gh * head_stride + (start + r) * d, row + qd + kd + gh * d, sizeof(float) * d);
             }
         }
-        if ((rc = attention_rows(q, nq, heads, d, keys, values, kv_heads, head_stride, start + ctx_rows,
-                                 L->scaling, see_block, att)))
+        /* the rows that go on through this layer: all, or in the last one from logits_from where
+         * the rows before it are only keys and values */
+        const int64_t skip = (i == n_layers - 1 && head && head->kv_only_before) ? head->logits_from : 0;
+        const int64_t nr = nq - skip;
+        float *hs = hq + skip * hidden;
+        if ((rc = attention_rows(q + skip * heads * d, nr, heads, d, keys, values, kv_heads, head_stride,
+                                 start + ctx_rows + skip, L->scaling, see_block, att)))
             break;
-        if ((rc = weight_matmul(&L->o, att, nq, t))) break;
-        for (int64_t j = 0; j < nq * hidden; ++j) hq[j] += t[j];
-        for (int64_t r = 0; r < nq; ++r) rms_norm(hq + r * hidden, L->ln2, L->eps2, hidden, x + r * hidden);
-        if ((rc = weight_matmul(&L->gate_up, x, nq, gu))) break;
-        for (int64_t r = 0; r < nq; ++r) silu_mul(gu + r * 2 * inter, inter, g + r * inter);
-        if ((rc = weight_matmul(&L->down, g, nq, t))) break;
-        for (int64_t j = 0; j < nq * hidden; ++j) hq[j] += t[j];
+        if ((rc = weight_matmul(&L->o, att, nr, t))) break;
+        for (int64_t j = 0; j < nr * hidden; ++j) hs[j] += t[j];
+        for (int64_t r = 0; r < nr; ++r) rms_norm(hs + r * hidden, L->ln2, L->eps2, hidden, x + r * hidden);
+        if ((rc = weight_matmul(&L->gate_up, x, nr, gu))) break;
+        for (int64_t r = 0; r < nr; ++r) silu_mul(gu + r * 2 * inter, inter, g + r * inter);
+        if ((rc = weight_matmul(&L->down, g, nr, t))) break;
+        for (int64_t j = 0; j < nr * hidden; ++j) hs[j] += t[j];
         if (tap_slot[i + 1] >= 0) memcpy(taps + tap_slot[i + 1] * nq * hidden, hq, sizeof(float) * nq * hidden);
     }
     if (rc == 0 && head) {
-        for (int64_t r = 0; r < nq; ++r) rms_norm(hq + r * hidden, head->norm, head->eps, hidden, head->normed + r * hidden);
+        for (int64_t r = head->kv_only_before ? head->logits_from : 0; r < nq; ++r)
+            rms_norm(hq + r * hidden, head->norm, head->eps, hidden, head->normed + r * hidden);
         const int64_t n_logits = nq - head->logits_from, vocab = head->w.n_out;
         rc = weight_matmul(&head->w, head->normed + head->logits_from * hidden, n_logits, head->logits);
         for (int64_t r = 0; rc == 0 && head->tokens && r < n_logits; ++r) {

@@ -94,6 +94,7 @@ class _Head(ctypes.Structure):  # specui_layers_head
         ("logits_from", ctypes.c_int32),
         ("w", _Weight),
         *_fields(ctypes.c_void_p, "normed logits d2t tokens"),
+        ("kv_only_before", ctypes.c_int64),
     ]
 
 
@@ -146,7 +147,7 @@ class OneCallLayers:
             self._keep.extend([] if d2t is None else [d2t])
             norm, weight = self._ptr(head.norm[0]), self._weight(head.weight)
             d2t_ptr = None if d2t is None else d2t.data_ptr()
-            self.head = _Head(norm, head.norm[1], 0, weight, None, None, d2t_ptr, None)
+            self.head = _Head(norm, head.norm[1], 0, weight, None, None, d2t_ptr, None, 0)
         self.context = None
         if context is not None:
             norm = self._ptr(context.norm[0])
@@ -198,6 +199,7 @@ class OneCallLayers:
         feature: torch.Tensor | None = None,
         logits_from: int | None = None,
         context_features: torch.Tensor | None = None,
+        kv_only_before_logits: bool = False,
     ) -> dict[int | str, torch.Tensor]:
         """Every layer over the rows ``h`` [n, hidden] (float32; the query rows updated in place)
         at cache positions ``start``.. (``cos``/``signed_sin`` [n, (1,) d] their rotary), writing
@@ -211,7 +213,9 @@ class OneCallLayers:
         query rows' stream after each layer in ``taps`` (1-based), ``{layer: [queries,
         hidden]}``; with ``logits_from`` (where the call has a head) also ``"normed"``
         [queries, hidden], ``"logits"`` of the query rows from that one on and ``"tokens"``,
-        their argmax in the target vocabulary."""
+        their argmax in the target vocabulary.  ``kv_only_before_logits``: the query rows before
+        ``logits_from`` are only keys and values in the last layer (rows read later only as
+        cache): their stream after it and their ``"normed"`` rows are not computed (NaN)."""
         n = h.shape[0]
         wanted = sorted(t for t in set(taps) if t >= 1)
         if wanted:
@@ -233,13 +237,18 @@ class OneCallLayers:
             if self.head is None:
                 raise ValueError("one-call layers: logits asked of a call without a head")
             queries = n - ctx_rows
-            results["normed"] = torch.empty(queries, self.hidden)
+            results["normed"] = (
+                torch.full((queries, self.hidden), float("nan"))
+                if kv_only_before_logits and logits_from
+                else torch.empty(queries, self.hidden)
+            )
             results["logits"] = torch.empty(max(0, queries - logits_from), self.vocab)
             results["tokens"] = torch.empty(max(0, queries - logits_from), dtype=torch.int64)
             self.head.logits_from = logits_from
             self.head.normed = results["normed"].data_ptr()
             self.head.logits = results["logits"].data_ptr()
             self.head.tokens = results["tokens"].data_ptr()
+            self.head.kv_only_before = int(kv_only_before_logits)
             head = ctypes.addressof(self.head)
         context = None
         if context_features is not None:

@@ -93,7 +93,12 @@ class Eagle3Drafter(LearnedDrafter):
         if self.one_call is not None:  # the rows in cache order are causal: no masks
             n = rows.numel()
             out = self.one_call.run(
-                inputs[0], inputs[2], have, feature=inputs[1], logits_from=n - 1
+                inputs[0],
+                inputs[2],
+                have,
+                feature=inputs[1],
+                logits_from=n - 1,
+                kv_only_before_logits=True,  # the committed rows are read later as cache only
             )
             step_logits, g = self._output(out.hidden, out.normed, out.logits)
             step_tokens = out.tokens

@@ -36,7 +36,12 @@ class PEagleDrafter(Eagle3Drafter):
 
         if self.one_call is not None:  # the order below, causal: the call needs no masks
             h, _, logits, self._greedy_tokens = self.one_call.run(
-                m.embed_tokens(tokens), pos, have, feature=m.features(feats_in), logits_from=n - 1
+                m.embed_tokens(tokens),
+                pos,
+                have,
+                feature=m.features(feats_in),
+                logits_from=n - 1,
+                kv_only_before_logits=True,  # depth-0 rows before the anchor: cache only
             )
             self._cache.append(ids, [], n)  # depth-0 rows only: mask rows depend on this anchor
             return logits if logits is not None else m.lm_head(m.norm(h[n - 1 :]))
