@@ -194,6 +194,12 @@ class Kernel:
         fn.argtypes, fn.restype = [_CTYPES[c] for c in signature], ctypes.c_int
         return fn
 
+    def set_prefetch_ahead(self, nbytes: int) -> int:
+        """How far ahead (bytes, 0 = off) the matmuls of 4 or more rows prefetch their weights
+        into L2; returns the previous distance.  Results do not change, only time
+        (``bench/prefetch.py`` compares)."""
+        return int(self.function("specui_set_prefetch_ahead", "q")(nbytes))
+
     def bf16_matmul(
         self, x: torch.Tensor, w: PackedBF16, bias: torch.Tensor | None
     ) -> torch.Tensor:
