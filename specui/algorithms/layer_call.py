@@ -220,11 +220,19 @@ class MarkovChainCall:
     the base logits plus ``W2 W1[prev]``, their argmax, and that token as the next slot's prev.
 
     In torch each slot is ~10 small ops around a 1-row matmul of W2 (the draft vocabulary's rows),
-    a block's worth of slots one after another: about a third of a DSpark draft."""
+    a block's worth of slots one after another: about a third of a DSpark draft.  With a
+    confidence head that reads [hidden; W1[prev]] (``confidence_head_with_markov``) the call gives
+    each slot's acceptance logit too, from the W1 row it reads anyway."""
 
     MEMO_ROWS = 1024  # biases remembered, by token id modulo this (32 MiB at 8192 draft tokens)
 
-    def __init__(self, w1: torch.Tensor, w2: CallWeight, d2t: torch.Tensor | None) -> None:
+    def __init__(
+        self,
+        w1: torch.Tensor,
+        w2: CallWeight,
+        d2t: torch.Tensor | None,
+        confidence: CallWeight | None = None,
+    ) -> None:
         kernel = cpu_kernels.load()
         if kernel is None:
             raise RuntimeError("Markov chain call: the CPU kernels are not loaded here")
@@ -235,31 +243,63 @@ class MarkovChainCall:
         # Biases remembered by token (the C side's memo): untouched pages cost no memory.
         self.memo = torch.empty(self.MEMO_ROWS, w2.n_out)
         self.memo_token = torch.full((self.MEMO_ROWS,), -1, dtype=torch.int64)
+        self.confidence = confidence
+        self._conf = (
+            None
+            if confidence is None
+            else weight_struct(
+                confidence, None if confidence.bias is None else confidence.bias.data_ptr()
+            )
+        )
         # base, slots, w1, vocab, w2, d2t, anchor, forced, memo, memo_token, memo_rows, logits,
-        # tokens
-        self._fn = kernel.function("specui_markov_greedy", "pqpqppqpppqpp")
+        # tokens, hidden, hidden_size, conf, conf_out
+        self._fn = kernel.function("specui_markov_greedy", "pqpqppqpppqpppqpp")
 
     @classmethod
-    def build(cls, head: nn.Module | None, d2t: torch.Tensor | None) -> MarkovChainCall | None:
+    def build(
+        cls,
+        head: nn.Module | None,
+        d2t: torch.Tensor | None,
+        confidence: nn.Module | None = None,
+    ) -> MarkovChainCall | None:
         """The call for a ``MarkovHead`` whose W2 is on the bf16 kernel, or None: another head
-        type (its bias reads the slot's hidden state), no head, or no kernel copy."""
+        type (its bias reads the slot's hidden state), no head, or no kernel copy.
+        ``confidence``: the linear of a confidence head that reads [hidden; W1[prev]], served
+        where it is on the bf16 kernel too."""
         if head is None or getattr(head, "head_type", None) != "vanilla":
             return None
         w2 = _weight(head.markov_w2)
         if w2 is None or w2.type_id != WEIGHT_BF16:
             return None
-        return cls(head.markov_w1.weight, w2, d2t)
+        conf = None if confidence is None else _weight(confidence)
+        if conf is not None and (conf.type_id != WEIGHT_BF16 or conf.n_out != 1):
+            conf = None
+        return cls(head.markov_w1.weight, w2, d2t, conf)
 
     def run(
-        self, base: torch.Tensor, anchor: int, forced: list[int] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        base: torch.Tensor,
+        anchor: int,
+        forced: list[int] | None = None,
+        hidden: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Base logits [slots, Vd] (float32) after the anchor token -> (target tokens [slots],
-        logits [slots, Vd]).  ``forced``: the tokens fed as each next slot's prev instead of the
-        drawn ones (teacher forcing, for tests)."""
+        logits [slots, Vd], confidence logits [slots] or None).  ``forced``: the tokens fed as each
+        next slot's prev instead of the drawn ones (teacher forcing, for tests); ``hidden``
+        [slots, H]: the slots' rows the confidence head reads (None: no confidence)."""
         base = base.float().contiguous()
         slots = base.shape[0]
         logits = torch.empty(slots, self.w2.n_out)
         tokens = torch.empty(slots, dtype=torch.int64)
+        conf = None
+        if hidden is not None and self._conf is not None:
+            hidden = hidden.float().contiguous()
+            if hidden.shape != (slots, self._conf.k - self.w1.shape[1]):
+                raise ValueError(
+                    f"Markov chain call: hidden rows of shape {list(hidden.shape)} for"
+                    f" {slots} slots and a confidence head of {self._conf.k} inputs"
+                )
+            conf = torch.empty(slots)
         fed = None if forced is None else torch.tensor(forced[:slots], dtype=torch.int64)
         if fed is not None and fed.numel() < slots:
             raise ValueError(f"Markov chain call: {slots} forced tokens needed, got {fed.numel()}")
@@ -277,11 +317,17 @@ class MarkovChainCall:
             self.MEMO_ROWS,
             logits.data_ptr(),
             tokens.data_ptr(),
+            None if conf is None else hidden.data_ptr(),  # type: ignore[union-attr]
+            0 if conf is None else hidden.shape[1],  # type: ignore[union-attr]
+            None if conf is None else ctypes.addressof(self._conf),
+            None if conf is None else conf.data_ptr(),
         )
         if rc == -2:
             raise ValueError(
                 f"Markov chain call: a previous token outside 0..{self.vocab_size - 1}"
             )
+        if rc == -3:
+            raise ValueError("Markov chain call: a confidence head of another width")
         if rc != 0:
             raise MemoryError("Markov chain call: no memory for its scratch row")
-        return tokens, logits
+        return tokens, logits, conf

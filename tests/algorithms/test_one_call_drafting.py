@@ -129,7 +129,7 @@ def test_the_markov_chain_call_gives_the_torch_loops_bits(embedded_verifier):
 
     forced = torch.randint(0, m.config.layer.vocab_size, (7,), generator=gen).tolist()
     for fed in (None, forced, None):  # the third call reads biases the first two remembered
-        tokens, logits = call.run(base, anchor, fed)
+        tokens, logits, _ = call.run(base, anchor, fed)
         want_tokens, want_logits = torch_loop(fed)
         assert tokens.tolist() == want_tokens
         assert torch.equal(logits, want_logits)
@@ -140,7 +140,7 @@ def test_the_markov_chain_call_gives_the_torch_loops_bits(embedded_verifier):
     tied[1, [17, 300]] = float("nan")
     tied[2, -1] = 1e30
     for fed in (None, forced):
-        tokens, logits = call.run(tied, anchor, fed)
+        tokens, logits, _ = call.run(tied, anchor, fed)
         want_tokens, want_logits = torch_loop_on(tied, fed)
         assert tokens.tolist() == want_tokens
         assert torch.equal(logits.isnan(), want_logits.isnan())
@@ -158,3 +158,24 @@ def test_context_features_of_the_wrong_shape_are_refused(embedded_verifier):
     taps = torch.zeros(2, 3 * hidden - 1)  # one tap short of the fc's width
     with pytest.raises(ValueError, match="context features"):
         call.run(rows, torch.arange(3), 0, ctx_rows=2, see_block=True, context_features=taps)
+
+
+def test_the_markov_call_gives_the_confidence_heads_bits(embedded_verifier):
+    drafter = resolve_drafter("dspark", embedded_verifier)
+    drafter.matmuls_in_bf16()
+    call, m = drafter.markov_call, drafter.model
+    assert call is not None and call.confidence is not None  # the shipped head reads W1[prev]
+    gen = torch.Generator().manual_seed(3)
+    slots, hidden_size = 7, m.config.layer.hidden_size
+    base = torch.randn(slots, m.config.draft_vocab_size, generator=gen) * 4
+    hidden = torch.randn(slots, hidden_size, generator=gen)
+    anchor = 321
+    forced = torch.randint(0, m.config.layer.vocab_size, (slots,), generator=gen).tolist()
+    for fed in (None, forced):
+        tokens, _, conf = call.run(base, anchor, fed, hidden)
+        prevs = torch.tensor([anchor, *(fed or tokens.tolist())[: slots - 1]])
+        want = m.confidence(hidden, prevs)  # the torch head: BF16Linear on [hidden; W1[prev]]
+        assert conf is not None and torch.equal(conf, want)
+    assert call.run(base, anchor)[2] is None  # no hidden rows, no confidence
+    with pytest.raises(ValueError, match="hidden rows"):
+        call.run(base, anchor, None, hidden[:, :-1])

@@ -246,3 +246,38 @@ def test_onednn_computes_the_same_after_the_kernel_used_the_tiles():
     before = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
     cpu_kernels.bf16_matmul(x[:3], cpu_kernels.pack_bf16(w), None)
     assert torch.equal(torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), before)
+
+
+@pytest.mark.skipif(
+    not (_runnable() and cpu_kernels.bf16_kernel_available()), reason="no bf16 kernel here"
+)
+@pytest.mark.parametrize("type_name", ["bf16", *cpu_kernels.GGUF_TYPES])
+def test_the_weight_prefetch_changes_no_bit(type_name):
+    """Prefetching weights ahead (passes of 4+ rows) only moves time: the same bits with it off,
+    on, and far ahead, at row counts below and above the passes that prefetch."""
+    kernel = cpu_kernels.load()
+    gen = torch.Generator().manual_seed(7)
+    k, n = 576, 1000  # weights several times the distance ahead, and a partial last tile
+    x = torch.randn(13, k, generator=gen)
+    if type_name == "bf16":
+        packed = cpu_kernels.pack_bf16(torch.randn(n, k, generator=gen).bfloat16())
+        bias = torch.randn(n, generator=gen)
+
+        def product(rows: int) -> torch.Tensor:
+            return kernel.bf16_matmul(x[:rows].bfloat16(), packed, bias)
+    else:
+        w = cpu_kernels.pack_gguf(cpu_kernels.random_gguf(n, k, type_name, gen), type_name, k)
+
+        def product(rows: int) -> torch.Tensor:
+            return kernel.gguf_matmul(x[:rows], w)
+
+    default = kernel.set_prefetch_ahead(0)
+    try:
+        off = {rows: product(rows) for rows in (1, 3, 4, 9, 13)}
+        for ahead in (default, 1 << 20):
+            assert kernel.set_prefetch_ahead(ahead) in (0, default)
+            for rows, want in off.items():
+                assert torch.equal(product(rows), want), (ahead, rows)
+    finally:
+        kernel.set_prefetch_ahead(default)
+    assert default > 0  # on by default

@@ -101,9 +101,14 @@ class DSparkDrafter(DFlashDrafter):
         # The confidence head reads no earlier slot: in place, one call for all slots at the end.
         later = self.in_place and m.confidence_head is not None
         if self.markov_call is not None and self.in_place and ctx.sampling.greedy:
-            tokens, logits = self.markov_call.run(base, int(anchor), forced_tokens)
-            prevs = torch.cat([anchor.reshape(1), torch.tensor(forced_tokens or tokens.tolist())])
-            conf_logits = m.confidence(hidden[first:], prevs[: len(tokens)])
+            with_conf = m.confidence_head is not None and m.config.confidence_head_with_markov
+            tokens, logits, conf_logits = self.markov_call.run(
+                base, int(anchor), forced_tokens, hidden[first:] if with_conf else None
+            )
+            if conf_logits is None and m.confidence_head is not None:  # not in the call
+                fed = torch.tensor(forced_tokens or tokens.tolist())
+                prevs = torch.cat([anchor.reshape(1), fed])
+                conf_logits = m.confidence(hidden[first:], prevs[: len(tokens)])
             if conf_logits is None:
                 conf_logits = torch.full((len(tokens),), float("nan"))
             return tokens, None, logits, conf_logits
@@ -136,7 +141,10 @@ class DSparkDrafter(DFlashDrafter):
         super().matmuls_in_bf16()
         from specui.algorithms.layer_call import MarkovChainCall
 
-        self.markov_call = MarkovChainCall.build(self.model.markov_head, self.model.d2t)
+        m = self.model
+        reads_markov = m.confidence_head is not None and m.config.confidence_head_with_markov
+        confidence = m.confidence_head.proj if reads_markov else None  # type: ignore[union-attr]
+        self.markov_call = MarkovChainCall.build(m.markov_head, m.d2t, confidence)
 
     def propose(self, ctx: DraftContext) -> Proposal:
         tokens, q, _, conf_logits = self.draft_chain(ctx)
