@@ -175,15 +175,12 @@ static inline void key_scores(const __m512 *qv, int64_t chunks, const float *kg,
  * With the scores' transposing sums (`sum16`), 17% less time at 500 keys. */
 #define KEY_BLOCK 64
 
-/* q: [rows][heads][d]; k, v: kv_heads x (start + rows) keys, at k + g * head_stride + j * d;
- * row r sees keys 0 .. start + r, or all start + rows of them with see_block (a drafter's
- * bidirectional block: the same sums over more keys).  out: [rows][heads][d].  d a multiple of
- * 16.  Returns 0, -1 without memory, -2 on bad shapes. */
-static int attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d, const float *k,
+/* Up to ATTENTION_ROWS rows of attention_rows: row r sees keys 0 .. start + r, or the first `seen`
+ * where seen > 0. */
+static int attention_part(const float *q, int64_t rows, int64_t heads, int64_t d, const float *k,
                           const float *v, int64_t kv_heads, int64_t head_stride, int64_t start,
-                          float scale, int64_t see_block, float *out) {
-    if (d % 16 || d / 16 > MAX_HEAD_CHUNKS || kv_heads <= 0 || heads % kv_heads) return -2;
-    const int64_t chunks = d / 16, group = heads / kv_heads, longest = start + rows;
+                          float scale, int64_t seen, float *out) {
+    const int64_t chunks = d / 16, group = heads / kv_heads, longest = seen > 0 ? seen : start + rows;
     const int64_t stride = (longest + 15) / 16 * 16; /* a query's scores */
     float *scores = malloc(sizeof(float) * rows * heads * stride), *inv = malloc(sizeof(float) * rows * heads);
     if (!scores || !inv) {
@@ -195,7 +192,7 @@ static int attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d
     for (int64_t g = 0; g < kv_heads; ++g)
         for (int64_t j0 = 0; j0 < longest; j0 += KEY_BLOCK)
             for (int64_t r = 0; r < rows; ++r) {
-                const int64_t len = see_block ? longest : start + r + 1;
+                const int64_t len = seen > 0 ? seen : start + r + 1;
                 if (j0 >= len) continue;
                 const int64_t n = len - j0 < KEY_BLOCK ? len - j0 : KEY_BLOCK;
                 for (int64_t h = g * group; h < (g + 1) * group; ++h) {
@@ -207,7 +204,7 @@ static int attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d
             }
     /* 2. per query: its maximum, exp(s - max) in place, their sum 16 lanes at a time from key 0 */
     for (int64_t r = 0; r < rows; ++r) {
-        const int64_t len = see_block ? longest : start + r + 1;
+        const int64_t len = seen > 0 ? seen : start + r + 1;
         for (int64_t h = 0; h < heads; ++h) {
             float *sc = scores + (r * heads + h) * stride;
             __m512 top = _mm512_set1_ps(-INFINITY), total = _mm512_setzero_ps();
@@ -233,7 +230,7 @@ static int attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d
     for (int64_t g = 0; g < kv_heads; ++g)
         for (int64_t j0 = 0; j0 < longest; j0 += KEY_BLOCK)
             for (int64_t r = 0; r < rows; ++r) {
-                const int64_t len = see_block ? longest : start + r + 1;
+                const int64_t len = seen > 0 ? seen : start + r + 1;
                 if (j0 >= len) continue;
                 const int64_t end = len - j0 < KEY_BLOCK ? len : j0 + KEY_BLOCK;
                 for (int64_t h = g * group; h < (g + 1) * group; ++h) {
@@ -256,6 +253,28 @@ static int attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d
     }
     free(scores);
     free(inv);
+    return 0;
+}
+
+/* Rows a part at a time, so the scores' scratch stays rows x heads x keys for a few rows (a
+ * drafter's pass over a long prompt has thousands of query rows); a row's bits do not depend on
+ * its part. */
+#define ATTENTION_ROWS 16
+
+/* q: [rows][heads][d]; k, v: kv_heads x (start + rows) keys, at k + g * head_stride + j * d;
+ * row r sees keys 0 .. start + r, or all start + rows of them with see_block (a drafter's
+ * bidirectional block: the same sums over more keys).  out: [rows][heads][d].  d a multiple of
+ * 16.  Returns 0, -1 without memory, -2 on bad shapes. */
+static int attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d, const float *k,
+                          const float *v, int64_t kv_heads, int64_t head_stride, int64_t start,
+                          float scale, int64_t see_block, float *out) {
+    if (d % 16 || d / 16 > MAX_HEAD_CHUNKS || kv_heads <= 0 || heads % kv_heads) return -2;
+    for (int64_t r0 = 0; r0 < rows; r0 += ATTENTION_ROWS) {
+        const int64_t n = rows - r0 < ATTENTION_ROWS ? rows - r0 : ATTENTION_ROWS;
+        const int rc = attention_part(q + r0 * heads * d, n, heads, d, k, v, kv_heads, head_stride, start + r0,
+                                      scale, see_block ? start + rows : 0, out + r0 * heads * d);
+        if (rc) return rc;
+    }
     return 0;
 }
 

@@ -184,6 +184,15 @@ def test_attention_gives_a_row_the_same_bits_in_any_block_and_stays_near_sdpa(he
                 kernel.attention(q[r : r + 1], keys, values, start + r, d**-0.5), block[r : r + 1]
             )
         assert torch.equal(kernel.attention(q[2:5], keys, values, start + 2, d**-0.5), block[2:5])
+        # a block longer than the kernel's parts of 16 rows: row 30 gets the bits it gets alone
+        many = torch.randn(40, heads, d, generator=gen)
+        if start + 40 <= keys.shape[1]:
+            long_block = kernel.attention(many, keys, values, start, d**-0.5)
+            alone = kernel.attention(many[30:31], keys, values, start + 30, d**-0.5)
+            assert torch.equal(long_block[30:31], alone)
+            assert torch.equal(
+                kernel.attention(many[16:20], keys, values, start + 16, d**-0.5), long_block[16:20]
+            )
         sdpa = torch.cat(
             [
                 torch.nn.functional.scaled_dot_product_attention(
