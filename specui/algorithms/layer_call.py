@@ -161,15 +161,14 @@ class DraftLayerCall:
         """cos and signed sin [n, D] of ``positions``, from tables grown as positions need (the
         Rotary module's own values, computed once instead of six ops a call); a ``range`` is a
         slice of the tables, no gather."""
-        end = (positions.stop if isinstance(positions, range) else int(positions.max())) + 1
+        if isinstance(positions, range):
+            end, index = positions[-1] + 1, slice(positions.start, positions.stop, positions.step)
+        else:
+            end, index = int(positions.max()) + 1, positions
         if end > self._cos.shape[0]:
             cos, sin = self.rotary(torch.arange(max(2 * end, 256)))
             self._cos, self._sin = cos.contiguous(), signed_sin(sin).contiguous()
-        if isinstance(positions, range) and positions.step == 1:
-            return self._cos[positions.start : positions.stop], self._sin[
-                positions.start : positions.stop
-            ]
-        return self._cos[positions], self._sin[positions]
+        return self._cos[index], self._sin[index]
 
     def run(
         self,

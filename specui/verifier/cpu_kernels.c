@@ -26,6 +26,12 @@
 #include <string.h>
 
 #define TILE 16     /* output channels per accumulator (16 int32 lanes) */
+
+/* The first n of 16 lanes (all 16 where n >= 16): a row's tail, or a tile's last channels. */
+static inline __attribute__((always_inline)) __mmask16 first_lanes(int64_t n) {
+    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
+}
+
 #define MAX_ROWS 12 /* rows per pass: 2 tiles x 12 rows = 24 accumulators of the 32 registers */
 
 /* R rows (x_signed, kp bytes each, with their sums) times G tiles of channels from `o`. */
@@ -49,7 +55,7 @@ static inline __attribute__((always_inline)) void pass(const int8_t *xs, const i
     }
     for (int g = 0; g < G; ++g) {
         int64_t oc = o + g * TILE, left = n_out - oc;
-        __mmask16 m = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        __mmask16 m = first_lanes(left);
         __m512 scale = _mm512_maskz_loadu_ps(m, wscale + oc);
         for (int i = 0; i < R; ++i) {
             __m512i exact = _mm512_sub_epi32(acc[i][g], _mm512_set1_epi32(128 * xsum[i]));
@@ -105,8 +111,8 @@ int specui_int8_matmul(const uint8_t *x, int64_t rows, int64_t k, int64_t kp,
  *
  * Each (row, head) is computed on its own, by the same instructions in the same order,
  * whatever the other rows of the call: the scores sixteen keys at a time (`key_scores`), their
- * maximum, exp(s - max)
- * summed 16 lanes at a time from key 0, then the values summed in key order.  So a token's
+ * maximum, exp(s - max) summed 16 lanes at a time from key 0, then the values summed in key
+ * order.  So a token's
  * attention in a verify block is bit for bit the one it gets decoded alone (the property
  * specui.verifier.batch_invariant needs), without one SDPA call per row (~60 us each, most of
  * a verify block's extra cost).  Grouped-query attention: head h reads kv head h / (heads / kv_heads).
@@ -165,7 +171,7 @@ static inline void key_scores(const __m512 *qv, int64_t chunks, const float *kg,
             acc[i] = a;
         }
         const __m512 s = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));
-        _mm512_mask_storeu_ps(scores + j0, m16 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << m16) - 1), s);
+        _mm512_mask_storeu_ps(scores + j0, first_lanes(m16), s);
     }
 }
 
@@ -192,7 +198,7 @@ static int attention_part(const float *q, int64_t rows, int64_t heads, int64_t d
     for (int64_t g = 0; g < kv_heads; ++g)
         for (int64_t j0 = 0; j0 < longest; j0 += KEY_BLOCK)
             for (int64_t r = 0; r < rows; ++r) {
-                const int64_t len = seen > 0 ? seen : start + r + 1;
+                const int64_t len = seen > 0 ? seen : start + r + 1; /* keys row r sees */
                 if (j0 >= len) continue;
                 const int64_t n = len - j0 < KEY_BLOCK ? len - j0 : KEY_BLOCK;
                 for (int64_t h = g * group; h < (g + 1) * group; ++h) {
@@ -209,14 +215,12 @@ static int attention_part(const float *q, int64_t rows, int64_t heads, int64_t d
             float *sc = scores + (r * heads + h) * stride;
             __m512 top = _mm512_set1_ps(-INFINITY), total = _mm512_setzero_ps();
             for (int64_t j = 0; j < len; j += 16) {
-                const int64_t left = len - j;
-                const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+                const __mmask16 m = first_lanes(len - j);
                 top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, sc + j));
             }
             const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(top));
             for (int64_t j = 0; j < len; j += 16) {
-                const int64_t left = len - j;
-                const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+                const __mmask16 m = first_lanes(len - j);
                 const __m512 s = _mm512_maskz_loadu_ps(m, sc + j);
                 const __m512 p = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(s, mx)));
                 _mm512_mask_storeu_ps(sc + j, m, p);
@@ -381,6 +385,11 @@ int specui_set_prefetch_ahead(int64_t bytes) {
     return was;
 }
 
+/* A block's bytes, `ahead` bytes on, into L2 (nothing where ahead is 0). */
+static inline __attribute__((always_inline)) void prefetch_block(const uint8_t *blk, int64_t bytes, int64_t ahead) {
+    for (int64_t l = 0; ahead && l < bytes; l += 64) _mm_prefetch((const char *)blk + ahead + l, _MM_HINT_T1);
+}
+
 /* ---- The bf16 matmul on AVX512-BF16 (no AMX) -------------------------------------------------
  *
  * The drafters' product (specui.algorithms) where AMX is missing: 1 to a few dozen rows by each
@@ -415,7 +424,7 @@ static inline __attribute__((always_inline)) void bf16_pass(const uint32_t *xs, 
     }
     for (int g = 0; g < G; ++g) {
         int64_t oc = o + g * TILE, left = n_out - oc;
-        __mmask16 m = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        __mmask16 m = first_lanes(left);
         __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + oc) : _mm512_setzero_ps();
         for (int i = 0; i < R; ++i)
             _mm512_mask_storeu_ps(out + i * n_out + oc, m, _mm512_add_ps(acc[i][g], b));
@@ -545,7 +554,7 @@ static inline __attribute__((always_inline)) void add_offsets(__m512 *total, con
 static inline __attribute__((always_inline)) void store_tile(const __m512 *total, float *out, int64_t n_out,
                                                              int64_t o, int R) {
     int64_t left = n_out - o;
-    __mmask16 mask = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    __mmask16 mask = first_lanes(left);
     for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * n_out + o, mask, total[r]);
 }
 
@@ -560,7 +569,7 @@ static inline __attribute__((always_inline)) void gguf_pass(int type, const floa
                                             : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *blk = tile + b * step;
-        for (int64_t l = 0; ahead && l < step; l += 64) _mm_prefetch((const char *)blk + ahead + l, _MM_HINT_T1);
+        prefetch_block(blk, step, ahead);
         const float *xb = x + b * 32;
         for (int r = 0; r < R; ++r) part[r] = _mm512_setzero_ps();
         if (type == GGUF_Q8_0) {
@@ -719,7 +728,7 @@ static inline __attribute__((always_inline)) void piece_pass(int type, const int
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *blk = tile + b * bstep;
         const uint8_t *qs = blk + (type == GGUF_Q4_1 ? 64 : 32);
-        for (int64_t l = 0; ahead && l < bstep; l += 64) _mm_prefetch((const char *)blk + ahead + l, _MM_HINT_T1);
+        prefetch_block(blk, bstep, ahead);
         __m512i acc[PIECE_ROWS][3];
         for (int r = 0; r < R; ++r)
             for (int j = 0; j < 3; ++j) acc[r][j] = _mm512_setzero_si512();
@@ -873,8 +882,7 @@ typedef struct {
 static int64_t first_max(const float *row, int64_t n) {
     __m512 best = _mm512_set1_ps(-INFINITY);
     for (int64_t j = 0; j < n; j += 16) {
-        const int64_t left = n - j;
-        const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        const __mmask16 m = first_lanes(n - j);
         const __m512 v = _mm512_mask_loadu_ps(best, m, row + j);
         const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
         if (nan) return j + __builtin_ctz(nan);
@@ -882,8 +890,7 @@ static int64_t first_max(const float *row, int64_t n) {
     }
     const float top = _mm512_reduce_max_ps(best);
     for (int64_t j = 0; j < n; j += 16) {
-        const int64_t left = n - j;
-        const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        const __mmask16 m = first_lanes(n - j);
         const __mmask16 eq = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, row + j), _mm512_set1_ps(top), _CMP_EQ_OQ);
         if (eq) return j + __builtin_ctz(eq);
     }
@@ -930,8 +937,7 @@ static int bf16_rows_matmul(const specui_layer_weight *w, const float *x, int64_
     if (!xb) return -1;
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t i = 0; i < k; i += 16) {
-            const int64_t left = k - i;
-            const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+            const __mmask16 m = first_lanes(k - i);
             const __m256bh b = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + r * k + i));
             _mm256_mask_storeu_epi16(xb + r * kp + i, m, (__m256i)b);
         }

@@ -101,9 +101,10 @@ class DSparkDrafter(DFlashDrafter):
         # The confidence head reads no earlier slot: in place, one call for all slots at the end.
         later = self.in_place and m.confidence_head is not None
         if self.markov_call is not None and self.in_place and ctx.sampling.greedy:
-            with_conf = m.confidence_head is not None and m.config.confidence_head_with_markov
+            # the call's confidence head, where it has one (matmuls_in_bf16 decides)
+            in_call = self.markov_call.confidence is not None
             tokens, logits, conf_logits = self.markov_call.run(
-                base, int(anchor), forced_tokens, hidden[first:] if with_conf else None
+                base, int(anchor), forced_tokens, hidden[first:] if in_call else None
             )
             if conf_logits is None and m.confidence_head is not None:  # not in the call
                 fed = torch.tensor(forced_tokens or tokens.tolist())
