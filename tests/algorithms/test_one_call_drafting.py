@@ -179,3 +179,34 @@ def test_the_markov_call_gives_the_confidence_heads_bits(embedded_verifier):
     assert call.run(base, anchor)[2] is None  # no hidden rows, no confidence
     with pytest.raises(ValueError, match="hidden rows"):
         call.run(base, anchor, None, hidden[:, :-1])
+
+
+@pytest.mark.parametrize("algo", ["eagle3", "peagle"])
+def test_committed_rows_as_keys_and_values_only_leave_the_read_rows_bits(algo, embedded_verifier):
+    """``kv_only_before_logits`` skips the last layer's attention and MLP for the rows before
+    ``logits_from`` (their outputs are NaN, so the skip did happen), and the rows that are read
+    get the very bits of the full pass: they see the same keys and values."""
+    drafter = resolve_drafter(algo, embedded_verifier)
+    drafter.matmuls_in_bf16()
+    call, m = drafter.one_call, drafter.model
+    assert call is not None and call.has_head
+    gen = torch.Generator().manual_seed(5)
+    n, hidden = 12, m.config.layer.hidden_size
+    ids = torch.randint(0, m.config.layer.vocab_size, (n,), generator=gen)
+    taps = torch.randn(n, len(m.config.aux_layer_ids) * hidden, generator=gen)
+    rows, feature = m.embed_tokens(ids), m.features(taps)
+    full = call.run(rows.clone(), torch.arange(n), 0, feature=feature, logits_from=n - 3)
+    call.kv.data.zero_()
+    skip = call.run(
+        rows.clone(),
+        torch.arange(n),
+        0,
+        feature=feature,
+        logits_from=n - 3,
+        kv_only_before_logits=True,
+    )
+    assert torch.equal(skip.logits, full.logits) and torch.equal(skip.tokens, full.tokens)
+    assert torch.equal(skip.hidden[n - 3 :], full.hidden[n - 3 :])
+    assert torch.equal(skip.normed[n - 3 :], full.normed[n - 3 :])
+    assert skip.hidden[: n - 3].isnan().all() and skip.normed[: n - 3].isnan().all()
+    assert not full.hidden.isnan().any()
