@@ -53,21 +53,26 @@ def doc_paragraphs(root: Path = PY_DOCS, min_words: int = 40, max_words: int = 2
         )
     out: list[str] = []
     for path in sorted(root.rglob("*.rst.txt")):
-        for block in re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace")):
-            lines = block.strip().splitlines()
-            # Prose only: no directives, tables, literal blocks, headings or indented code.
-            if not lines or any(
-                ln.startswith((" ", "\t", "..", "=", "-", "*", "+", "|", ">>>")) for ln in lines
-            ):
-                continue
-            text = " ".join(ln.strip() for ln in lines)
-            text = (
-                _RST_MARKUP.sub(r"\1", text).replace("``", "").replace("**", "").replace("::", ":")
-            )
-            if text.endswith(":") or "`" in text:
-                continue
-            if min_words <= len(text.split()) <= max_words:
-                out.append(text)
+        out.extend(rst_paragraphs(path, min_words, max_words))
+    return out
+
+
+def rst_paragraphs(path: Path, min_words: int, max_words: int) -> list[str]:
+    """One reST source file's prose paragraphs, in order, markup stripped."""
+    out: list[str] = []
+    for block in re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace")):
+        lines = block.strip().splitlines()
+        # Prose only: no directives, tables, literal blocks, headings or indented code.
+        if not lines or any(
+            ln.startswith((" ", "\t", "..", "=", "-", "*", "+", "|", ">>>")) for ln in lines
+        ):
+            continue
+        text = " ".join(ln.strip() for ln in lines)
+        text = _RST_MARKUP.sub(r"\1", text).replace("``", "").replace("**", "").replace("::", ":")
+        if text.endswith(":") or "`" in text:
+            continue
+        if min_words <= len(text.split()) <= max_words:
+            out.append(text)
     return out
 
 

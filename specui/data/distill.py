@@ -408,10 +408,17 @@ def _read_cache(path: Path) -> dict[str, tuple[int, ...]]:
 def _append_cache(path: Path, new: dict[str, tuple[int, ...]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = "".join(json.dumps({"key": k, "response_ids": list(r)}) + "\n" for k, r in new.items())
-    with path.open("a") as f:
+    with path.open("a+") as f:
         # Worker processes (distill_in_processes) append to one file: whole lines, one at a time.
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
+            # A kill mid-append leaves a torn last line: start after it, or the first new line
+            # would be glued to it and lost as well.
+            end = f.seek(0, os.SEEK_END)
+            if end:
+                f.seek(end - 1)
+                if f.read(1) != "\n":
+                    lines = "\n" + lines
             f.write(lines)
             f.flush()
             os.fsync(f.fileno())

@@ -1,0 +1,110 @@
+"""The drafters' training campaign (issue 49), resumable: run it again and it goes on.
+
+    python scripts/campaign.py run       # every stage that is not done, in order
+    python scripts/campaign.py status    # where it stands
+    bash scripts/campaign.sh             # the same `run`, in the background, at low priority
+
+State lives in one folder outside the repository (SPECUI_CAMPAIGN_DIR, default
+~/specui-campaign); see specui/training/campaign.py.  One torch thread unless THREADS says
+otherwise.  The prompts stage needs Debian's text packages (scripts/campaign.sh installs them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _verifier():
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("THREADS", "1")))
+    from specui.verifier.model import Verifier
+
+    # float32 as loaded: the response cache is keyed by the verifier training loads.
+    return Verifier.load("embedded")
+
+
+def run(folder: Path) -> None:
+    import torch
+    from tqdm import tqdm
+
+    from specui.training import campaign
+
+    verifier = _verifier()
+    with campaign.campaign_lock(folder):
+        logging.info("campaign: state in %s", folder)
+        campaign.build_prompts(verifier, folder)
+        before = campaign.status(verifier, folder)
+        logging.info(
+            "generate: %d of %d prompts answered, %d response tokens",
+            before.done,
+            before.total,
+            before.response_tokens,
+        )
+        bar = tqdm(
+            total=before.total,
+            initial=before.done,
+            desc="generate",
+            unit="prompt",
+            mininterval=30,
+            dynamic_ncols=True,
+        )
+        t_start, answered = time.time(), before.done
+
+        def on_chunk(i: int, n: int, tokens: int, seconds: float) -> None:
+            nonlocal answered
+            now = campaign.status(verifier, folder)
+            bar.update(now.done - answered)
+            answered = now.done
+            logging.info(
+                "generate: chunk %d/%d in %.0f s; %d/%d prompts, %d response tokens, %.0f s"
+                " this run",
+                i + 1,
+                n,
+                seconds,
+                now.done,
+                now.total,
+                now.response_tokens,
+                time.time() - t_start,
+            )
+
+        # bf16 matmuls generate; the cache stays keyed by the float32 verifier (self_distill).
+        campaign.generate(verifier, folder, torch.bfloat16, on_chunk)
+        bar.close()
+        logging.info("generate: done")
+
+
+def status(folder: Path) -> None:
+    from specui.training import campaign
+
+    if not (folder / "prompts.jsonl").is_file():
+        print(f"{folder}: no prompts yet (run: bash scripts/campaign.sh)")
+        return
+    p = campaign.status(_verifier(), folder)
+    print(f"{folder}: generate {p.done}/{p.total} prompts, {p.response_tokens} response tokens")
+
+
+def main() -> None:
+    from specui.training.campaign import state_dir
+
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("stage", choices=("run", "status"))
+    ap.add_argument("--state", type=Path, default=None, help="the state folder")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    folder = a.state or state_dir()
+    {"run": run, "status": status}[a.stage](folder)
+
+
+if __name__ == "__main__":
+    main()

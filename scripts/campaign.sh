@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Starts (or restarts) the drafters' training campaign in the background where it stopped:
+# low priority, one torch thread, its log in the state folder.  Safe to run at any time: a
+# campaign that is still running keeps the lock and the new one exits at once.
+#   Pause it for a benchmark:  kill -STOP $(cat "$STATE/lock")   ...   kill -CONT $(cat "$STATE/lock")
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STATE=${SPECUI_CAMPAIGN_DIR:-$HOME/specui-campaign}
+mkdir -p "$STATE"
+bash scripts/setup.sh
+# The prompts stage reads packaged text (specui/data/passages.py); once prompts.jsonl exists
+# nothing else needs them.
+if [ ! -f "$STATE/prompts.jsonl" ]; then
+  need=()
+  for p in python3-doc debian-reference-en debian-reference-de debian-reference-fr \
+           debian-reference-es debian-reference-it debian-reference-ja debian-reference-pt \
+           debian-reference-zh-cn debian-faq debian-faq-de debian-faq-fr debian-faq-it \
+           debian-faq-ja debian-faq-nl debian-faq-pt debian-faq-ru debian-faq-zh-cn \
+           debian-handbook fortunes-de fortunes-zh fortunes-ru fortunes-es fortunes-it; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+  fi
+fi
+THREADS=${THREADS:-1} SPECUI_CAMPAIGN_DIR="$STATE" nohup nice -n 19 .venv/bin/python \
+  scripts/campaign.py run >> "$STATE/campaign.log" 2>&1 &
+echo "campaign: started (pid $!), log: $STATE/campaign.log"

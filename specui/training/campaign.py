@@ -1,0 +1,239 @@
+"""The drafters' training campaign: many hours of generation, extraction and training on a small
+machine, in stages that survive any stop.
+
+Processes end whenever a working session does; files outside the repository usually stay.  So
+the campaign keeps all its state in one folder (``SPECUI_CAMPAIGN_DIR``, default
+``~/specui-campaign``), every stage appends as it goes and skips what is done, and one command
+(``scripts/campaign.sh``) starts it again in the background where it stopped:
+
+    STATE/prompts.jsonl       the broad corpus's new prompts (``specui.data.broad``), built once
+    STATE/cache/              the verifier's greedy responses, one line appended per response
+    STATE/campaign.log        what each stage did, with rates
+    STATE/lock                held while a campaign runs (a second one exits at once)
+
+If the folder is gone, the campaign starts again from the committed corpus (``data/corpus/``),
+losing only what had not been committed.  Stages: ``prompts`` then ``generate``; hidden-state
+extraction and the drafters' training come next, in the same folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from specui.data import broad
+from specui.data.corpus import build
+from specui.data.distill import cache_name, cached_responses, prompt_key, self_distill
+from specui.data.prompts import Prompt, check_training_prompts, load_prompts
+from specui.errors import SpecUIError
+from specui.paths import shipped_data_dir
+
+log = logging.getLogger(__name__)
+
+MAX_NEW_TOKENS = 256
+# A prompt longer than this is cut at the front (self_distill keeps its end); none of the
+# builders writes one, but a second turn after a long first answer can come close.
+MAX_PROMPT_TOKENS = 2048
+SEED = 49
+# How many of each new kind: >= 30k prompts in all with the general corpus's 10.1k, >= 20% of
+# them 500-2,000 tokens long (the long documents and long code).
+COUNTS = {"long_documents": 6000, "long_code": 1200, "translations": 5500, "casual": 2500}
+# Continuous batching keeps `slots` rows in flight over a KV cache as long as the longest prompt
+# of the chunk: short prompts many at a time, long ones few, so the cache stays ~1-2 GB.
+SHORT_TOKENS = 480
+BATCH = {"short": 64, "long": 16}
+CHUNK = 512  # prompts per self_distill call: a kill loses at most the responses in flight
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("SPECUI_CAMPAIGN_DIR", Path.home() / "specui-campaign"))
+
+
+@contextmanager
+def campaign_lock(folder: Path) -> Iterator[None]:
+    """Held for a campaign's whole run: a second one (a restart while the first still runs)
+    fails at once instead of generating the same responses twice."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "lock").open("a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SpecUIError(f"a campaign is already running in {folder}") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+
+
+def _read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def row_prompt(row: dict) -> Prompt:
+    """A corpus row as a Prompt: its messages where it has them (a second turn), else its text."""
+    meta = {"kind": row["kind"], "source": row["source"]}
+    if row.get("messages"):
+        return Prompt(row["id"], "broad", messages=tuple(row["messages"]), meta=meta)
+    return Prompt(row["id"], "broad", text=row["prompt"], meta=meta)
+
+
+def first_turns(verifier) -> list[tuple[str, str]]:
+    """The general corpus's training requests with the verifier's shipped answer to each (its
+    end-of-turn token dropped), for second turns; math and puzzles left out, where a follow-up
+    such as "make it shorter" is not what people ask."""
+    prompts = [
+        p for p in load_prompts("general", split="train") if p.meta.get("kind") not in ("math",)
+    ]
+    folders = [shipped_data_dir() / "corpus"]
+    from specui.data.distill import verifier_fingerprint
+
+    cache = cached_responses(verifier_fingerprint(verifier), 128, verifier.eos_token_ids, folders)
+    eos = set(verifier.eos_token_ids)
+    out = []
+    for p in prompts:
+        response = cache.get(prompt_key(p.encode(verifier)))
+        if response is None or p.text is None:
+            continue
+        answer = verifier.tokenizer.decode([t for t in response if t not in eos]).strip()
+        if answer:
+            out.append((p.text, answer))
+    return out
+
+
+def broad_sources(verifier, seed: int = SEED) -> tuple[list[list[dict]], list[dict]]:
+    """The broad corpus's single-turn sources, and its second turns (on the general corpus's
+    first turns and the verifier's shipped answers)."""
+    sources = [
+        broad.long_documents(seed, COUNTS["long_documents"]),
+        broad.long_code(seed, COUNTS["long_code"]),
+        broad.translations(seed, COUNTS["translations"]),
+        broad.casual(seed, COUNTS["casual"]),
+    ]
+    return sources, broad.second_turns(first_turns(verifier), seed)
+
+
+def build_prompts(
+    verifier,
+    folder: Path,
+    seed: int = SEED,
+    sources: Callable[[object, int], tuple[list[list[dict]], list[dict]]] = broad_sources,
+) -> Path:
+    """STATE/prompts.jsonl: the rows ``sources`` makes, deduplicated, evaluation-checked, and
+    cut to MAX_PROMPT_TOKENS; written once (atomically), read as it is afterwards."""
+    path = folder / "prompts.jsonl"
+    if path.is_file():
+        return path
+    singles, seconds = sources(verifier, seed)
+    # build() dedupes on the last user turn, which second turns share: check them on their own.
+    rows = build(singles, seed=seed) + seconds
+    check_training_prompts([row_prompt(r) for r in seconds], "the second turns")
+    kept = []
+    for r in rows:
+        n = len(row_prompt(r).encode(verifier))
+        if n <= MAX_PROMPT_TOKENS:
+            kept.append({**r, "prompt_tokens": n})
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for r in kept:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+    log.info(
+        "prompts: %d rows (%d over %d tokens dropped)",
+        len(kept),
+        len(rows) - len(kept),
+        MAX_PROMPT_TOKENS,
+    )
+    return path
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    response_tokens: int
+
+
+def generation_order(rows: Sequence[dict], seed: int = SEED) -> list[list[dict]]:
+    """Chunks of rows in the order the campaign generates them: shuffled once (seeded), so that
+    any finished prefix holds every kind, then each chunk of one length class (short or long),
+    so a chunk's KV cache is sized for its own prompts."""
+    order = list(rows)
+    random.Random(seed).shuffle(order)
+    chunks: list[list[dict]] = []
+    for cls in ("short", "long"):
+        same = [r for r in order if _length_class(r) == cls]
+        chunks += [same[i : i + CHUNK] for i in range(0, len(same), CHUNK)]
+    # Interleave the classes so a partial run has long prompts too.
+    shorts = [c for c in chunks if _length_class(c[0]) == "short"]
+    longs = [c for c in chunks if _length_class(c[0]) == "long"]
+    mixed: list[list[dict]] = []
+    while shorts or longs:
+        for q in (shorts, longs):
+            if q:
+                mixed.append(q.pop(0))
+    return mixed
+
+
+def _length_class(row: dict) -> str:
+    return "short" if row["prompt_tokens"] <= SHORT_TOKENS else "long"
+
+
+def status(verifier, folder: Path, max_new_tokens: int = MAX_NEW_TOKENS) -> Progress:
+    """How many of the campaign's prompts have a response, and how many response tokens."""
+    from specui.data.distill import verifier_fingerprint
+
+    rows = _read_rows(folder / "prompts.jsonl")
+    cache = cached_responses(
+        verifier_fingerprint(verifier),
+        max_new_tokens,
+        verifier.eos_token_ids,
+        [shipped_data_dir() / "corpus", folder / "cache"],
+    )
+    done = tokens = 0
+    for r in rows:
+        resp = cache.get(prompt_key(row_prompt(r).encode(verifier)))
+        if resp is not None:
+            done += 1
+            tokens += len(resp)
+    return Progress(done, len(rows), tokens)
+
+
+def generate(
+    verifier,
+    folder: Path,
+    dtype,
+    on_chunk: Callable[[int, int, int, float], None] | None = None,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> None:
+    """The verifier's greedy responses (up to MAX_NEW_TOKENS) to every campaign prompt, chunk by
+    chunk, each appended to STATE/cache as it finishes; what is cached is skipped, so a killed
+    run goes on where it stopped.  ``on_chunk(index, chunks, generated, seconds)``."""
+    rows = _read_rows(folder / "prompts.jsonl")
+    chunks = generation_order(rows)
+    for i, chunk in enumerate(chunks):
+        t0 = time.time()
+        cls = _length_class(chunk[0])
+        samples = self_distill(
+            verifier,
+            [row_prompt(r) for r in chunk],
+            max_new_tokens,
+            BATCH[cls],
+            folder / "cache",
+            max_prompt_tokens=MAX_PROMPT_TOKENS,
+            generation_dtype=dtype,
+        )
+        if on_chunk is not None:
+            on_chunk(i, len(chunks), sum(len(s.response_ids) for s in samples), time.time() - t0)
+
+
+def cache_file(verifier, folder: Path) -> Path:
+    return folder / "cache" / cache_name(verifier, MAX_NEW_TOKENS)

@@ -1,0 +1,188 @@
+"""The training campaign (issue 49): its packaged-text readers, the broad corpus's requests, the
+evaluation guard, and generation that resumes where a kill left it."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from specui.data import broad, passages
+from specui.data.prompts import load_prompts
+from specui.errors import SpecUIError
+from specui.training import campaign
+
+GERMAN = """Debian-Referenz
+
+1. Einleitung
+
+Dieses Dokument soll einen groben Überblick über das Debian-System geben, in Form eines
+Benutzerhandbuchs für die Zeit nach der Installation des Systems.
+
+  * eine Liste, die übersprungen wird
+
+$ ls -l /etc
+
+2. Pakete
+
+Ein Paket ist eine Datei, die Programme und ihre Beschreibung enthält, damit das System sie
+sauber installieren und wieder entfernen kann.
+"""
+
+CHINESE = """1. 简介
+
+一些环境变量的值会改变部分 Unix 命令的行为，这些命令在不同的语言环境下输出不同的
+结果，所以需要小心设置它们，以免影响系统中其他程序的正常运行。
+"""
+
+
+def _gz(path, text: str) -> None:
+    path.write_bytes(gzip.compress(text.encode("utf-8")))
+
+
+def test_debian_text_is_read_as_sections_of_prose(tmp_path):
+    _gz(tmp_path / "debian-reference.de.txt.gz", GERMAN)
+    _gz(tmp_path / "debian-faq.zh-cn.txt.gz", CHINESE)
+    de = passages.debian_text_paragraphs("de", min_size=8, roots=(tmp_path, tmp_path))
+    # Two numbered headings start two sections; the list and the shell line are left out.
+    assert len(de) == 2
+    assert de[0] == [
+        "Dieses Dokument soll einen groben Überblick über das Debian-System geben, in Form eines"
+        " Benutzerhandbuchs für die Zeit nach der Installation des Systems."
+    ]
+    assert de[1][0].startswith("Ein Paket ist eine Datei")
+    zh = passages.debian_text_paragraphs("zh-cn", min_size=8, roots=(tmp_path, tmp_path))
+    # Chinese lines are joined without a space: its line breaks fall between characters.
+    assert zh == [[CHINESE.split("\n\n")[1].replace("\n", "")]]
+    with pytest.raises(SpecUIError, match="debian-reference-fr"):
+        passages.debian_text_paragraphs("fr", roots=(tmp_path, tmp_path))
+
+
+def test_handbook_and_fortunes_readers(tmp_path):
+    page = tmp_path / "en-US" / "sect.apt.html"
+    page.parent.mkdir()
+    page.write_text(
+        '<html><div class="para">APT is the tool that installs <code>packages</code> from the'
+        " archive and keeps them up to date &amp; consistent.</div><p>Short.</p></html>"
+    )
+    assert passages.handbook_paragraphs(min_size=8, root=tmp_path) == [
+        [
+            "APT is the tool that installs packages from the archive and keeps them up to date"
+            " & consistent."
+        ]
+    ]
+    (tmp_path / "chinese").write_text(
+        "要有礼貌，请接受这一事实，并保持礼貌。意见不一致并不是借口。\n"
+        "\x1b[33m-- Debian\x1b[m\n%\n短\n"
+    )
+    for name in ("tang300", "song100"):
+        (tmp_path / name).write_text("")
+    entries = passages.fortune_entries("zh", min_size=4, root=tmp_path)
+    assert entries == ["要有礼貌，请接受这一事实，并保持礼貌。意见不一致并不是借口。\n-- Debian"]
+
+
+def test_second_turns_carry_the_first_answer_and_a_follow_up():
+    rows = broad.second_turns([("What is a list?", "A list is an ordered collection.")], seed=1)
+    (row,) = rows
+    roles = [m["role"] for m in row["messages"]]
+    assert roles == ["user", "assistant", "user"]
+    assert row["messages"][1]["content"] == "A list is an ordered collection."
+    assert row["prompt"] == row["messages"][2]["content"] in broad.FOLLOW_UPS
+    prompt = campaign.row_prompt(row)
+    assert prompt.messages is not None and prompt.text is None
+
+
+def test_casual_requests_are_seeded_and_varied():
+    a, b = broad.casual(seed=3, n=50), broad.casual(seed=3, n=50)
+    assert a == b
+    assert len({r["prompt"] for r in a}) > 40
+    assert all("{" not in r["prompt"] for r in a)  # every slot filled
+
+
+def test_evaluation_prompts_never_enter_the_campaign(tmp_path, embedded_verifier):
+    question = load_prompts("spec-bench", split="eval", limit=1)[0]
+    text = question.text or question.messages[0]["content"]
+
+    def single(verifier, seed):  # a passage that is a Spec-Bench question
+        return [
+            [{"id": "x/0", "prompt": f"Summarize: {text}", "kind": "summarize", "source": "x"}]
+        ], []
+
+    with pytest.raises(SpecUIError, match="evaluation"):
+        campaign.build_prompts(embedded_verifier, tmp_path / "a", sources=single)
+
+    def follow_up(verifier, seed):  # a second turn whose first request is one
+        return [[]], broad.second_turns([(text, "An answer.")], seed)
+
+    with pytest.raises(SpecUIError, match="evaluation"):
+        campaign.build_prompts(embedded_verifier, tmp_path / "b", sources=follow_up)
+    assert not (tmp_path / "a" / "prompts.jsonl").exists()
+
+
+def _rows(n: int, long_every: int = 0) -> list[dict]:
+    return [
+        {
+            "id": f"t/{i}",
+            "prompt": f"p{i}",
+            "kind": "chat",
+            "source": "t",
+            "prompt_tokens": 900 if long_every and i % long_every == 0 else 40,
+        }
+        for i in range(n)
+    ]
+
+
+def test_generation_order_is_fixed_and_chunks_keep_one_length_class(monkeypatch):
+    monkeypatch.setattr(campaign, "CHUNK", 7)
+    rows = _rows(60, long_every=4)
+    chunks = campaign.generation_order(rows)
+    assert chunks == campaign.generation_order(rows)
+    flat = [r["id"] for c in chunks for r in c]
+    assert sorted(flat) == sorted(r["id"] for r in rows)  # every row once
+    for c in chunks:
+        assert len({campaign._length_class(r) for r in c}) == 1
+    # Long chunks come early too, so a partial run has long prompts.
+    assert campaign._length_class(chunks[1][0]) == "long"
+
+
+def test_one_campaign_at_a_time(tmp_path):
+    with (
+        campaign.campaign_lock(tmp_path),
+        pytest.raises(SpecUIError, match="already running"),
+        campaign.campaign_lock(tmp_path),
+    ):
+        pass
+    with campaign.campaign_lock(tmp_path):  # released when the first one ends
+        pass
+
+
+@pytest.mark.slow
+def test_generation_resumes_where_a_kill_left_it(tmp_path, embedded_verifier):
+    rows = [
+        {
+            "id": f"t/{i}",
+            "prompt": f"Name a colour that starts with {c}.",
+            "kind": "chat",
+            "source": "t",
+            "prompt_tokens": 30,
+        }
+        for i, c in enumerate("BRG")
+    ]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    campaign.generate(embedded_verifier, tmp_path, torch.float32, max_new_tokens=4)
+    cache = campaign.cache_file(embedded_verifier, tmp_path).with_name(
+        campaign.cache_file(embedded_verifier, tmp_path).name.replace("-n256", "-n4")
+    )
+    lines = cache.read_text().splitlines()
+    assert len(lines) == 3
+    assert campaign.status(embedded_verifier, tmp_path, max_new_tokens=4).done == 3
+    # A kill mid-append: the last response torn.  The run after it answers that prompt again
+    # and leaves the other two as they were.
+    cache.write_text("\n".join(lines[:2]) + "\n" + lines[2][:15])
+    campaign.generate(embedded_verifier, tmp_path, torch.float32, max_new_tokens=4)
+    again = cache.read_text().splitlines()
+    assert again[:2] == lines[:2] and len(again) == 4  # the torn line stays, skipped
+    assert json.loads(again[3]) == json.loads(lines[2])  # greedy: the same response
+    assert campaign.status(embedded_verifier, tmp_path, max_new_tokens=4).done == 3
