@@ -1,5 +1,6 @@
-"""``specui.kernels``: the int8 verifier's own matmul returns oneDNN's bits, and
-falls back clearly."""
+"""``specui.kernels``: the int8 verifier's own matmul returns oneDNN's bits, attention and the
+bf16 matmul give a row the same bits in any block, the library is built (again where a cached one
+is broken), and the kernels fall back clearly."""
 
 from __future__ import annotations
 
@@ -9,15 +10,7 @@ import torch
 from specui import kernels
 from specui.kernels import build, checks, packing
 from specui.kernels.packing import Int8Weight
-
-
-def _runnable() -> bool:
-    return build.cpu_reason() is None and build.compiler() is not None
-
-
-needs_kernel = pytest.mark.skipif(
-    not _runnable(), reason="no AVX512-VNNI CPU or no C compiler here"
-)
+from tests.support.kernels import needs_kernel, runnable
 
 
 def _weight(
@@ -160,7 +153,7 @@ def test_switched_off_it_says_so_and_packs_nothing(monkeypatch):
 
 
 def test_rows_of_the_wrong_shape_are_refused():
-    if not _runnable():
+    if not runnable():
         pytest.skip("no kernel here")
     gen = torch.Generator().manual_seed(3)
     _, w, _ = _weight(16, 64, gen)
@@ -223,7 +216,7 @@ def test_attention_refuses_what_it_cannot_read():
 
 
 needs_amx = pytest.mark.skipif(
-    not (_runnable() and {"amx_tile", "amx_bf16"} <= build.cpu_flags()), reason="no AMX here"
+    not (runnable() and {"amx_tile", "amx_bf16"} <= build.cpu_flags()), reason="no AMX here"
 )
 
 
@@ -257,7 +250,7 @@ def test_onednn_computes_the_same_after_the_kernel_used_the_tiles():
 
 
 @pytest.mark.skipif(
-    not (_runnable() and kernels.bf16_kernel_available()), reason="no bf16 kernel here"
+    not (runnable() and kernels.bf16_kernel_available()), reason="no bf16 kernel here"
 )
 @pytest.mark.parametrize("type_name", ["bf16", *packing.GGUF_TYPES])
 def test_the_weight_prefetch_changes_no_bit(type_name):
