@@ -40,10 +40,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specui import kernels
 from specui.algorithms.resolve import resolve_drafter
 from specui.data import load_prompts
 from specui.engine import Decoding
-from specui.verifier import cpu_kernels
 from specui.verifier.embedded import embedded_gguf_path
 from specui.verifier.model import Verifier
 
@@ -238,7 +238,7 @@ def main() -> None:
         f" {a.max_new_tokens} tokens, greedy, {a.threads} thread(s);"
         f" machine load average {load:.1f} at the end"
     )
-    print(f"SpecUI's matmuls and attention: {cpu_kernels.status()}")
+    print(f"SpecUI's matmuls and attention: {kernels.status()}")
     header = f"{'engine':<12} {'mode':<14}{'tok/s [95% CI]':>22}{'tau':>6}"
     print(f"{header}{'x llama.cpp plain [95% CI]':>30}  same as plain")
     for engine, mode in runs:

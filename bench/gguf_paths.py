@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from specui.verifier import cpu_kernels
+from specui import kernels
 from specui.verifier.model import Verifier
 
 
@@ -40,9 +40,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    kernel = cpu_kernels.load()
+    kernel = kernels.load()
     if kernel is None:
-        raise SystemExit(f"the gguf kernel does not run here: {cpu_kernels.status()}")
+        raise SystemExit(f"the gguf kernel does not run here: {kernels.status()}")
     v = Verifier.load("embedded", precision="gguf")
     layers = []
     for layer in v.model.model.layers:

@@ -22,7 +22,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from specui.verifier import cpu_kernels
+from specui import kernels
+from specui.kernels import packing
+from specui.kernels.library import Kernel
 from specui.verifier.model import Verifier
 
 
@@ -31,7 +33,7 @@ def spread(times: list[float]) -> str:
     return f"{mid:8.2f} [{lo:.2f}, {hi:.2f}]"
 
 
-def compare(name: str, run: Callable[[], None], kernel: cpu_kernels.Kernel, repeats: int) -> None:
+def compare(name: str, run: Callable[[], None], kernel: Kernel, repeats: int) -> None:
     default = kernel.set_prefetch_ahead(0)
     kernel.set_prefetch_ahead(default)
     times: dict[int, list[float]] = {0: [], default: []}
@@ -53,14 +55,14 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     a = ap.parse_args()
     torch.set_num_threads(1)
-    kernel = cpu_kernels.load()
-    if kernel is None or not cpu_kernels.bf16_kernel_available():
+    kernel = kernels.load()
+    if kernel is None or not kernels.bf16_kernel_available():
         raise SystemExit("the kernels do not run here")
     print(f"{'':<26} {'off: ms [p10, p90]':>22} {'on: ms [p10, p90]':>22}   off / on")
 
     gen = torch.Generator().manual_seed(0)
     weights = [
-        cpu_kernels.pack_bf16(torch.randn(3072, 576, generator=gen).to(torch.bfloat16))
+        packing.pack_bf16(torch.randn(3072, 576, generator=gen).to(torch.bfloat16))
         for _ in range(20)
     ]
     rows = torch.randn(8, 576, generator=gen).to(torch.bfloat16)

@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.engine_peer import interval
+from specui.kernels.packing import Int8Weight
 from specui.verifier.batch_invariant import quantize_rows
-from specui.verifier.cpu_kernels import Int8Weight
 from specui.verifier.decoder import FastDecoder, KVBuffer, _norm, _rotate
 from specui.verifier.model import Verifier
 
@@ -140,7 +140,7 @@ def main() -> None:
     )
     a = ap.parse_args()
     # The question was asked of the eager step around oneDNN's matmuls (what the decoder ran
-    # before specui.verifier.cpu_kernels), so that is the step compiled, unless told otherwise.
+    # before specui.kernels), so that is the step compiled, unless told otherwise.
     os.environ.setdefault("SPECUI_CPU_KERNELS", "0")
     torch.set_num_threads(a.threads)
     torch._inductor.config.cpp_wrapper = a.cpp_wrapper

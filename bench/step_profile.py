@@ -33,8 +33,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from transformers import DynamicCache
 
+from specui.kernels.packing import Int8Weight
 from specui.verifier.batch_invariant import GGUFWeight
-from specui.verifier.cpu_kernels import Int8Weight
 from specui.verifier.model import Verifier
 
 

@@ -1,6 +1,6 @@
-"""Imports flow one way: errors -> trace -> paths -> data / verifier / algorithms -> engine ->
-store -> metrics -> services -> jobs -> ui / commands, and nothing in the library imports the
-worker entry points (``workers/``).
+"""Imports flow one way: errors -> trace -> paths -> kernels -> data / verifier / algorithms ->
+engine -> store -> metrics -> services -> jobs -> ui / commands, and nothing in the library imports
+the worker entry points (``workers/``).
 
 Every ``import`` of a SpecUI module counts, inside functions too: an import moved into a
 function to dodge a cycle is still an upward edge, and this test names it.  The layer of a
@@ -28,6 +28,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("errors", _specui("errors", "registry", "acceptance", "processes", "atomic")),
     ("trace", ("specui.trace",)),
     ("paths", ("specui.paths",)),
+    # SpecUI's CPU kernels (C, built at first use) and their bindings: the verifier's and the
+    # drafters' alike, so below both; they need only where to build (paths).
+    ("kernels", ("specui.kernels",)),
     # What the models are: prompts and data, the verifier, the algorithm packages (with the
     # training abstractions they implement: specui.algorithms.objective and .options).
     ("models", _specui("data", "verifier", "sampling", "algorithms")),

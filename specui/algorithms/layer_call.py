@@ -1,4 +1,4 @@
-"""A drafter's decoder layers in one C call (``specui.verifier.one_call``), at inference.
+"""A drafter's decoder layers in one C call (``specui.kernels.layers``), at inference.
 
 A draft block is 1-9 rows through one to three small layers.  Its matmuls on the bf16 kernel are
 about half of a draft; the rest were ~25 torch ops a layer between them (norms, rotary, views,
@@ -27,10 +27,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from specui import kernels
 from specui.algorithms.layers import DecoderLayer, RMSNorm, Rotary
-from specui.verifier import cpu_kernels
-from specui.verifier.decoder import signed_sin
-from specui.verifier.one_call import (
+from specui.kernels.layers import (
     WEIGHT_BF16,
     CallContext,
     CallHead,
@@ -39,6 +38,7 @@ from specui.verifier.one_call import (
     OneCallLayers,
     weight_struct,
 )
+from specui.verifier.decoder import signed_sin
 
 
 class DraftKV:
@@ -67,7 +67,7 @@ def _weight(linear: nn.Module) -> CallWeight | None:
     (``GGUFLinear.weight_gguf``, a gguf verifier's LM head), or None where it has neither."""
     packed = getattr(linear, "weight_kernel", None)
     if packed is not None:
-        amx = cpu_kernels.amx_available()
+        amx = kernels.amx_available()
         bias = getattr(linear, "bias_f32", None)
         return CallWeight(WEIGHT_BF16, packed.data, packed.k, packed.out_features, bias, amx)
     gguf = getattr(linear, "weight_gguf", None)
@@ -135,12 +135,12 @@ class DraftLayerCall:
         shapes_fit = (
             cfg.hidden_size % 32 == 0
             and cfg.intermediate_size % 32 == 0
-            and cpu_kernels.attention_supported(
+            and kernels.attention_supported(
                 cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
             )
         )
         windows = any(cfg.window(i) is not None for i in range(cfg.num_hidden_layers))
-        if not shapes_fit or windows or not cpu_kernels.bf16_kernel_available():
+        if not shapes_fit or windows or not kernels.bf16_kernel_available():
             return None
         described = [_layer(layer) for layer in model.layers]
         if any(layer is None for layer in described):
@@ -232,7 +232,7 @@ class MarkovChainCall:
         d2t: torch.Tensor | None,
         confidence: CallWeight | None = None,
     ) -> None:
-        kernel = cpu_kernels.load()
+        kernel = kernels.load()
         if kernel is None:
             raise RuntimeError("Markov chain call: the CPU kernels are not loaded here")
         self.w1 = w1.detach().to(torch.bfloat16).contiguous()  # the rows BF16Linear would round to

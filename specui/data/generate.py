@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specui import kernels
 from specui.errors import SpecUIError
-from specui.verifier import cpu_kernels
 from specui.verifier.batch_invariant import BF16Linear
 from specui.verifier.decoder import (
     _bf16_rows,
@@ -160,7 +160,7 @@ class BatchedGreedy:
     ``dtype``: what the matmuls run in (float32, or bf16 weights and activations with float32
     accumulation); the residual stream, norms, rotary and softmax stay float32 either way.
     ``kv_dtype``: what the cache stores; float32 (the default) is what
-    ``specui.verifier.cpu_kernels``' row attention reads in place, bf16 halves the cache's memory
+    ``specui.kernels``' row attention reads in place, bf16 halves the cache's memory
     but attends through SDPA.
     """
 
@@ -194,8 +194,8 @@ class BatchedGreedy:
         # [L, 1, d]; sin with rotate_half's signs, as _rotate takes it
         self.cos, self.sin = cos[0].float().unsqueeze(1), signed_sin(sin[0].float()).unsqueeze(1)
         self.kv: torch.Tensor | None = None
-        # specui.verifier.cpu_kernels' row attention reads a float32 cache in place.
-        self.attention_kernel = self.kv_dtype == torch.float32 and cpu_kernels.attention_supported(
+        # specui.kernels' row attention reads a float32 cache in place.
+        self.attention_kernel = self.kv_dtype == torch.float32 and kernels.attention_supported(
             self.heads, self.kv_heads, self.head_dim
         )
         self.prefills = 0  # prompts prefilled so far (tests count slot refills by it)
@@ -307,7 +307,7 @@ class BatchedGreedy:
             if starts is not None:
                 # Each row over exactly its own keys: 3x faster than one padded SDPA call at
                 # 64 rows of mixed lengths (SmolLM2, ~180 positions each).
-                o = cpu_kernels.slot_attention(q, kv[i, 0], kv[i, 1], starts, layer.scaling)
+                o = kernels.slot_attention(q, kv[i, 0], kv[i, 1], starts, layer.scaling)
             else:
                 # One query a row: the heads sharing a kv head are that head's query rows, so no
                 # key or value is repeated per head (SDPA's GQA path copies them on the CPU).

@@ -8,8 +8,9 @@
   ``folder_fingerprint``, ``weights_fingerprint``).
 - ``batch_invariant``: the bf16 / int8 / gguf verifiers whose block and one-token logits are
   bit-identical; ``decoder``: their step as plain torch ops over a preallocated KV cache.
-- ``cpu_kernels`` (with ``cpu_kernels.c``, built at first use): SpecUI's own CPU matmuls and
-  row-wise attention; ``gguf_weights``: a GGUF file's own blocks for the gguf precision.
+- ``gguf_weights``: a GGUF file's own blocks for the gguf precision; ``gguf_layers``: the gguf
+  verifier's layers in one C call.  The CPU kernels they run on (matmuls, row-wise attention,
+  the one-call layers) are ``specui.kernels``.
 
 The names below are re-exported for convenience; SpecUI's own code imports each name from the
 module that defines it (and a test that monkeypatches one patches that module).

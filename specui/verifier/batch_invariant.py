@@ -58,9 +58,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from specui import kernels
 from specui.errors import SpecUIError
-from specui.verifier import cpu_kernels
-from specui.verifier.cpu_kernels import Int8Weight, PackedBF16, PackedGGUF
+from specui.kernels import packing
+from specui.kernels.packing import Int8Weight, PackedBF16, PackedGGUF
 
 ATTENTION_NAME = "specui_rowwise"
 ROWWISE_MAX_ROWS = 64  # verify blocks are K+1 <= 33 rows; longer passes are prefills
@@ -77,7 +78,7 @@ class BF16Linear(nn.Linear):
 
     weight_packed: torch.Tensor | None = None
     weight_bf16: torch.Tensor | None = None  # only where oneDNN's packed linear is missing
-    # specui.verifier.cpu_kernels' layout, where that kernel runs
+    # specui.kernels' layout, where that kernel runs
     weight_kernel: PackedBF16 | None = None
     bias_f32: torch.Tensor | None = None
     # The most rows the kernel's copy takes; longer blocks (a drafter's prefill) go to oneDNN's.
@@ -91,9 +92,9 @@ class BF16Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         n = rows.shape[0]
-        # AMX (specui.verifier.cpu_kernels): a row's sums alike at any row count
+        # AMX (specui.kernels): a row's sums alike at any row count
         if self.weight_kernel is not None and n <= self.kernel_rows:
-            out = cpu_kernels.bf16_matmul(rows, self.weight_kernel, self.bias_f32)
+            out = kernels.bf16_matmul(rows, self.weight_kernel, self.bias_f32)
             return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
         if n == 1:  # oneDNN's 1-row kernel sums in another order than its many-row one
             rows = rows.expand(2, -1).contiguous()
@@ -120,18 +121,18 @@ def int8_matmul(xq: tuple[torch.Tensor, torch.Tensor], w: Int8Weight, n: int) ->
     """float32 ``[n, out]`` of quantized rows ``xq`` times an ``Int8Linear``'s ``weight_q8``.
 
     The matmul returns int32 sums times the weight's channel scales
-    (``specui.verifier.cpu_kernels``: its own kernel for a short block, oneDNN's otherwise, the
+    (``specui.kernels``: its own kernel for a short block, oneDNN's otherwise, the
     same bits); the row scales and the bias come after, one float32 multiply and add per element."""
     q, scale = xq
     # no padded rows: ``n`` keeps the bf16 matmul's signature
-    out = cpu_kernels.matmul(q, w) * scale
+    out = kernels.matmul(q, w) * scale
     return out if w.bias is None else out + w.bias
 
 
 class Int8Linear(nn.Linear):
     """``nn.Linear`` as int8 weights times int8 rows (``int8_matmul``); output rows do not
     depend on the row count.  ``weight_q8``: the packed weight
-    (``specui.verifier.cpu_kernels.Int8Weight``)."""
+    (``specui.kernels.packing.Int8Weight``)."""
 
     weight_q8: Int8Weight | None = None
 
@@ -162,7 +163,7 @@ def int8_weight(linears: list[nn.Linear]) -> Int8Weight:
     scale = (w.abs().amax(1) / 127).clamp(min=1e-12)
     wq = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
     bias = _fused_bias(linears)
-    return cpu_kernels.int8_weight(wq, scale, bias)
+    return kernels.int8_weight(wq, scale, bias)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ class GGUFWeight:
 def gguf_matmul(x: torch.Tensor, w: GGUFWeight, n: int) -> torch.Tensor:
     """float32 ``[n, out]`` of float32 rows ``x`` times a GGUF weight (no padded rows: ``n``
     keeps the bf16 matmul's signature), plus its bias."""
-    out = cpu_kernels.gguf_matmul(x, w.packed)
+    out = kernels.gguf_matmul(x, w.packed)
     return out if w.bias is None else out.add_(w.bias)
 
 
@@ -213,7 +214,7 @@ def _to_gguf(model: nn.Module, blocks: dict[str, PackedGGUF]) -> list[nn.Linear]
             (layer.mlp, ("gate_proj", "up_proj"), "gate_up_gguf"),
         ):
             parts = [getattr(owner, n) for n in names]
-            fused = cpu_kernels.cat_gguf([blocks[names_of[id(m)]] for m in parts])
+            fused = packing.cat_gguf([blocks[names_of[id(m)]] for m in parts])
             if fused is not None:
                 setattr(owner, attr, _gguf_weight(parts, fused))
     linears = []
@@ -251,8 +252,8 @@ def to_bf16_linear(m: nn.Linear, kernel_rows: int = 0) -> None:
     ``kernel_rows``: without AMX, blocks of up to that many rows go to the AVX512-BF16 kernel
     where it runs (a second, kernel-layout copy of the weight); 0 keeps them all on oneDNN."""
     weight = m.weight.detach().to(torch.bfloat16)
-    if cpu_kernels.amx_available():  # AMX: the kernel's copy only, for every row count
-        m.weight_kernel = cpu_kernels.pack_bf16(weight)
+    if kernels.amx_available():  # AMX: the kernel's copy only, for every row count
+        m.weight_kernel = packing.pack_bf16(weight)
         m.bias_f32 = None if m.bias is None else m.bias.detach().float().contiguous()
         m.__class__ = BF16Linear
         return
@@ -261,8 +262,8 @@ def to_bf16_linear(m: nn.Linear, kernel_rows: int = 0) -> None:
     except (AttributeError, RuntimeError):  # a torch without oneDNN's packed linear: plain F.linear
         m.weight_packed = None
         m.register_buffer("weight_bf16", weight, persistent=False)
-    if kernel_rows > 0 and m.weight_packed is not None and cpu_kernels.bf16_kernel_available():
-        m.weight_kernel = cpu_kernels.pack_bf16(weight)
+    if kernel_rows > 0 and m.weight_packed is not None and kernels.bf16_kernel_available():
+        m.weight_kernel = packing.pack_bf16(weight)
         m.bias_f32 = None if m.bias is None else m.bias.detach().float().contiguous()
         m.kernel_rows = kernel_rows
     m.__class__ = BF16Linear
@@ -312,10 +313,10 @@ def rowwise_attention(
     length = key.shape[2]
     heads, d = query.shape[1], query.shape[3]
     # all rows in one call, each on its own
-    if cpu_kernels.attention_supported(heads, key.shape[1], d):
+    if kernels.attention_supported(heads, key.shape[1], d):
         keys, values = key[0].contiguous(), value[0].contiguous()
         scale = scaling if scaling is not None else d**-0.5
-        out = cpu_kernels.attention(query[0].transpose(0, 1), keys, values, length - q, scale)
+        out = kernels.attention(query[0].transpose(0, 1), keys, values, length - q, scale)
         return out.view(1, q, heads, d), None
     # one SDPA call per row: shapes (so kernels and sums) depend on the row's position only
     rows = [
@@ -342,8 +343,8 @@ def _register_attention() -> None:
 def unsupported_reason(config, weights: str = "bf16") -> str | None:
     """Why this mode (``weights``: bf16, int8 or gguf) would be wrong (or slow) for this
     architecture on this machine, or None."""
-    if weights == "gguf" and not cpu_kernels.gguf_available():
-        return f"SpecUI's gguf matmul, which does not run here ({cpu_kernels.status()})"
+    if weights == "gguf" and not kernels.gguf_available():
+        return f"SpecUI's gguf matmul, which does not run here ({kernels.status()})"
     if weights == "bf16" and (
         not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported()
     ):

@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specui.verifier import cpu_kernels, gguf_layers
+from specui import kernels
+from specui.verifier import gguf_layers
 from specui.verifier.batch_invariant import (
     ATTENTION_NAME,
     ROWWISE_MAX_ROWS,
@@ -132,7 +133,7 @@ def _packed(m: nn.Module) -> object:
 def _mm(xb: torch.Tensor, w: tuple, n: int) -> torch.Tensor:
     """``BF16Linear`` on an already cast (and, for oneDNN, padded) input: float32 ``[n, out]``."""
     if w[2] is not None:  # AMX, every row count
-        return cpu_kernels.bf16_matmul(xb, w[2], w[3])
+        return kernels.bf16_matmul(xb, w[2], w[3])
     return _linear(xb, w[0], w[1], "none", [], "")[:n].float()
 
 
@@ -149,7 +150,7 @@ def _float_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 def _bf16_rows_kernel(x: torch.Tensor) -> torch.Tensor:
-    # specui.verifier.cpu_kernels' bf16 matmul sums a row alike at any row count: no padding.
+    # specui.kernels' bf16 matmul sums a row alike at any row count: no padding.
     return x.to(torch.bfloat16)
 
 
@@ -202,7 +203,7 @@ class FastDecoder:
             self.rows, self.mm = quantize_rows, int8_matmul
         elif isinstance(head, GGUFLinear):
             self.rows, self.mm = _float_rows, gguf_matmul
-        else:  # on AMX (specui.verifier.cpu_kernels) unpadded rows, else padded for oneDNN
+        else:  # on AMX (specui.kernels) unpadded rows, else padded for oneDNN
             kernel = model.get_output_embeddings().weight_kernel is not None
             self.rows, self.mm = (_bf16_rows_kernel if kernel else _bf16_rows), _mm
         self.config = cfg
@@ -214,7 +215,7 @@ class FastDecoder:
         self.kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.max_len = int(getattr(cfg, "max_position_embeddings", 2048) or 2048)
-        self.attention_kernel = cpu_kernels.attention_supported(
+        self.attention_kernel = kernels.attention_supported(
             self.heads, self.kv_heads, self.head_dim
         )
         # Rotary tables for every position, by the model's own module (its bits).
@@ -317,11 +318,11 @@ class FastDecoder:
         """Causal attention, ``q`` [n, heads, d] after ``start`` cached positions -> [n, heads * d].
 
         Each query row on its own over exactly the keys it may see (``rowwise_attention``: one
-        ``specui.verifier.cpu_kernels`` call for the block where it runs, else one SDPA call per
+        ``specui.kernels`` call for the block where it runs, else one SDPA call per
         row); a prefill chunk longer than a verify block in one causal SDPA call."""
         n = q.shape[0]
         if n <= ROWWISE_MAX_ROWS and self.attention_kernel:
-            return cpu_kernels.attention(q, keys, values, start, scale)
+            return kernels.attention(q, keys, values, start, scale)
         keys, values = keys.unsqueeze(0), values.unsqueeze(0)  # [1, kv_heads, L, d]
         if n > ROWWISE_MAX_ROWS:
             mask = None if start == 0 else torch.ones(n, start + n, dtype=torch.bool).tril(start)

@@ -1,4 +1,4 @@
-"""The gguf verifier's decoder layers in one C call (``specui.verifier.one_call``).
+"""The gguf verifier's decoder layers in one C call (``specui.kernels.layers``).
 
 A one-token gguf step streams ~60 MB of the file's blocks, about 13 ms at one core's bandwidth,
 but took ~27 ms through ``specui.verifier.decoder``'s torch ops (``bench/engine_peer.py
@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specui.verifier import cpu_kernels
+from specui import kernels
+from specui.kernels.layers import CallLayer, CallWeight, OneCallLayers
 from specui.verifier.batch_invariant import GGUFWeight
-from specui.verifier.one_call import CallLayer, CallWeight, OneCallLayers
 
 
 def supported(layers: Sequence) -> bool:
     """Whether every layer has the fused gguf blocks the call reads and the kernels load."""
-    return cpu_kernels.gguf_available() and all(
+    return kernels.gguf_available() and all(
         isinstance(layer.qkv, GGUFWeight) and isinstance(layer.gate_up, GGUFWeight)
         for layer in layers
     )

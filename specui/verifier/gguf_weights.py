@@ -4,7 +4,7 @@
 dequantized to float32 through transformers: the architecture, the norms, the float32 embedding
 drafters borrow), then :func:`read_blocks` reads the file again with ``gguf.GGUFReader`` and gives
 each decoder linear layer and the LM head the tensor's raw blocks, packed for
-``specui.verifier.cpu_kernels.gguf_matmul``: the file's quantized values and scales, not a
+``specui.kernels.gguf_matmul``: the file's quantized values and scales, not a
 re-quantization.
 
 Two things make a file tensor and a model weight differ in layout, not in values:
@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from specui.errors import SpecUIError
-from specui.verifier.cpu_kernels import (
+from specui.kernels.packing import (
     GGUF_BLOCK_BYTES,
     GGUF_TYPES,
     PackedGGUF,

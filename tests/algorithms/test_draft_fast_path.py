@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specui import kernels
 from specui.algorithms.base import DraftContext, LearnedDrafter
 from specui.algorithms.layers import MLP, Attention, KVBuffer
 from specui.algorithms.resolve import resolve_drafter, shipped_drafters
 from specui.engine import generate
-from specui.verifier import cpu_kernels
 from specui.verifier.batch_invariant import BF16Linear
 
 ALGOS = sorted(shipped_drafters())
@@ -71,7 +71,7 @@ def test_serving_path_drafts_what_the_float32_eager_path_drafts(
     # the serving path is on: stacked q/k/v and gate/up, the bf16 kernel's copy where it runs
     fused = [m for m in serving.model.modules() if isinstance(m, Attention | MLP)]
     assert fused and all(m.stacked is not None for m in fused)
-    if cpu_kernels.bf16_kernel_available():
+    if kernels.bf16_kernel_available():
         linears = [m for m in serving.model.modules() if isinstance(m, BF16Linear)]
         assert linears and all(m.weight_kernel is not None for m in linears)
         assert serving.one_call is not None  # the layers, norm and head in one C call

@@ -17,13 +17,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specui import kernels
 from specui.algorithms.base import DraftContext, LearnedDrafter
 from specui.algorithms.resolve import resolve_drafter, shipped_drafters
 from specui.engine import generate
-from specui.verifier import cpu_kernels
 
 pytestmark = pytest.mark.skipif(
-    not cpu_kernels.bf16_kernel_available(), reason="the bf16 kernel does not run on this CPU"
+    not kernels.bf16_kernel_available(), reason="the bf16 kernel does not run on this CPU"
 )
 ALGOS = sorted(shipped_drafters())
 

@@ -246,17 +246,17 @@ def test_embedded_bf16_batched_agrees_with_fp32_as_well_as_transformers_bf16(emb
 
 
 def test_slot_attention_is_each_rows_own_attention():
-    from specui.verifier import cpu_kernels
+    from specui import kernels
 
-    if not cpu_kernels.attention_supported(6, 2, 16):
+    if not kernels.attention_supported(6, 2, 16):
         pytest.skip("SpecUI's CPU kernels do not run here")
     g = torch.Generator().manual_seed(0)
     keys, values = torch.randn(5, 2, 40, 16, generator=g), torch.randn(5, 2, 40, 16, generator=g)
     q = torch.randn(4, 6, 16, generator=g)
     starts = [3, 39, 0, 17]
-    out = cpu_kernels.slot_attention(q, keys, values, starts, 0.25)
+    out = kernels.slot_attention(q, keys, values, starts, 0.25)
     for r, start in enumerate(starts):
-        alone = cpu_kernels.attention(q[r : r + 1], keys[r], values[r], start, 0.25)
+        alone = kernels.attention(q[r : r + 1], keys[r], values[r], start, 0.25)
         assert torch.equal(out[r : r + 1], alone)
     with pytest.raises(ValueError, match="slot attention"):
-        cpu_kernels.slot_attention(q, keys, values, [40, 0, 0, 0], 0.25)
+        kernels.slot_attention(q, keys, values, [40, 0, 0, 0], 0.25)

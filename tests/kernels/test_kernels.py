@@ -1,22 +1,16 @@
-"""``specui.verifier.cpu_kernels``: the int8 verifier's own matmul returns oneDNN's bits, and
-falls back clearly."""
+"""``specui.kernels``: the int8 verifier's own matmul returns oneDNN's bits, attention and the
+bf16 matmul give a row the same bits in any block, the library is built (again where a cached one
+is broken), and the kernels fall back clearly."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specui.verifier import cpu_kernels
-from specui.verifier.cpu_kernels import Int8Weight
-
-
-def _runnable() -> bool:
-    return cpu_kernels.cpu_reason() is None and cpu_kernels.compiler() is not None
-
-
-needs_kernel = pytest.mark.skipif(
-    not _runnable(), reason="no AVX512-VNNI CPU or no C compiler here"
-)
+from specui import kernels
+from specui.kernels import build, checks, packing
+from specui.kernels.packing import Int8Weight
+from tests.support.kernels import needs_kernel, runnable
 
 
 def _weight(
@@ -26,13 +20,13 @@ def _weight(
     wq = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8)
     scale = torch.rand(n, generator=gen) / 50 + 1e-5
     b = torch.randn(n, generator=gen) if bias else None
-    return wq, cpu_kernels.int8_weight(wq, scale, b), cpu_kernels.onednn_int8_weight(wq, scale, b)
+    return wq, kernels.int8_weight(wq, scale, b), packing.onednn_int8_weight(wq, scale, b)
 
 
 @needs_kernel
 def test_the_kernel_is_built_and_used_where_the_cpu_and_a_compiler_allow():
-    assert cpu_kernels.load() is not None, cpu_kernels.status()
-    assert cpu_kernels.status().startswith("specui kernels")
+    assert kernels.load() is not None, kernels.status()
+    assert kernels.status().startswith("specui kernels")
 
 
 @needs_kernel
@@ -42,10 +36,10 @@ def test_the_kernel_is_built_and_used_where_the_cpu_and_a_compiler_allow():
 def test_the_kernel_returns_onednns_bits_for_every_row_count(k, n):
     gen = torch.Generator().manual_seed(k * 1000 + n)
     wq, w, ref = _weight(n, k, gen)
-    kernel = cpu_kernels.load()
-    layouts = [cpu_kernels.pack(wq, amx=False)]  # AVX512-VNNI's, and AMX's where it runs
-    if cpu_kernels.amx_available():
-        layouts.append(cpu_kernels.pack(wq, amx=True))
+    kernel = kernels.load()
+    layouts = [packing.pack(wq, amx=False)]  # AVX512-VNNI's, and AMX's where it runs
+    if kernels.amx_available():
+        layouts.append(packing.pack(wq, amx=True))
     for rows in (
         1,
         2,
@@ -61,7 +55,7 @@ def test_the_kernel_returns_onednns_bits_for_every_row_count(k, n):
         40,
     ):  # past a pass's rows the kernels pass again
         q = torch.randint(0, 256, (rows, k), generator=gen, dtype=torch.uint8)
-        want = cpu_kernels.onednn_matmul(q, ref)
+        want = packing.onednn_matmul(q, ref)
         for packed in layouts:
             assert torch.equal(kernel.matmul(q, packed, w.scale), want), (
                 rows,
@@ -69,7 +63,7 @@ def test_the_kernel_returns_onednns_bits_for_every_row_count(k, n):
                 n,
                 packed.sums is not None,
             )
-        assert torch.equal(cpu_kernels.matmul(q, w), want), (
+        assert torch.equal(kernels.matmul(q, w), want), (
             rows,
             k,
             n,
@@ -82,15 +76,15 @@ def test_extreme_activations_and_weights_sum_exactly():
     k, n = 1536, 48
     wq = torch.full((n, k), 127, dtype=torch.int8)
     wq[::2] = -127
-    ref = cpu_kernels.onednn_int8_weight(wq, torch.ones(n))
-    layouts = [cpu_kernels.pack(wq, amx=False)] + (
-        [cpu_kernels.pack(wq, amx=True)] if cpu_kernels.amx_available() else []
+    ref = packing.onednn_int8_weight(wq, torch.ones(n))
+    layouts = [packing.pack(wq, amx=False)] + (
+        [packing.pack(wq, amx=True)] if kernels.amx_available() else []
     )
     for value in (0, 1, 255):
         q = torch.full((3, k), value, dtype=torch.uint8)
         for packed in layouts:
-            got = cpu_kernels.load().matmul(q, packed, ref.scale)
-            assert torch.equal(got, cpu_kernels.onednn_matmul(q, ref))
+            got = kernels.load().matmul(q, packed, ref.scale)
+            assert torch.equal(got, packing.onednn_matmul(q, ref))
             expect = float((value - 128) * 127 * k)
             assert got[0, 1].item() == expect and got[0, 0].item() == -expect
 
@@ -121,59 +115,59 @@ def test_the_verifiers_own_int8_weights_give_onednns_bits():
             .clamp(-127, 127)
             .to(torch.int8)
         )
-        onednn = cpu_kernels.onednn_int8_weight(wq, w.scale)
+        onednn = packing.onednn_int8_weight(wq, w.scale)
         for rows in (1, 9, len(ids)):
             q, _ = quantize_rows(x[:rows].float())
-            assert torch.equal(cpu_kernels.matmul(q, w), cpu_kernels.onednn_matmul(q, onednn)), rows
+            assert torch.equal(kernels.matmul(q, w), packing.onednn_matmul(q, onednn)), rows
 
 
 def test_no_compiler_is_a_clear_error_and_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError, match="no C compiler"):
-        cpu_kernels.build(tmp_path / "k", cc="/nonexistent/cc")
+        build.build(tmp_path / "k", cc="/nonexistent/cc")
     with pytest.raises(RuntimeError, match="could not build"):
-        cpu_kernels.build(tmp_path / "k", cc="false")  # runs, builds nothing
+        build.build(tmp_path / "k", cc="false")  # runs, builds nothing
     assert not any((tmp_path / "k").glob("*")) if (tmp_path / "k").exists() else True
 
 
 @needs_kernel
 def test_a_truncated_cached_library_is_built_again(tmp_path):
-    library = cpu_kernels.build(tmp_path)
+    library = build.build(tmp_path)
     library.write_bytes(library.read_bytes()[:100])
-    kernel = cpu_kernels.open_kernel(tmp_path)
+    kernel = checks.open_kernel(tmp_path)
     gen = torch.Generator().manual_seed(1)
     _, w, ref = _weight(40, 64, gen)
     q = torch.randint(0, 256, (2, 64), generator=gen, dtype=torch.uint8)
-    assert torch.equal(kernel.matmul(q, w.kernel, w.scale), cpu_kernels.onednn_matmul(q, ref))
+    assert torch.equal(kernel.matmul(q, w.kernel, w.scale), packing.onednn_matmul(q, ref))
 
 
 def test_switched_off_it_says_so_and_packs_nothing(monkeypatch):
-    monkeypatch.setattr(cpu_kernels, "_state", {})
+    monkeypatch.setattr(kernels, "_state", {})
     monkeypatch.setenv("SPECUI_CPU_KERNELS", "0")
-    assert cpu_kernels.load() is None
-    assert cpu_kernels.status() == "oneDNN u8s8 and SDPA rows (SPECUI_CPU_KERNELS=0)"
+    assert kernels.load() is None
+    assert kernels.status() == "oneDNN u8s8 and SDPA rows (SPECUI_CPU_KERNELS=0)"
     gen = torch.Generator().manual_seed(2)
     wq, w, _ = _weight(20, 70, gen, bias=True)
     assert w.kernel is None and w.onednn is not None
     q = torch.randint(0, 256, (4, 70), generator=gen, dtype=torch.uint8)
-    assert torch.equal(cpu_kernels.matmul(q, w), cpu_kernels.onednn_matmul(q, w))
+    assert torch.equal(kernels.matmul(q, w), packing.onednn_matmul(q, w))
 
 
 def test_rows_of_the_wrong_shape_are_refused():
-    if not _runnable():
+    if not runnable():
         pytest.skip("no kernel here")
     gen = torch.Generator().manual_seed(3)
     _, w, _ = _weight(16, 64, gen)
     with pytest.raises(ValueError, match="64 inputs"):
-        cpu_kernels.load().matmul(torch.zeros(2, 63, dtype=torch.uint8), w.kernel, w.scale)
+        kernels.load().matmul(torch.zeros(2, 63, dtype=torch.uint8), w.kernel, w.scale)
     with pytest.raises(ValueError, match="uint8"):
-        cpu_kernels.load().matmul(torch.zeros(2, 64), w.kernel, w.scale)
+        kernels.load().matmul(torch.zeros(2, 64), w.kernel, w.scale)
 
 
 @needs_kernel
 @pytest.mark.parametrize("heads, kv_heads, d", [(9, 3, 64), (4, 4, 16), (8, 2, 128)])
 def test_attention_gives_a_row_the_same_bits_in_any_block_and_stays_near_sdpa(heads, kv_heads, d):
     gen = torch.Generator().manual_seed(heads * d)
-    kernel = cpu_kernels.load()
+    kernel = kernels.load()
     buffer = torch.randn(2, kv_heads, 400, d, generator=gen) * 3  # a KV buffer with room to spare
     keys, values = buffer[0], buffer[1]
     for start in (0, 1, 15, 16, 17, 255, 300):
@@ -210,7 +204,7 @@ def test_attention_gives_a_row_the_same_bits_in_any_block_and_stays_near_sdpa(he
 
 @needs_kernel
 def test_attention_refuses_what_it_cannot_read():
-    kernel = cpu_kernels.load()
+    kernel = kernels.load()
     keys = torch.randn(2, 10, 16)
     with pytest.raises(ValueError, match="keys"):
         kernel.attention(torch.randn(3, 4, 16), keys, keys, 8, 0.25)  # 8 + 3 > 10 keys
@@ -218,28 +212,26 @@ def test_attention_refuses_what_it_cannot_read():
         kernel.attention(
             torch.randn(1, 4, 12), torch.randn(2, 10, 12), torch.randn(2, 10, 12), 0, 0.25
         )
-    assert not cpu_kernels.attention_supported(4, 2, 12) and not cpu_kernels.attention_supported(
-        6, 4, 64
-    )
+    assert not kernels.attention_supported(4, 2, 12) and not kernels.attention_supported(6, 4, 64)
 
 
 needs_amx = pytest.mark.skipif(
-    not (_runnable() and {"amx_tile", "amx_bf16"} <= cpu_kernels._cpu_flags()), reason="no AMX here"
+    not (runnable() and {"amx_tile", "amx_bf16"} <= build.cpu_flags()), reason="no AMX here"
 )
 
 
 @needs_amx
 @pytest.mark.parametrize("k, n", [(576, 960), (1536, 576), (131, 37), (33, 16), (7, 5)])
 def test_the_bf16_matmul_sums_a_row_alike_at_any_row_count(k, n):
-    assert cpu_kernels.amx_available(), cpu_kernels.status()
+    assert kernels.amx_available(), kernels.status()
     gen = torch.Generator().manual_seed(k + n)
     w, bias = torch.randn(n, k, generator=gen).bfloat16(), torch.randn(n, generator=gen)
-    packed = cpu_kernels.pack_bf16(w)
+    packed = packing.pack_bf16(w)
     x = torch.randn(33, k, generator=gen).bfloat16()  # three passes of 16 rows
-    block = cpu_kernels.bf16_matmul(x, packed, bias)
+    block = kernels.bf16_matmul(x, packed, bias)
     for rows in (1, 2, 9, 16, 17):
-        assert torch.equal(cpu_kernels.bf16_matmul(x[:rows], packed, bias), block[:rows])
-    assert torch.equal(cpu_kernels.bf16_matmul(x[20:21], packed, None) + bias, block[20:21])
+        assert torch.equal(kernels.bf16_matmul(x[:rows], packed, bias), block[:rows])
+    assert torch.equal(kernels.bf16_matmul(x[20:21], packed, None) + bias, block[20:21])
     exact = (x.double() @ w.double().T + bias.double()).float()
     torch.testing.assert_close(
         block, exact, atol=1e-4, rtol=1e-4
@@ -253,29 +245,29 @@ def test_onednn_computes_the_same_after_the_kernel_used_the_tiles():
     packed = torch.ops.mkldnn._reorder_linear_weight(w, 2)
     x = torch.randn(300, 576).bfloat16()  # a prefill-sized product: oneDNN's AMX kernel
     before = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    cpu_kernels.bf16_matmul(x[:3], cpu_kernels.pack_bf16(w), None)
+    kernels.bf16_matmul(x[:3], packing.pack_bf16(w), None)
     assert torch.equal(torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), before)
 
 
 @pytest.mark.skipif(
-    not (_runnable() and cpu_kernels.bf16_kernel_available()), reason="no bf16 kernel here"
+    not (runnable() and kernels.bf16_kernel_available()), reason="no bf16 kernel here"
 )
-@pytest.mark.parametrize("type_name", ["bf16", *cpu_kernels.GGUF_TYPES])
+@pytest.mark.parametrize("type_name", ["bf16", *packing.GGUF_TYPES])
 def test_the_weight_prefetch_changes_no_bit(type_name):
     """Prefetching weights ahead (passes of 4+ rows) only moves time: the same bits with it off,
     on, and far ahead, at row counts below and above the passes that prefetch."""
-    kernel = cpu_kernels.load()
+    kernel = kernels.load()
     gen = torch.Generator().manual_seed(7)
     k, n = 576, 1000  # weights several times the distance ahead, and a partial last tile
     x = torch.randn(13, k, generator=gen)
     if type_name == "bf16":
-        packed = cpu_kernels.pack_bf16(torch.randn(n, k, generator=gen).bfloat16())
+        packed = packing.pack_bf16(torch.randn(n, k, generator=gen).bfloat16())
         bias = torch.randn(n, generator=gen)
 
         def product(rows: int) -> torch.Tensor:
             return kernel.bf16_matmul(x[:rows].bfloat16(), packed, bias)
     else:
-        w = cpu_kernels.pack_gguf(cpu_kernels.random_gguf(n, k, type_name, gen), type_name, k)
+        w = packing.pack_gguf(packing.random_gguf(n, k, type_name, gen), type_name, k)
 
         def product(rows: int) -> torch.Tensor:
             return kernel.gguf_matmul(x[:rows], w)

@@ -1,4 +1,4 @@
-"""Decoder layers in one C call (``specui_decoder_layers`` in ``cpu_kernels.c``).
+"""Decoder layers in one C call (``specui_decoder_layers`` in ``layers.c``).
 
 Between two matmuls a decoder layer runs some 35 small torch ops (norms, rotary, KV writes, SiLU,
 residual adds, views), each a few microseconds of dispatch and allocation: more than the matmuls
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specui.verifier import cpu_kernels
+from specui.kernels import load
 
 WEIGHT_BF16 = 30  # a weight's type for bf16 rows in pack_bf16's layout (GGML's number for BF16)
 
@@ -30,7 +30,7 @@ def _fields(kind: type, names: str) -> list[tuple[str, type]]:
     return [(name, kind) for name in names.split()]
 
 
-class _Weight(ctypes.Structure):  # specui_layer_weight in cpu_kernels.c, field for field
+class _Weight(ctypes.Structure):  # specui_layer_weight in kernels.h, field for field
     _fields_ = [
         *_fields(ctypes.c_int32, "type amx"),
         *_fields(ctypes.c_void_p, "data bias"),
@@ -50,7 +50,7 @@ class _Layer(ctypes.Structure):  # specui_layer
 @dataclass
 class CallWeight:
     """One matmul's weights as the call reads them: a GGUF block type's bytes, or bf16 rows
-    packed by ``cpu_kernels.pack_bf16`` (``WEIGHT_BF16``, on AMX where ``amx``)."""
+    packed by ``packing.pack_bf16`` (``WEIGHT_BF16``, on AMX where ``amx``)."""
 
     type_id: int
     data: torch.Tensor
@@ -158,7 +158,7 @@ class OneCallLayers:
         self._no_taps_out = torch.empty(1)
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.hidden = layers[0].o.n_out
-        kernel = cpu_kernels.load()
+        kernel = load()
         if kernel is None:
             raise RuntimeError("one-call layers: the CPU kernels are not loaded here")
         # layers (the table's address), n_layers, heads, kv_heads, d, h, rows, hidden, cos, ssin,

@@ -1,0 +1,167 @@
+/* ---- Causal attention, one query row at a time, in a fixed order ------------------------------
+ *
+ *   out[r][h] = sum_j softmax_j(q[r][h] . k[j] * scale) v[j],   j = 0 .. start + r
+ *
+ * Each (row, head) is computed on its own, by the same instructions in the same order,
+ * whatever the other rows of the call: the scores sixteen keys at a time (`key_scores`), their
+ * maximum, exp(s - max) summed 16 lanes at a time from key 0, then the values summed in key
+ * order.  So a token's
+ * attention in a verify block is bit for bit the one it gets decoded alone (the property
+ * specui.verifier.batch_invariant needs), without one SDPA call per row (~60 us each, most of
+ * a verify block's extra cost).  Grouped-query attention: head h reads kv head h / (heads / kv_heads).
+ */
+
+#include "kernels.h"
+
+#define MAX_HEAD_CHUNKS 16 /* head_dim up to 256 */
+
+/* The 16 lane sums of acc[0..15] as one vector (lane i: acc[i]'s sum), by a transposing tree of
+ * 15 shuffles and 15 adds instead of 16 horizontal reductions (~4 times the work each).  Lane i's
+ * sum only ever adds acc[i]'s own lanes, in an order fixed by i alone. */
+static inline __m512 sum16(const __m512 *acc) {
+    __m512 v[8], w[4];
+    for (int i = 0; i < 8; ++i) /* per 128 bits: a0+a2, b0+b2, a1+a3, b1+b3 */
+        v[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]),
+                             _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
+    for (int i = 0; i < 4; ++i) /* per 128 bits: acc[4i..4i+3]'s sums over those 4 lanes */
+        w[i] = _mm512_add_ps(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xEE));
+    const __m512 p0 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+    const __m512 p1 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x88), _mm512_shuffle_f32x4(w[2], w[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(p0, p1, 0x88), _mm512_shuffle_f32x4(p0, p1, 0xDD));
+}
+
+/* scores[j] = (q . k[j]) scale for n keys from an index that is a multiple of 16, sixteen at a time.
+ * A key's score is the same bits whatever n: past n a group's lanes are zeros, never read. */
+static inline void key_scores(const __m512 *qv, int64_t chunks, const float *kg, int64_t d, int64_t n,
+                              float scale, float *scores) {
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        const int64_t m16 = n - j0 < 16 ? n - j0 : 16;
+        __m512 acc[16];
+        for (int64_t i = 0; i < 16; ++i) {
+            if (i >= m16) {
+                acc[i] = _mm512_setzero_ps();
+                continue;
+            }
+            const float *kj = kg + (j0 + i) * d;
+            __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+            for (int64_t c = 1; c < chunks; ++c) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + c * 16), a);
+            acc[i] = a;
+        }
+        const __m512 s = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale));
+        _mm512_mask_storeu_ps(scores + j0, first_lanes(m16), s);
+    }
+}
+
+/* Keys a block at a time: every query of a kv head's group (all rows, `group` heads) meets a
+ * block of its keys, then of its values, while the block is in L1, where one query at a time over
+ * all its keys read the kv head's whole cache from L2 per query (27 times in a 9-row verify).
+ * With the scores' transposing sums (`sum16`), 17% less time at 500 keys. */
+#define KEY_BLOCK 64
+
+/* Up to ATTENTION_ROWS rows of attention_rows: row r sees keys 0 .. start + r, or the first `seen`
+ * where seen > 0. */
+static int attention_part(const float *q, int64_t rows, int64_t heads, int64_t d, const float *k,
+                          const float *v, int64_t kv_heads, int64_t head_stride, int64_t start,
+                          float scale, int64_t seen, float *out) {
+    const int64_t chunks = d / 16, group = heads / kv_heads, longest = seen > 0 ? seen : start + rows;
+    const int64_t stride = (longest + 15) / 16 * 16; /* a query's scores */
+    float *scores = malloc(sizeof(float) * rows * heads * stride), *inv = malloc(sizeof(float) * rows * heads);
+    if (!scores || !inv) {
+        free(scores);
+        free(inv);
+        return -1;
+    }
+    /* 1. the scores, a block of a kv head's keys at a time */
+    for (int64_t g = 0; g < kv_heads; ++g)
+        for (int64_t j0 = 0; j0 < longest; j0 += KEY_BLOCK)
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t len = seen > 0 ? seen : start + r + 1; /* keys row r sees */
+                if (j0 >= len) continue;
+                const int64_t n = len - j0 < KEY_BLOCK ? len - j0 : KEY_BLOCK;
+                for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+                    __m512 qv[MAX_HEAD_CHUNKS];
+                    for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(q + (r * heads + h) * d + c * 16);
+                    key_scores(qv, chunks, k + g * head_stride + j0 * d, d, n, scale,
+                               scores + (r * heads + h) * stride + j0);
+                }
+            }
+    /* 2. per query: its maximum, exp(s - max) in place, their sum 16 lanes at a time from key 0 */
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t len = seen > 0 ? seen : start + r + 1;
+        for (int64_t h = 0; h < heads; ++h) {
+            float *sc = scores + (r * heads + h) * stride;
+            __m512 top = _mm512_set1_ps(-INFINITY), total = _mm512_setzero_ps();
+            for (int64_t j = 0; j < len; j += 16) {
+                const __mmask16 m = first_lanes(len - j);
+                top = _mm512_mask_max_ps(top, m, top, _mm512_maskz_loadu_ps(m, sc + j));
+            }
+            const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(top));
+            for (int64_t j = 0; j < len; j += 16) {
+                const __mmask16 m = first_lanes(len - j);
+                const __m512 s = _mm512_maskz_loadu_ps(m, sc + j);
+                const __m512 p = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(s, mx)));
+                _mm512_mask_storeu_ps(sc + j, m, p);
+                total = _mm512_add_ps(total, p);
+            }
+            inv[r * heads + h] = 1.0f / _mm512_reduce_add_ps(total);
+            memset(out + (r * heads + h) * d, 0, sizeof(float) * d);
+        }
+    }
+    /* 3. the values, a block at a time, each query's sums carried in `out` in key order */
+    for (int64_t g = 0; g < kv_heads; ++g)
+        for (int64_t j0 = 0; j0 < longest; j0 += KEY_BLOCK)
+            for (int64_t r = 0; r < rows; ++r) {
+                const int64_t len = seen > 0 ? seen : start + r + 1;
+                if (j0 >= len) continue;
+                const int64_t end = len - j0 < KEY_BLOCK ? len : j0 + KEY_BLOCK;
+                for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+                    const float *sc = scores + (r * heads + h) * stride;
+                    float *oh = out + (r * heads + h) * d;
+                    __m512 o[MAX_HEAD_CHUNKS];
+                    for (int64_t c = 0; c < chunks; ++c) o[c] = _mm512_loadu_ps(oh + c * 16);
+                    for (int64_t j = j0; j < end; ++j) {
+                        const __m512 p = _mm512_set1_ps(sc[j]);
+                        const float *vj = v + g * head_stride + j * d;
+                        for (int64_t c = 0; c < chunks; ++c) o[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + c * 16), o[c]);
+                    }
+                    for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(oh + c * 16, o[c]);
+                }
+            }
+    for (int64_t i = 0; i < rows * heads; ++i) {
+        const __m512 scale_by = _mm512_set1_ps(inv[i]);
+        for (int64_t c = 0; c < chunks; ++c)
+            _mm512_storeu_ps(out + i * d + c * 16, _mm512_mul_ps(_mm512_loadu_ps(out + i * d + c * 16), scale_by));
+    }
+    free(scores);
+    free(inv);
+    return 0;
+}
+
+/* Rows a part at a time, so the scores' scratch stays rows x heads x keys for a few rows (a
+ * drafter's pass over a long prompt has thousands of query rows); a row's bits do not depend on
+ * its part. */
+#define ATTENTION_ROWS 16
+
+/* q: [rows][heads][d]; k, v: kv_heads x (start + rows) keys, at k + g * head_stride + j * d;
+ * row r sees keys 0 .. start + r, or all start + rows of them with see_block (a drafter's
+ * bidirectional block: the same sums over more keys).  out: [rows][heads][d].  d a multiple of
+ * 16.  Returns 0, -1 without memory, -2 on bad shapes. */
+int attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d, const float *k,
+                   const float *v, int64_t kv_heads, int64_t head_stride, int64_t start,
+                   float scale, int64_t see_block, float *out) {
+    if (d % 16 || d / 16 > MAX_HEAD_CHUNKS || kv_heads <= 0 || heads % kv_heads) return -2;
+    for (int64_t r0 = 0; r0 < rows; r0 += ATTENTION_ROWS) {
+        const int64_t n = rows - r0 < ATTENTION_ROWS ? rows - r0 : ATTENTION_ROWS;
+        const int rc = attention_part(q + r0 * heads * d, n, heads, d, k, v, kv_heads, head_stride, start + r0,
+                                      scale, see_block ? start + rows : 0, out + r0 * heads * d);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int specui_attention_rows(const float *q, int64_t rows, int64_t heads, int64_t d, const float *k,
+                          const float *v, int64_t kv_heads, int64_t head_stride, int64_t start,
+                          float scale, float *out) {
+    return attention_rows(q, rows, heads, d, k, v, kv_heads, head_stride, start, scale, 0, out);
+}
