@@ -1,7 +1,7 @@
 """How close each verifier precision stays to the float32 verifier (run by hand).
 
     PYTHONPATH=. .venv/bin/python bench/gguf_fidelity.py [--prompts 12] [--max-new-tokens 128]
-                                                         [--precisions bf16,gguf,int8]
+                                       [--precisions bf16,gguf,gguf-q8,int8] [--llamacpp]
 
 The embedded verifier in float32 (the GGUF file dequantized, ``fp32``) is the reference.  For the
 first ``--prompts`` Spec-Bench questions (chat template, greedy), per precision: on how many
@@ -9,7 +9,10 @@ prompts the greedy output equals fp32's token for token, the mean share of outpu
 before the first difference, and, over every prompt's prefill logits, the largest
 ``|logit - fp32 logit|`` relative to the largest fp32 logit and the share of positions whose
 argmax agrees.  Issue 23's bar for ``gguf``: its greedy outputs equal fp32's on at least as many
-prompts as bf16's do.
+prompts as bf16's do.  ``--llamacpp`` adds llama.cpp on the same GGUF file (through
+``bench/llamacpp_worker.py`` in .venv-llamacpp, ``scripts/setup_llamacpp.sh``; greedy outputs only,
+it reports no prefill logits): it computes as ``gguf-q8`` does (rows made int8 per block of 32), so
+its agreement is the bar ``auto`` holds ``gguf-q8`` to.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--precisions", default="bf16,gguf,int8")
+    ap.add_argument("--precisions", default="bf16,gguf,gguf-q8,int8")
+    ap.add_argument("--llamacpp", action="store_true", help="also llama.cpp's greedy outputs")
     a = ap.parse_args()
     torch.set_num_threads(1)
     ref = Verifier.load("embedded", precision="fp32")
@@ -50,11 +54,7 @@ def main() -> None:
         for ids, out, logits in zip(prompts, want, want_logits, strict=True):
             got = generate(v, PlainDrafter(), ids, max_new_tokens=a.max_new_tokens).output_token_ids
             equal += got == out
-            same = next(
-                (i for i, (x, y) in enumerate(zip(got, out, strict=False)) if x != y),
-                min(len(got), len(out)),
-            )
-            prefix.append(same / max(len(out), 1))
+            prefix.append(_agreeing(got, out))
             mine = v.forward(torch.tensor(ids), v.new_cache()).logits
             worst = max(worst, ((mine - logits).abs().max() / logits.abs().max()).item())
             agree.append((mine.argmax(-1) == logits.argmax(-1)).float().mean().item())
@@ -62,6 +62,35 @@ def main() -> None:
             f"{v.precision:>9}  {equal:>9}/{len(prompts):<4}  {statistics.mean(prefix):>15.1%} "
             f" {worst:>18.1e}  {statistics.mean(agree):>13.2%}"
         )
+    if a.llamacpp:
+        from engine_peer import ROOT, LlamaCpp  # bench/ is this script's folder
+
+        from specui.verifier.embedded import embedded_gguf_path
+
+        llama = LlamaCpp(
+            ROOT / ".venv-llamacpp" / "bin" / "python", embedded_gguf_path(), 1, ["plain"]
+        )
+        outs = [
+            llama.ask(op="generate", mode="plain", prompt=ids, max_tokens=a.max_new_tokens)
+            for ids in prompts
+        ]
+        llama.close()
+        # llama.cpp returns the tokens without the end-of-turn token SpecUI keeps
+        eos = set(ref.eos_token_ids)
+        outs = [o["tokens"] for o in outs]
+        want = [[t for t in w if t not in eos] for w in want]
+        equal = sum(got == out for got, out in zip(outs, want, strict=True))
+        prefix = [_agreeing(got, out) for got, out in zip(outs, want, strict=True)]
+        print(f"{'llama.cpp':>9}  {equal:>9}/{len(prompts):<4}  {statistics.mean(prefix):>15.1%}")
+
+
+def _agreeing(got: list[int], out: list[int]) -> float:
+    """The share of ``out`` before ``got`` first differs from it."""
+    same = next(
+        (i for i, (x, y) in enumerate(zip(got, out, strict=False)) if x != y),
+        min(len(got), len(out)),
+    )
+    return same / max(len(out), 1)
 
 
 if __name__ == "__main__":

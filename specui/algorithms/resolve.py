@@ -53,7 +53,7 @@ def resolve_drafter(
     options = {k: v for k, v in options.items() if not (k in others and v is not None)}
     drafter = load_drafter(path, verifier, num_speculative_tokens=num_speculative_tokens, **options)
     # Beside an int8 or GGUF verifier too the drafter stays bf16: small, not worth the error.
-    if getattr(verifier, "precision", "fp32") in ("bf16", "int8", "gguf"):
+    if getattr(verifier, "precision", "fp32") in ("bf16", "int8", "gguf", "gguf-q8"):
         drafter.matmuls_in_bf16()
     return drafter
 

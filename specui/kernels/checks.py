@@ -15,6 +15,7 @@ from specui.kernels.packing import (
     MAX_ROWS,
     TILE,
     dequantize_gguf,
+    int8_rows_product,
     onednn_int8_weight,
     onednn_matmul,
     pack,
@@ -120,6 +121,27 @@ def _gguf_self_check(kernel: Kernel, gen: torch.Generator) -> str | None:
                     f"its {type_name} product is {err:.1e} (relative) from the float32 one on the"
                     " dequantized weights"
                 )
+            reason = _int8_rows_check(kernel, x, raw, type_name, k)
+            if reason is not None:
+                return reason
+    return None
+
+
+def _int8_rows_check(
+    kernel: Kernel, x: torch.Tensor, raw: torch.Tensor, type_name: str, k: int
+) -> str | None:
+    """The ``gguf-q8`` kernel: a row's bits alone as in a block, and within float32 rounding of
+    its own exact arithmetic (int8 rows times the blocks, :func:`int8_rows_product`)."""
+    w = pack_gguf(raw, type_name, k, rows="int8")
+    block = kernel.gguf_matmul(x, w)
+    alone = torch.cat([kernel.gguf_matmul(x[r : r + 1], w) for r in range(len(x))])
+    if not torch.equal(block, alone):
+        return f"its {type_name} product of int8 rows differs in a block from the rows alone"
+    exact = int8_rows_product(x, raw, type_name, k)
+    scale = x.double().abs() @ dequantize_gguf(raw, type_name, k).double().abs().T
+    err = ((block.double() - exact).abs() / scale.clamp(min=1e-30)).max().item()
+    if err > GGUF_RTOL:
+        return f"its {type_name} product of int8 rows is {err:.1e} (relative) from its reference"
     return None
 
 

@@ -28,9 +28,6 @@
  */
 #include "kernels.h"
 
-#define GGUF_Q4_0 2
-#define GGUF_Q4_1 3
-#define GGUF_Q8_0 8
 #define GGUF_MAX_ROWS 12 /* rows per pass: 2 x 12 accumulators, the rest of the registers for weights */
 
 static inline int64_t gguf_tile_block_bytes(int type) {
@@ -119,9 +116,11 @@ static int gguf_matmul_pieces(int type, const float *x, int64_t rows, int64_t k,
 
 /* x: [rows, k] float32, k a multiple of 32; wp: packed weights of n_out channels (padded to 16);
  * out: [rows, n_out] float32.  Returns 0, -1 without memory, -2 for a type or k it does not take.
- * Q4_0 / Q4_1 take the integer path below (`gguf_matmul_pieces`), Q8_0 the float one. */
+ * Q4_0 / Q4_1 take the integer path below (`gguf_matmul_pieces`), Q8_0 the float one; a type with
+ * GGUF_INT8_ROWS set goes to gguf_q8.c (rows quantized to int8, the `gguf-q8` precision). */
 int specui_gguf_matmul(int type, const float *x, int64_t rows, int64_t k, const uint8_t *wp,
                        int64_t n_out, float *out) {
+    if (type & GGUF_INT8_ROWS) return gguf_q8_matmul(type & ~GGUF_INT8_ROWS, x, rows, k, wp, n_out, out);
     if ((type != GGUF_Q8_0 && type != GGUF_Q4_0 && type != GGUF_Q4_1) || k % 32 || k <= 0) return -2;
     if (type != GGUF_Q8_0) return gguf_matmul_pieces(type, x, rows, k, wp, n_out, out);
     return specui_gguf_matmul_float(type, x, rows, k, wp, n_out, out);

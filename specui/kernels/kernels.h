@@ -92,7 +92,18 @@ int specui_bf16_matmul(const uint16_t *x, int64_t rows, int64_t k, int64_t kp, c
 int specui_bf16_matmul_avx512(const uint16_t *x, int64_t rows, int64_t k, int64_t kp,
                               const uint16_t *wp, const float *bias, int64_t n_out, float *out);
 
-/* gguf.c */
+/* GGUF block types (GGML's numbers), and the flag that asks for rows quantized to int8 per block
+ * of 32 (gguf_q8.c) instead of float32 rows (gguf.c): its own weight layout for Q8_0. */
+#define GGUF_Q4_0 2
+#define GGUF_Q4_1 3
+#define GGUF_Q8_0 8
+#define GGUF_INT8_ROWS 64
+
+/* gguf_q8.c */
+INTERNAL int gguf_q8_matmul(int type, const float *x, int64_t rows, int64_t k, const uint8_t *wp,
+                            int64_t n_out, float *out);
+
+/* gguf.c: either kernel, by the type's GGUF_INT8_ROWS flag */
 int specui_gguf_matmul(int type, const float *x, int64_t rows, int64_t k, const uint8_t *wp,
                        int64_t n_out, float *out);
 

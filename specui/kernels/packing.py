@@ -4,7 +4,8 @@
   packed copy, :func:`onednn_int8_weight`) and oneDNN's product, :func:`onednn_matmul`;
 - bf16: :func:`pack_bf16`;
 - GGUF blocks: :func:`pack_gguf` (the file's own blocks, moved, never requantized),
-  :func:`cat_gguf`, :func:`dequantize_gguf` (the float32 reference) and :func:`random_gguf`.
+  :func:`cat_gguf`, :func:`dequantize_gguf` (the float32 reference), :func:`int8_rows_product`
+  (the ``gguf-q8`` kernel's exact reference) and :func:`random_gguf`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ TILE = 16
 GGUF_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 GGUF_BLOCK = 32  # weights a block
+# What the rows meet a GGUF weight as: float32 (``gguf.c``, the ``gguf`` precision) or int8 per
+# block of 32 (``gguf_q8.c``, the ``gguf-q8`` precision); the kernel reads the flag off the type.
+GGUF_ROWS = ("float", "int8")
+GGUF_INT8_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -53,18 +58,20 @@ class PackedBF16:
 
 @dataclass(frozen=True)
 class PackedGGUF:
-    """A GGUF tensor's own blocks (``type``: Q4_0, Q4_1 or Q8_0) in the gguf kernel's layout:
+    """A GGUF tensor's own blocks (``type``: Q4_0, Q4_1 or Q8_0) in the gguf kernels' layout:
     per tile of 16 channels, per block of 32 inputs, the 16 channels' fp16 scales (and Q4_1's
-    fp16 offsets), then their quantized values, channels innermost (``gguf.c``)."""
+    fp16 offsets), then their quantized values (``gguf.c``; with ``rows="int8"``, Q8_0's values
+    four inputs a channel at a time, + 128: ``gguf_q8.c``)."""
 
     data: torch.Tensor
     type: str
     k: int
     out_features: int
+    rows: str = "float"
 
     @property
     def type_id(self) -> int:
-        return GGUF_TYPES[self.type]
+        return GGUF_TYPES[self.type] | (GGUF_INT8_ROWS if self.rows == "int8" else 0)
 
 
 @dataclass(frozen=True)
@@ -180,10 +187,39 @@ def dequantize_gguf(raw: torch.Tensor, type_name: str, k: int) -> torch.Tensor:
     return (q * d + m).reshape(raw.shape[0], k)
 
 
-def pack_gguf(raw: torch.Tensor, type_name: str, k: int) -> PackedGGUF:
-    """A GGUF tensor's blocks ``[out, k/32 * block bytes]`` in the gguf kernel's layout: the same
-    quantized values and scales, moved, never requantized (channels padded to 16 with zero
-    blocks)."""
+def int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 rows ``[n, k]`` as the ``gguf-q8`` kernel makes them int8: per block of 32 a scale
+    ``dx = max|x| / 127`` and ``q = round(x * (127 / max|x|))`` (ties to even), all in float32.
+    Returns ``q`` (as float32 integers) ``[n, k]`` and ``dx`` ``[n, k/32]``."""
+    blocks = x.float().reshape(x.shape[0], -1, GGUF_BLOCK)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(blocks * inv)
+    return q.reshape(x.shape), (amax / 127.0).squeeze(-1)
+
+
+def int8_rows_product(x: torch.Tensor, raw: torch.Tensor, type_name: str, k: int) -> torch.Tensor:
+    """float64 ``[n, out]``: what the ``gguf-q8`` kernel computes, exactly (its reference): the
+    rows made int8 (:func:`int8_rows`) times the blocks' values and scales; Q4_1's offsets m
+    times each row's float32 block sums, as the kernel takes them."""
+    q, dx = int8_rows(x)
+    xq = (q.double().view(x.shape[0], -1, GGUF_BLOCK) * dx.double().unsqueeze(-1)).view(x.shape)
+    w = dequantize_gguf(raw, type_name, k).double()
+    if type_name != "Q4_1":
+        return xq @ w.T
+    blocks = _gguf_blocks(raw, type_name, k)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).double().squeeze(-1)  # [out, k/32]
+    values = w - m.repeat_interleave(GGUF_BLOCK, dim=1)  # q * d alone
+    xsum = x.float().view(x.shape[0], -1, GGUF_BLOCK).sum(-1).double()  # [n, k/32]
+    return xq @ values.T + xsum @ m.T
+
+
+def pack_gguf(raw: torch.Tensor, type_name: str, k: int, rows: str = "float") -> PackedGGUF:
+    """A GGUF tensor's blocks ``[out, k/32 * block bytes]`` in the layout of the gguf kernel that
+    meets ``rows`` (``float`` or ``int8``): the same quantized values and scales, moved, never
+    requantized (channels padded to 16 with zero blocks)."""
+    if rows not in GGUF_ROWS:
+        raise ValueError(f"rows must be one of {GGUF_ROWS}, got {rows!r}")
     blocks = _gguf_blocks(raw, type_name, k)
     out_features, nb, size = blocks.shape
     padded = -(-out_features // TILE) * TILE
@@ -197,22 +233,32 @@ def pack_gguf(raw: torch.Tensor, type_name: str, k: int) -> PackedGGUF:
     head = 4 if type_name == "Q4_1" else 2  # fp16 d (and m) before the quantized values
     parts = [tiles[..., j : j + 2].reshape(padded // TILE, nb, 2 * TILE) for j in range(0, head, 2)]
     qs = tiles[..., head:]  # [tiles, nb, 16 channels, values]
-    if type_name == "Q8_0":  # a value at a time, the 16 channels side by side
+    if type_name == "Q8_0" and rows == "int8":
+        # vpdpbusd's unsigned side, one 32-bit lane a channel: 4 inputs of a channel side by side,
+        # the 16 channels after each other, 8 groups a block; each value + 128 (0..255).
+        unsigned = (qs.contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
+        groups = unsigned.reshape(padded // TILE, nb, TILE, 8, 4).transpose(2, 3)
+        parts.append(groups.reshape(padded // TILE, nb, -1))
+    elif type_name == "Q8_0":  # a value at a time, the 16 channels side by side
         parts.append(qs.transpose(2, 3).reshape(padded // TILE, nb, -1))
     else:  # 4 bytes (8 nibbles) at a time, the 16 channels side by side: one 32-bit lane a channel
         groups = qs.reshape(padded // TILE, nb, TILE, 4, 4).transpose(2, 3)
         parts.append(groups.reshape(padded // TILE, nb, -1))
-    return PackedGGUF(torch.cat(parts, dim=-1).contiguous().view(-1), type_name, k, out_features)
+    data = torch.cat(parts, dim=-1).contiguous().view(-1)
+    return PackedGGUF(data, type_name, k, out_features, rows)
 
 
 def cat_gguf(parts: list[PackedGGUF]) -> PackedGGUF | None:
     """Packed weights stacked along their outputs (q/k/v, gate/up: one call instead of several),
     or None where they differ in type or inputs, or a part's channels are not whole tiles."""
     first = parts[0]
-    if any(p.type != first.type or p.k != first.k or p.out_features % TILE for p in parts):
+    if any(
+        p.type != first.type or p.k != first.k or p.rows != first.rows or p.out_features % TILE
+        for p in parts
+    ):
         return None
     data = torch.cat([p.data for p in parts])
-    return PackedGGUF(data, first.type, first.k, sum(p.out_features for p in parts))
+    return PackedGGUF(data, first.type, first.k, sum(p.out_features for p in parts), first.rows)
 
 
 def random_gguf(n: int, k: int, type_name: str, gen: torch.Generator) -> torch.Tensor:

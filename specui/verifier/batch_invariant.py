@@ -340,10 +340,16 @@ def _register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # the SDPA fallback's mask
 
 
+# The two ways a GGUF file's own blocks verify: times float32 rows (``gguf``: the float model
+# within float32 rounding) or times rows made int8 per block of 32 (``gguf-q8``: llama.cpp's
+# arithmetic, at the integer dot product's rate; docs/decoding.md has its fidelity).
+GGUF_ROWS = {"gguf": "float", "gguf-q8": "int8"}
+
+
 def unsupported_reason(config, weights: str = "bf16") -> str | None:
-    """Why this mode (``weights``: bf16, int8 or gguf) would be wrong (or slow) for this
-    architecture on this machine, or None."""
-    if weights == "gguf" and not kernels.gguf_available():
+    """Why this mode (``weights``: bf16, int8, gguf or gguf-q8) would be wrong (or slow) for
+    this architecture on this machine, or None."""
+    if weights in GGUF_ROWS and not kernels.gguf_available():
         return f"SpecUI's gguf matmul, which does not run here ({kernels.status()})"
     if weights == "bf16" and (
         not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -370,7 +376,8 @@ def _has_int8_kernels() -> bool:
 def enable(model: nn.Module, weights: str = "bf16", gguf: Path | None = None) -> None:
     """Switch a float32 causal LM to batch-invariant verification, in place: every linear
     layer computes in ``weights`` (bf16, or int8 times int8 rows, or ``gguf``: the blocks of the
-    GGUF file ``gguf`` the model was loaded from, times float32 rows).  A GGUF file whose blocks
+    GGUF file ``gguf`` the model was loaded from, times float32 rows, or ``gguf-q8``: the same
+    blocks times rows made int8 per block of 32).  A GGUF file whose blocks
     the kernel cannot read raises ``SpecUIError`` before the model is changed.
 
     The input embeddings stay float32 (and so does a head tied to them: drafters
@@ -380,12 +387,12 @@ def enable(model: nn.Module, weights: str = "bf16", gguf: Path | None = None) ->
     if reason is not None:
         raise SpecUIError(f"{weights} verification does not support {reason}; use precision fp32")
     borrowed = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
-    if weights == "gguf":
+    if weights in GGUF_ROWS:
         from specui.verifier.gguf_weights import read_blocks
 
         if gguf is None:
-            raise SpecUIError("gguf verification needs the GGUF file the model was loaded from")
-        linears = _to_gguf(model, read_blocks(gguf, model))
+            raise SpecUIError(f"{weights} verification needs the GGUF file the model came from")
+        linears = _to_gguf(model, read_blocks(gguf, model, rows=GGUF_ROWS[weights]))
     elif weights == "int8":
         _fuse_int8_layers(model)  # from the float32 weights, before they go
         linears = [m for m in model.modules() if type(m) is nn.Linear]

@@ -65,7 +65,7 @@ def _raw(tensor) -> tuple[torch.Tensor, int]:
     return data.reshape(int(tensor.shape[-1]) if len(tensor.shape) > 1 else 1, -1), k
 
 
-def read_blocks(path: Path, model: nn.Module) -> dict[str, PackedGGUF]:
+def read_blocks(path: Path, model: nn.Module, rows: str = "float") -> dict[str, PackedGGUF]:
     """``{module name: packed blocks}`` for every decoder linear layer and the LM head of ``model``
     (loaded from ``path``).  Raises ``SpecUIError`` naming the tensor and its type where the file
     holds a type the gguf kernel does not read, and where a tensor is not the loaded weight."""
@@ -128,7 +128,7 @@ def read_blocks(path: Path, model: nn.Module) -> dict[str, PackedGGUF]:
         raw = _matching_rows(
             raw, kind, k, module.weight.detach(), heads, f"{path.name}: {tensor_name}"
         )
-        packed[module_name] = pack_gguf(raw, kind, k)
+        packed[module_name] = pack_gguf(raw, kind, k, rows)
     return packed
 
 

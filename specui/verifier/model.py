@@ -93,19 +93,21 @@ class Verifier:
         if this machine cannot give it; ``int8`` does the same with int8 weights and
         int8 rows (faster, but another model's logits: opt-in, never ``auto``'s);
         ``gguf`` (a GGUF verifier only) keeps the file's own Q8_0 / Q4_0 / Q4_1 blocks,
-        multiplied by float32 rows (within float32 rounding of the fp32 model, and the fastest);
-        ``auto`` tries ``gguf`` for a GGUF verifier (``AUTO_GGUF``), then ``bf16``, and falls
-        back to ``fp32``.  ``Verifier.precision`` says which one runs.
+        multiplied by float32 rows (within float32 rounding of the fp32 model);
+        ``gguf-q8`` multiplies the same blocks by rows made int8 per block of 32, as llama.cpp
+        does (the fastest, with a flat verify curve);
+        ``auto`` tries ``AUTO_GGUF`` for a GGUF verifier, then ``bf16``, and falls back to
+        ``fp32``.  ``Verifier.precision`` says which one runs.
         """
         if precision not in PRECISIONS:
             raise SpecUIError(
                 f"verifier precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
             )
-        gguf_file = gguf_source(spec) if precision in ("gguf", "auto") else None
-        if precision == "gguf" and gguf_file is None:
+        gguf_file = gguf_source(spec) if precision in ("gguf", "gguf-q8", "auto") else None
+        if precision in ("gguf", "gguf-q8") and gguf_file is None:
             raise SpecUIError(
-                f"the gguf precision keeps a GGUF file's own blocks: load {EMBEDDED!r} or a .gguf"
-                f" file, not {spec!r}"
+                f"the {precision} precision keeps a GGUF file's own blocks: load {EMBEDDED!r} or"
+                f" a .gguf file, not {spec!r}"
             )
         verifier = cls(*_load_model(spec, dtype))
         # Now, while every weight is still there: bf16 verification frees the float32 ones.
@@ -115,7 +117,7 @@ class Verifier:
         from specui.verifier import batch_invariant
 
         if precision == "auto":  # gguf first where the file's blocks can be read (docs/decoding.md)
-            candidates = (["gguf"] if gguf_file is not None and AUTO_GGUF else []) + ["bf16"]
+            candidates = [*(AUTO_GGUF if gguf_file is not None else ()), "bf16"]
         else:
             candidates = [precision]
         for weights in candidates:
@@ -350,10 +352,12 @@ class Verifier:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-PRECISIONS = ("fp32", "bf16", "int8", "gguf", "auto")
-# Whether ``auto`` verifies a GGUF verifier (the embedded one, a .gguf file) in ``gguf`` precision:
-# within float32 rounding of the float32 model, and the fastest (docs/decoding.md).
-AUTO_GGUF = True
+PRECISIONS = ("fp32", "bf16", "int8", "gguf", "gguf-q8", "auto")
+# What ``auto`` tries first for a GGUF verifier (the embedded one, a .gguf file), in order:
+# ``gguf`` is within float32 rounding of the float32 model; ``gguf-q8`` is llama.cpp's arithmetic
+# at the integer dot product's rate, taken where its fidelity is at least llama.cpp's
+# (docs/decoding.md).
+AUTO_GGUF: tuple[str, ...] = ("gguf",)
 
 
 def gguf_source(spec: str) -> Path | None:

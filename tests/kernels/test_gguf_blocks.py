@@ -118,3 +118,73 @@ def test_the_kernel_refuses_rows_it_cannot_read():
         kernels.gguf_matmul(torch.zeros(2, 64, dtype=torch.bfloat16), w)
     with pytest.raises(ValueError, match="float32 rows of 64"):
         kernels.gguf_matmul(torch.zeros(2, 32), w)
+
+
+# --- int8 rows (gguf_q8.c, the gguf-q8 precision) ----------------------------------------------
+
+
+@needs_kernel
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("k, n", [(32, 16), (576, 37), (1536, 48), (96, 5)])
+def test_int8_rows_are_the_exact_integer_product_at_every_row_count(type_name, k, n):
+    gen = torch.Generator().manual_seed(7 * k + n)
+    raw = packing.random_gguf(n, k, type_name, gen)
+    w = packing.pack_gguf(raw, type_name, k, rows="int8")
+    assert w.type_id == packing.GGUF_TYPES[type_name] | packing.GGUF_INT8_ROWS
+    kernel = kernels.load()
+    x = torch.randn(40, k, generator=gen) * torch.rand(1, k, generator=gen) * 4
+    whole = kernel.gguf_matmul(x, w)
+    # Its own arithmetic exactly (int8 rows, exact int32 block sums), to float32 rounding ...
+    exact = packing.int8_rows_product(x, raw, type_name, k)
+    scale = x.double().abs() @ packing.dequantize_gguf(raw, type_name, k).double().abs().T
+    assert ((whole.double() - exact).abs() / scale).max() <= checks.GGUF_RTOL
+    # ... which is llama.cpp's int8-row model of the float product: each input within half a
+    # step (dx / 2) of its block's int8 value, so the product within sum |w| dx / 2 of float's.
+    _, dx = packing.int8_rows(x)
+    half_step = (dx / 2).repeat_interleave(32, dim=1).double()
+    bound = half_step @ packing.dequantize_gguf(raw, type_name, k).double().abs().T
+    float_product = x.double() @ packing.dequantize_gguf(raw, type_name, k).double().T
+    assert ((whole.double() - float_product).abs() <= bound + 1e-4 * scale).all()
+    for rows in (1, 2, 5, 9, 12, 13, 17, 25, 40):  # a row's bits at any row count
+        assert torch.equal(kernel.gguf_matmul(x[:rows], w), whole[:rows]), rows
+    assert torch.equal(kernel.gguf_matmul(x[20:21], w), whole[20:21])
+
+
+def test_int8_rows_round_each_block_on_its_own_scale():
+    x = torch.zeros(1, 64)
+    x[0, 0], x[0, 1], x[0, 2] = 2.54, 1.27, 0.01  # block 0: scale 0.02
+    x[0, 32] = -1000.0  # block 1: a large scale must not touch block 0
+    q, dx = packing.int8_rows(x)
+    assert torch.allclose(dx, torch.tensor([[0.02, 1000 / 127]]))
+    assert q[0, :3].tolist() == [127.0, 64.0, 0.0]  # 63.5 -> 64 (ties to even)
+    assert q[0, 32].item() == -127.0 and q[0, 33:].abs().sum() == 0
+
+
+@needs_kernel
+def test_int8_rows_carry_a_nan_or_inf_into_their_outputs():
+    gen = torch.Generator().manual_seed(3)
+    for type_name in TYPES:
+        raw = packing.random_gguf(16, 64, type_name, gen)
+        w = packing.pack_gguf(raw, type_name, 64, rows="int8")
+        x = torch.randn(3, 64, generator=gen)
+        x[1, 5] = float("nan")
+        x[2, 40] = float("inf")
+        out = kernels.load().gguf_matmul(x, w)
+        assert torch.isfinite(out[0]).all()
+        assert out[1].isnan().all() and not torch.isfinite(out[2]).any(), type_name
+
+
+def test_int8_rows_pack_q8_0_values_plus_128_four_inputs_a_lane():
+    raw = packing.random_gguf(16, 32, "Q8_0", torch.Generator().manual_seed(5))
+    w = packing.pack_gguf(raw, "Q8_0", 32, rows="int8")
+    values = raw[:, 2:].contiguous().view(torch.int8)  # [16 channels, 32 inputs]
+    packed = w.data[32:].view(8, 16, 4)  # [group, channel, input in group]
+    for g in range(8):
+        for c in (0, 7, 15):
+            expect = (values[c, 4 * g : 4 * g + 4].to(torch.int16) + 128).to(torch.uint8)
+            assert torch.equal(packed[g, c], expect)
+    assert torch.equal(w.data[:32], raw[:, :2].reshape(-1))  # the 16 fp16 scales first
+    with pytest.raises(ValueError, match="rows must be"):
+        packing.pack_gguf(raw, "Q8_0", 32, rows="int4")
+    fused = packing.cat_gguf([w, packing.pack_gguf(raw, "Q8_0", 32)])
+    assert fused is None  # float-row and int8-row layouts never fuse

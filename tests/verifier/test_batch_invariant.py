@@ -1,5 +1,5 @@
-"""Batch-invariant verification (``specui.verifier.batch_invariant``), bf16, int8 and gguf: a
-token gets bit-identical logits whether the verifier sees it alone or inside a block, so
+"""Batch-invariant verification (``specui.verifier.batch_invariant``), bf16, int8, gguf and
+gguf-q8: a token gets bit-identical logits whether the verifier sees it alone or inside a block, so
 greedy speculation is lossless by construction, and ``auto`` uses bf16 only where
 it holds."""
 
@@ -22,7 +22,7 @@ from specui.verifier.model import Verifier
 from tests.support.verifiers import make_tiny_verifier
 
 
-@pytest.fixture(scope="module", params=["bf16", "int8", "gguf"])
+@pytest.fixture(scope="module", params=["bf16", "int8", "gguf", "gguf-q8"])
 def bf16_verifier(request) -> Verifier:
     """The embedded verifier in each batch-invariant precision (the name is the first's)."""
     return Verifier.load("embedded", precision=request.param)
@@ -35,10 +35,15 @@ def heldout(bf16_verifier) -> list[list[int]]:
 
 def test_bf16_keeps_the_residual_stream_and_what_drafters_borrow_in_float32(bf16_verifier):
     v = bf16_verifier
-    assert v.precision in ("bf16", "int8", "gguf")
+    assert v.precision in ("bf16", "int8", "gguf", "gguf-q8")
     assert v.embed_tokens.weight.dtype == torch.float32 and v.lm_head.weight.dtype == torch.float32
     layer_linears = [m for m in v.model.model.layers.modules() if isinstance(m, torch.nn.Linear)]
-    weight_dtype = {"bf16": torch.bfloat16, "int8": torch.int8, "gguf": torch.uint8}[v.precision]
+    weight_dtype = {
+        "bf16": torch.bfloat16,
+        "int8": torch.int8,
+        "gguf": torch.uint8,
+        "gguf-q8": torch.uint8,
+    }[v.precision]
     assert layer_linears and all(m.weight.dtype == weight_dtype for m in layer_linears)
     # Each layer keeps one copy of its weight (packed for oneDNN or SpecUI's AMX kernel), not the
     # float32 one too.
@@ -50,6 +55,9 @@ def test_bf16_keeps_the_residual_stream_and_what_drafters_borrow_in_float32(bf16
     else:
         kind = batch_invariant.Int8Linear if v.precision == "int8" else batch_invariant.GGUFLinear
         assert all(m.weight.is_meta and isinstance(m, kind) for m in layer_linears)
+        if v.precision.startswith("gguf"):  # the rows each gguf precision multiplies the blocks by
+            rows = batch_invariant.GGUF_ROWS[v.precision]
+            assert all(m.weight_gguf.packed.rows == rows for m in layer_linears)
     assert not v.lm_head.weight.is_meta  # drafters read the borrowed head
     out = v.forward(torch.tensor([1, 2, 3]), v.new_cache(), aux_layer_ids=[1, v.num_layers])
     assert out.logits.dtype == torch.float32 and out.aux_hidden.dtype == torch.float32
