@@ -30,8 +30,9 @@ import torch
 
 from specui.algorithms.base import DraftContext, Drafter
 from specui.errors import SpecUIError
+from specui.policy import Decision, FixedPolicy, Policy
 from specui.sampling import process_logits, sample
-from specui.trace import FinalTokenKind, GenerationResult, Proposal, SamplingParams, StepTrace
+from specui.trace import FinalTokenKind, GenerationResult, SamplingParams, StepTrace
 from specui.verifier.model import Verifier
 
 
@@ -107,7 +108,11 @@ class Decoding:
         stop_strings: tuple[str, ...] | list[str] = (),
         stop_on_eos: bool = True,
         should_stop: Callable[[], bool] | None = None,
+        policy: Policy | None = None,
     ) -> None:
+        """``policy`` decides how many drafts each step sends (``specui.policy``; None: every
+        draft, ``FixedPolicy``).  One policy may serve a run's prompts in turn: it learns the
+        drafter's acceptance over them."""
         if not prompt_ids:
             raise SpecUIError("the prompt is empty")
         if max_new_tokens < 1:
@@ -130,6 +135,9 @@ class Decoding:
         self.stop_strings = tuple(s for s in stop_strings if s)
         self.eos_ids = verifier.eos_token_ids if stop_on_eos else set()
         self.should_stop = should_stop
+        self.policy: Policy = policy or FixedPolicy()
+        # The cost model is measured (or read) here, before the run's clock starts.
+        self.policy.start(verifier, drafter)
         # Separate streams: the drafter's draws must not shift the verifier's.
         base = seed if seed is not None else torch.seed()
         self.verify_gen = torch.Generator().manual_seed(base)
@@ -175,7 +183,8 @@ class Decoding:
                     break
                 # Drafting more than room-1 tokens is wasted work (the final token adds one).
                 t0 = time.perf_counter()
-                proposal = self._propose(committed, features, max_k=room - 1)
+                decision = self._propose(committed, features, max_k=room - 1)
+                proposal = decision.proposal
                 t1 = time.perf_counter()
                 block = torch.cat(
                     [committed[-1:], torch.tensor(proposal.token_ids, dtype=torch.long)]
@@ -196,13 +205,14 @@ class Decoding:
                     features = torch.cat([features, out.aux_hidden[: n + 1]])
                 emitted = proposal.token_ids[:n] + [final]
                 emitted, reason = self._apply_stops(output, emitted)
+                self.policy.observe(decision, n, len(emitted))
                 committed = self.committed = torch.cat(
                     [committed, torch.tensor(emitted, dtype=torch.long)]
                 )
                 output.extend(emitted)
                 context_len = len(committed) - len(emitted)
                 verified = (target_probs, n, final, kind, emitted)
-                trace = self._trace(step, context_len, proposal, *verified, t1 - t0, t2 - t1)
+                trace = self._trace(step, context_len, decision, *verified, t1 - t0, t2 - t1)
                 res.steps.append(trace)
                 step += 1
                 yield res.steps[-1]
@@ -216,23 +226,11 @@ class Decoding:
 
     def _propose(
         self, committed: torch.Tensor, features: torch.Tensor | None, max_k: int
-    ) -> Proposal:
-        if self.drafter.num_speculative_tokens == 0 or max_k <= 0:
-            return Proposal(token_ids=[])
+    ) -> Decision:
         ctx = DraftContext(
             token_ids=committed, features=features, sampling=self.sampling, generator=self.draft_gen
         )
-        proposal = self.drafter.propose(ctx)
-        if len(proposal) > max_k:
-            proposal = Proposal(
-                token_ids=proposal.token_ids[:max_k],
-                probs=proposal.probs[:max_k] if proposal.probs is not None else None,
-                confidences=proposal.confidences[:max_k]
-                if proposal.confidences is not None
-                else None,
-                truncated_confidences=proposal.truncated_confidences,
-            )
-        return proposal
+        return self.policy.propose(ctx, self.drafter, max_k)
 
     def _apply_stops(self, output: list[int], emitted: list[int]) -> tuple[list[int], str | None]:
         """Cut ``emitted`` at EOS, the token budget or a stop string."""
@@ -269,9 +267,10 @@ class Decoding:
         return text
 
     def _trace(
-        self, step, context_len, proposal, target_probs, n, final, kind, emitted, draft_s, verify_s
+        self, step, context_len, decision, target_probs, n, final, kind, emitted, draft_s, verify_s
     ) -> StepTrace:
         v = self.verifier
+        proposal = decision.proposal
         ids = proposal.token_ids
         q = proposal.probs
         return StepTrace(
@@ -289,6 +288,8 @@ class Decoding:
             emitted_token_ids=list(emitted),
             draft_time_s=draft_s,
             verify_time_s=verify_s,
+            proposer=decision.proposer,
+            unsent_token_ids=list(decision.unsent),
         )
 
 
