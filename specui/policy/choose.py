@@ -70,3 +70,34 @@ def expected_speedup(tau: float, verify_rows: int, verify: Verify, draft_s: floa
 def tau_of_geometric(a1: float, k: int) -> float:
     """tau when each slot is accepted with ``a1`` given the ones before it, K slots sent."""
     return 1 + sum(a1**j for j in range(1, k + 1))
+
+
+def break_even_acceptance(verify: Verify, k: int, draft_s: float = 0.0) -> float | None:
+    """The per-slot acceptance at which sending ``k`` drafts a step (each accepted with that
+    probability given the ones before it) runs as fast as plain decoding; None when even
+    certain acceptance does not pay."""
+    if expected_speedup(tau_of_geometric(1.0, k), k + 1, verify, draft_s) < 1:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(50):  # bisection: the speedup grows with the acceptance
+        mid = (lo + hi) / 2
+        if expected_speedup(tau_of_geometric(mid, k), k + 1, verify, draft_s) < 1:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def run_speedup(row: dict, verify: Verify) -> float | None:
+    """A stored run's expected speedup under the cost model, from its counts (a Compare row):
+    tokens per step times a plain step's time over its mean step's (verify of the mean block
+    plus the mean draft)."""
+    steps = row.get("num_steps") or 0
+    if not steps:
+        return None
+    rows = 1 + (row.get("num_drafted_tokens") or 0) / steps
+    lo = int(rows)
+    # the verify of a fractional block: between its neighbours' (the curve is near-linear)
+    v = verify(lo) + (rows - lo) * (verify(lo + 1) - verify(lo))
+    draft = (row.get("draft_time_s") or 0.0) / steps
+    return (row.get("num_output_tokens") or 0) / steps * verify(1) / (v + draft)
