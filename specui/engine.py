@@ -88,6 +88,28 @@ def accept_greedy(
     return len(draft_ids), best[len(draft_ids)], FinalTokenKind.BONUS, target_probs
 
 
+class Rows:
+    """The verifier taps of the committed positions, grown in place (doubling): appending a
+    step's rows copies them only, not every earlier row as a ``cat`` would (a few hundred KB a
+    step at a few hundred tokens, which a plain step of a policy that stopped drafting pays for
+    nothing).  Rows already handed out are never written again."""
+
+    def __init__(self, width: int) -> None:
+        self.buffer = torch.empty(64, width)
+        self.length = 0
+
+    def append(self, rows: torch.Tensor) -> torch.Tensor:
+        """Add ``rows`` [n, width]; returns every row so far (a view)."""
+        end = self.length + rows.shape[0]
+        if end > self.buffer.shape[0]:
+            grown = torch.empty(max(end, 2 * self.buffer.shape[0]), self.buffer.shape[1])
+            grown[: self.length] = self.buffer[: self.length]
+            self.buffer = grown
+        self.buffer[self.length : end] = rows
+        self.length = end
+        return self.buffer[:end]
+
+
 class Decoding:
     """One generation, iterated step by step; ``result`` is filled at the end.
 
@@ -159,11 +181,14 @@ class Decoding:
         committed = torch.tensor(self.prompt_ids, dtype=torch.long)
         cache = self.cache = v.new_cache()  # kept on self so tests can inspect it
         features: torch.Tensor | None = None
+        if aux_ids:
+            self._taps = Rows(len(aux_ids) * v.hidden_size)
         if len(self.prompt_ids) > 1:  # prefill all but the last prompt token
             out = v.forward(committed[:-1], cache, aux_ids, logits=False)
-            features = out.aux_hidden
+            if aux_ids:
+                features = self._taps.append(out.aux_hidden)
         elif aux_ids:
-            features = torch.zeros(0, len(aux_ids) * v.hidden_size)
+            features = self._taps.append(torch.zeros(0, len(aux_ids) * v.hidden_size))
         self.prefill_time_s = (
             time.perf_counter() - start
         )  # benches separate decoding from the prompt
@@ -202,7 +227,7 @@ class Decoding:
                 # Keep only `last, d_1..d_n` in the cache and in the features.
                 v.crop(cache, len(committed) + n)
                 if aux_ids:
-                    features = torch.cat([features, out.aux_hidden[: n + 1]])
+                    features = self._taps.append(out.aux_hidden[: n + 1])
                 emitted = proposal.token_ids[:n] + [final]
                 emitted, reason = self._apply_stops(output, emitted)
                 self.policy.observe(decision, n, len(emitted))

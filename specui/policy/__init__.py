@@ -6,17 +6,19 @@ CLI and the bench).  docs/decoding.md, "The policy", says why each piece is as i
 from __future__ import annotations
 
 from specui.errors import SpecUIError
-from specui.policy.adaptive import AdaptivePolicy, Decision, FixedPolicy, Policy
+from specui.policy.adaptive import AdaptivePolicy, Decision, FixedPolicy, Policy, Rates
 
 POLICIES = ("adaptive", "fixed")
 DEFAULT_POLICY = "adaptive"
+# Every run's adaptive policy in this process learns into (and starts from) these.
+SHARED_RATES: dict[str, Rates] = {}
 
 
 def make_policy(name: str | None, **options) -> Policy:
     """A fresh policy by name (None: the default)."""
     name = name or DEFAULT_POLICY
     if name == "adaptive":
-        return AdaptivePolicy(**options)
+        return AdaptivePolicy(**{"shared_rates": SHARED_RATES, **options})
     if name == "fixed":
         return FixedPolicy()
     raise SpecUIError(f"unknown decoding policy {name!r}; known: {', '.join(POLICIES)}")

@@ -34,6 +34,7 @@ from specui.trace import Proposal
 MAX_MEASURED_ROWS = 17  # longer blocks extrapolate the curve (a 25-row measure costs seconds)
 FIRST_PROBE_INTERVAL = 8
 MAX_PROBE_INTERVAL = 128
+RATE_MEMORY = 512  # steps of a position's history that count fully (older halve)
 PRIOR_WEIGHT = 2.0  # samples' worth of belief in a position's prior (see Rates.conditional)
 
 
@@ -138,6 +139,9 @@ class Rates:
         return out
 
     def update(self, sent: int, num_accepted: int) -> None:
+        if self.reached and self.reached[0] >= RATE_MEMORY:  # forget slowly: halve the counts
+            self.reached = [r // 2 for r in self.reached]
+            self.accepted = [a // 2 for a in self.accepted]
         while len(self.reached) < sent:
             self.reached.append(0)
             self.accepted.append(0)
@@ -161,11 +165,19 @@ class AdaptivePolicy:
     name = "adaptive"
 
     def __init__(
-        self, cost: CostModel | None = None, temperatures: dict[str, float] | None = None
+        self,
+        cost: CostModel | None = None,
+        temperatures: dict[str, float] | None = None,
+        shared_rates: dict[str, Rates] | None = None,
     ) -> None:
+        """``cost``: the cost model (None: measured or read at ``start``).  ``shared_rates``:
+        running rates by drafter, shared with the process's other runs (``make_policy`` passes
+        one): a run starts from what the last run of its drafter learned, so the Playground's
+        second Generate does not probe a drafter that the first found useless."""
         self.cost = cost
         self.temperatures = dict(temperatures or {})
         self.rates: dict[str, Rates] = {}
+        self.shared = shared_rates
         self.tokens = 0.0
         self.seconds = 0.0
         self._since_probe = 0
@@ -178,6 +190,9 @@ class AdaptivePolicy:
         named = [p for p in (lookup, learned) if p is not None]
         parts = tuple(d for _, d in named)
         self._keys = {name: drafter_key(d) for name, d in named}
+        if self.shared is not None:
+            for name, key in self._keys.items():
+                self.rates[name] = self.shared.setdefault(key, Rates())
         if not parts or drafter.num_speculative_tokens == 0:
             return
         if self.cost is not None:  # a given model is used as it is (a draft it lacks costs 0)
@@ -227,7 +242,7 @@ class AdaptivePolicy:
             name, proposer = learned
             k = min(proposer.num_speculative_tokens, max_k)
             priors = self._rates(name).conditional(k)
-            draft_s = self.cost.draft(proposer) or 0.0
+            draft_s = self.cost.draft_s.get(self._keys.get(name, ""), 0.0)
             gain = draft_gain(priors, verify, rate, draft_s)
             self._since_probe += 1
             probe = self._since_probe >= self._probe_interval and best_lookup is None
