@@ -315,6 +315,7 @@ class Decoding:
             verify_time_s=verify_s,
             proposer=decision.proposer,
             unsent_token_ids=list(decision.unsent),
+            unsent_texts=[v.token_text(t) for t in decision.unsent],
         )
 
 

@@ -157,6 +157,7 @@ class StepTrace:
     # and the drafted tail the policy did not send (the Playground greys it).  Not stored.
     proposer: str | None = None
     unsent_token_ids: list[int] = field(default_factory=list)
+    unsent_texts: list[str] = field(default_factory=list)
 
     @property
     def num_drafted(self) -> int:
