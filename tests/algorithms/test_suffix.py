@@ -149,3 +149,15 @@ def test_settings_use_vllms_names_and_bad_ones_are_refused(fixture_verifier):
         SuffixConfig(suffix_decoding_max_tree_depth=1)
     with pytest.raises(SpecUIError, match="min_token_prob"):
         SuffixConfig(suffix_decoding_min_token_prob=1.5)
+
+
+def test_vllm_gets_its_suffix_method_and_a_hybrid_is_refused_with_the_reason():
+    from specui.vllm.server import build_speculative_config, speculator_algorithm
+
+    cfg = build_speculative_config("suffix", 6)
+    assert cfg == {"method": "suffix", "num_speculative_tokens": 6, **SuffixConfig().settings()}
+    assert speculator_algorithm("suffix") == "suffix"
+    for call in (build_speculative_config, speculator_algorithm):
+        with pytest.raises(SpecUIError, match="vLLM has no method") as e:
+            call("dflash+suffix", *([None] if call is build_speculative_config else []))
+        assert "local engine" in str(e.value)
