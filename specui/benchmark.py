@@ -17,6 +17,8 @@ from typing import Any
 from specui.data import Prompt, bench_split, load_prompts
 from specui.errors import SpecUIError
 from specui.metrics import Comparison, compare
+from specui.policy import DEFAULT_POLICY
+from specui.policy.cost import CostModel
 from specui.service import DecodeRequest, record_runs
 from specui.store import Store
 from specui.trace import SamplingParams, check_decode_settings
@@ -51,6 +53,8 @@ class BenchResult:
     run_ids: list[int]
     comparison: Comparison
     prompts: list[Prompt]
+    # The verifier's measured cost model the adaptive policy chose by (None: no run used it).
+    cost_model: CostModel | None = None
 
     def groups(self, store: Store) -> dict[str, Comparison]:
         """The comparison on each task group of the prompts (Spec-Bench's six); {} when
@@ -74,6 +78,7 @@ def bench(
     should_stop: Callable[[], bool] | None = None,
     precision: str | None = None,
     drafter_options: dict[str, Any] | None = None,
+    policy: str = DEFAULT_POLICY,
 ) -> BenchResult:
     """Baseline + each drafter over the same prompts; returns run ids and their comparison.
 
@@ -93,7 +98,11 @@ def bench(
         runs = []
         # What every run shares; each adds its drafter and K.
         request = partial(
-            DecodeRequest, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed
+            DecodeRequest,
+            sampling=sampling,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            policy=policy,
         )
         for name in names:
             k = None if name == "none" else num_speculative_tokens
@@ -127,4 +136,11 @@ def bench(
             progress=report,
         )
     run_ids = [r.run_id for r in recorded]
-    return BenchResult(run_ids, compare(store, run_ids), prompt_list)
+    costs = next((lane_cost(r) for r in recorded if lane_cost(r) is not None), None)
+    return BenchResult(run_ids, compare(store, run_ids), prompt_list, costs)
+
+
+def lane_cost(run: Any) -> CostModel | None:
+    """The cost model a recorded run's adaptive policy chose by, if it had one."""
+    policy = getattr(run, "policy", None)
+    return getattr(policy, "cost", None)

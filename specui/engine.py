@@ -30,8 +30,9 @@ import torch
 
 from specui.algorithms.base import DraftContext, Drafter
 from specui.errors import SpecUIError
+from specui.policy import Decision, FixedPolicy, Policy
 from specui.sampling import process_logits, sample
-from specui.trace import FinalTokenKind, GenerationResult, Proposal, SamplingParams, StepTrace
+from specui.trace import FinalTokenKind, GenerationResult, SamplingParams, StepTrace
 from specui.verifier.model import Verifier
 
 
@@ -87,6 +88,28 @@ def accept_greedy(
     return len(draft_ids), best[len(draft_ids)], FinalTokenKind.BONUS, target_probs
 
 
+class Rows:
+    """The verifier taps of the committed positions, grown in place (doubling): appending a
+    step's rows copies them only, not every earlier row as a ``cat`` would (a few hundred KB a
+    step at a few hundred tokens, which a plain step of a policy that stopped drafting pays for
+    nothing).  Rows already handed out are never written again."""
+
+    def __init__(self, width: int) -> None:
+        self.buffer = torch.empty(64, width)
+        self.length = 0
+
+    def append(self, rows: torch.Tensor) -> torch.Tensor:
+        """Add ``rows`` [n, width]; returns every row so far (a view)."""
+        end = self.length + rows.shape[0]
+        if end > self.buffer.shape[0]:
+            grown = torch.empty(max(end, 2 * self.buffer.shape[0]), self.buffer.shape[1])
+            grown[: self.length] = self.buffer[: self.length]
+            self.buffer = grown
+        self.buffer[self.length : end] = rows
+        self.length = end
+        return self.buffer[:end]
+
+
 class Decoding:
     """One generation, iterated step by step; ``result`` is filled at the end.
 
@@ -107,7 +130,11 @@ class Decoding:
         stop_strings: tuple[str, ...] | list[str] = (),
         stop_on_eos: bool = True,
         should_stop: Callable[[], bool] | None = None,
+        policy: Policy | None = None,
     ) -> None:
+        """``policy`` decides how many drafts each step sends (``specui.policy``; None: every
+        draft, ``FixedPolicy``).  One policy may serve a run's prompts in turn: it learns the
+        drafter's acceptance over them."""
         if not prompt_ids:
             raise SpecUIError("the prompt is empty")
         if max_new_tokens < 1:
@@ -130,6 +157,9 @@ class Decoding:
         self.stop_strings = tuple(s for s in stop_strings if s)
         self.eos_ids = verifier.eos_token_ids if stop_on_eos else set()
         self.should_stop = should_stop
+        self.policy: Policy = policy or FixedPolicy()
+        # The cost model is measured (or read) here, before the run's clock starts.
+        self.policy.start(verifier, drafter)
         # Separate streams: the drafter's draws must not shift the verifier's.
         base = seed if seed is not None else torch.seed()
         self.verify_gen = torch.Generator().manual_seed(base)
@@ -151,11 +181,14 @@ class Decoding:
         committed = torch.tensor(self.prompt_ids, dtype=torch.long)
         cache = self.cache = v.new_cache()  # kept on self so tests can inspect it
         features: torch.Tensor | None = None
+        if aux_ids:
+            self._taps = Rows(len(aux_ids) * v.hidden_size)
         if len(self.prompt_ids) > 1:  # prefill all but the last prompt token
             out = v.forward(committed[:-1], cache, aux_ids, logits=False)
-            features = out.aux_hidden
+            if aux_ids:
+                features = self._taps.append(out.aux_hidden)
         elif aux_ids:
-            features = torch.zeros(0, len(aux_ids) * v.hidden_size)
+            features = self._taps.append(torch.zeros(0, len(aux_ids) * v.hidden_size))
         self.prefill_time_s = (
             time.perf_counter() - start
         )  # benches separate decoding from the prompt
@@ -175,7 +208,8 @@ class Decoding:
                     break
                 # Drafting more than room-1 tokens is wasted work (the final token adds one).
                 t0 = time.perf_counter()
-                proposal = self._propose(committed, features, max_k=room - 1)
+                decision = self._propose(committed, features, max_k=room - 1)
+                proposal = decision.proposal
                 t1 = time.perf_counter()
                 block = torch.cat(
                     [committed[-1:], torch.tensor(proposal.token_ids, dtype=torch.long)]
@@ -193,16 +227,17 @@ class Decoding:
                 # Keep only `last, d_1..d_n` in the cache and in the features.
                 v.crop(cache, len(committed) + n)
                 if aux_ids:
-                    features = torch.cat([features, out.aux_hidden[: n + 1]])
+                    features = self._taps.append(out.aux_hidden[: n + 1])
                 emitted = proposal.token_ids[:n] + [final]
                 emitted, reason = self._apply_stops(output, emitted)
+                self.policy.observe(decision, n, len(emitted))
                 committed = self.committed = torch.cat(
                     [committed, torch.tensor(emitted, dtype=torch.long)]
                 )
                 output.extend(emitted)
                 context_len = len(committed) - len(emitted)
                 verified = (target_probs, n, final, kind, emitted)
-                trace = self._trace(step, context_len, proposal, *verified, t1 - t0, t2 - t1)
+                trace = self._trace(step, context_len, decision, *verified, t1 - t0, t2 - t1)
                 res.steps.append(trace)
                 step += 1
                 yield res.steps[-1]
@@ -216,23 +251,11 @@ class Decoding:
 
     def _propose(
         self, committed: torch.Tensor, features: torch.Tensor | None, max_k: int
-    ) -> Proposal:
-        if self.drafter.num_speculative_tokens == 0 or max_k <= 0:
-            return Proposal(token_ids=[])
+    ) -> Decision:
         ctx = DraftContext(
             token_ids=committed, features=features, sampling=self.sampling, generator=self.draft_gen
         )
-        proposal = self.drafter.propose(ctx)
-        if len(proposal) > max_k:
-            proposal = Proposal(
-                token_ids=proposal.token_ids[:max_k],
-                probs=proposal.probs[:max_k] if proposal.probs is not None else None,
-                confidences=proposal.confidences[:max_k]
-                if proposal.confidences is not None
-                else None,
-                truncated_confidences=proposal.truncated_confidences,
-            )
-        return proposal
+        return self.policy.propose(ctx, self.drafter, max_k)
 
     def _apply_stops(self, output: list[int], emitted: list[int]) -> tuple[list[int], str | None]:
         """Cut ``emitted`` at EOS, the token budget or a stop string."""
@@ -269,9 +292,10 @@ class Decoding:
         return text
 
     def _trace(
-        self, step, context_len, proposal, target_probs, n, final, kind, emitted, draft_s, verify_s
+        self, step, context_len, decision, target_probs, n, final, kind, emitted, draft_s, verify_s
     ) -> StepTrace:
         v = self.verifier
+        proposal = decision.proposal
         ids = proposal.token_ids
         q = proposal.probs
         return StepTrace(
@@ -289,6 +313,9 @@ class Decoding:
             emitted_token_ids=list(emitted),
             draft_time_s=draft_s,
             verify_time_s=verify_s,
+            proposer=decision.proposer,
+            unsent_token_ids=list(decision.unsent),
+            unsent_texts=[v.token_text(t) for t in decision.unsent],
         )
 
 

@@ -18,6 +18,8 @@ from specui.algorithms.base import Drafter
 from specui.algorithms.spec import drafter_option_label
 from specui.data import Prompt
 from specui.engine import Decoding
+from specui.errors import SpecUIError
+from specui.policy import DEFAULT_POLICY, POLICIES, Policy, make_policy
 from specui.store import DecodingSettings, Run, RunRecorder, Store
 from specui.trace import GenerationResult, SamplingParams, StepTrace, check_decode_settings
 from specui.verifier.model import Verifier
@@ -34,9 +36,16 @@ class DecodeRequest:
     seed: int = 0
     drafter_options: dict | None = None
     stop_strings: tuple[str, ...] = ()
+    # How many drafts a step sends (``specui.policy``): ``adaptive`` (from the measured cost
+    # model) or ``fixed`` (every draft: the raw drafter at its K).  Local runs only.
+    policy: str = DEFAULT_POLICY
 
     def __post_init__(self) -> None:
         # Checked here, before any run row exists: a bad setting stores nothing.
+        if self.policy not in POLICIES:
+            raise SpecUIError(
+                f"unknown decoding policy {self.policy!r}; known: {', '.join(POLICIES)}"
+            )
         check_decode_settings(
             max_new_tokens=self.max_new_tokens,
             seed=self.seed,
@@ -69,11 +78,16 @@ def start_run(
     prompt_set: str,
     request: DecodeRequest,
     owner: str | None = None,
+    policy: Policy | None = None,
 ) -> Run:
-    """Create the stored run for decoding with ``drafter`` as ``request`` asks (status running)."""
+    """Create the stored run for decoding with ``drafter`` as ``request`` asks (status running).
+    ``policy``: the run's decoding policy, whose settings (its name, the cost model it chose
+    by) are stored with the run."""
     # The drafter's own settings too (the n-gram sizes): a run must say what it measured.
     own = dict(getattr(drafter, "stored_settings", None) or {})
     extra = {"verifier_precision": verifier.precision, **own}
+    if drafter.num_speculative_tokens > 0:  # a plain run has no drafts to choose
+        extra.update(policy.settings() if policy is not None else {"policy": request.policy})
     settings = run_settings(request, drafter.num_speculative_tokens, extra)
     return store.create_run(
         prompt_set=prompt_set,
@@ -100,6 +114,7 @@ class Lane:
     steps: list[StepTrace] = field(default_factory=list)  # the current prompt's steps so far
     done: bool = False  # the current prompt is finished
     decoding: Decoding | None = None  # the current prompt's (its .result grows step by step)
+    policy: Policy | None = None  # one for all the run's prompts: it learns the acceptance
 
     @property
     def name(self) -> str:
@@ -150,23 +165,24 @@ def decode_and_record(
         check_decode_settings(
             max_new_tokens=request.max_new_tokens, max_context=verifier.max_context
         )
+    lanes = [Lane(d, request, None, policy=make_policy(request.policy)) for d, request in runs]
     decodings = [
         [
             Decoding(
                 verifier,
-                drafter,
+                lane.drafter,
                 ids,
-                max_new_tokens=r.max_new_tokens,
-                sampling=r.sampling,
-                seed=r.seed + i,
+                max_new_tokens=lane.request.max_new_tokens,
+                sampling=lane.request.sampling,
+                seed=lane.request.seed + i,
                 should_stop=should_stop,
-                stop_strings=list(r.stop_strings),
+                stop_strings=list(lane.request.stop_strings),
+                policy=lane.policy,
             )
-            for drafter, r in runs
+            for lane in lanes
         ]
         for i, (ids, _) in enumerate(prompts)
     ]
-    lanes = [Lane(d, request, None) for d, request in runs]
     return Recording(
         store,
         verifier,
@@ -208,6 +224,7 @@ class Recording:
                     prompt_set=self.prompt_set,
                     request=lane.request,
                     owner=self.owner,
+                    policy=lane.policy,
                 )
                 lane.run_id = run.id
                 recorders.append(recording.enter_context(RunRecorder(self.store, run.id)))
@@ -259,6 +276,7 @@ class Recording:
 class RecordedRun:
     run_id: int
     results: list[GenerationResult]  # one per prompt decoded (fewer after a stop)
+    policy: Policy | None = None  # the run's decoding policy (its cost model, its rates)
 
 
 def record_runs(
@@ -288,7 +306,7 @@ def record_runs(
         if progress is not None and event.step is None and all(lane.done for lane in event.lanes):
             progress(event.prompt + 1, len(prompts))
     return [
-        RecordedRun(lane.run_id, lane.results)
+        RecordedRun(lane.run_id, lane.results, lane.policy)
         for lane in recording.lanes
         if lane.run_id is not None
     ]

@@ -153,6 +153,11 @@ class StepTrace:
     emitted_token_ids: list[int]  # accepted drafts + final token (after stop truncation)
     draft_time_s: float
     verify_time_s: float
+    # Who drafted the sent block (an algorithm name: "dflash", "suffix"; None on a plain step)
+    # and the drafted tail the policy did not send (the Playground greys it).  Not stored.
+    proposer: str | None = None
+    unsent_token_ids: list[int] = field(default_factory=list)
+    unsent_texts: list[str] = field(default_factory=list)
 
     @property
     def num_drafted(self) -> int:

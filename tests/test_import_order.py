@@ -34,7 +34,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # What the models are: prompts and data, the verifier, the algorithm packages (with the
     # training abstractions they implement: specui.algorithms.objective and .options).
     ("models", _specui("data", "verifier", "sampling", "algorithms")),
-    ("engine", ("specui.engine",)),
+    # The decoding loop and its policy (how many drafts a step sends, from the cost model).
+    ("engine", ("specui.engine", "specui.policy")),
     ("store", ("specui.store",)),
     ("metrics", ("specui.metrics",)),
     (

@@ -72,6 +72,9 @@ class DraftContext:
     features: torch.Tensor | None  # [L-1, n_aux*H] verifier aux taps, or None
     sampling: SamplingParams
     generator: torch.Generator | None  # drafter-side randomness (sampling q)
+    # Asked by the adaptive policy (``specui.policy``): fill ``Proposal.confidences`` with a
+    # per-slot acceptance estimate where the drafter has one (learned: ``top1_confidences``).
+    estimates: bool = False
 
 
 @runtime_checkable
@@ -402,6 +405,14 @@ def pick_draft_tokens(
         best = logits.argmax(-1)
         return (best if d2t is None else best + d2t[best]), None
     return pick_tokens(to_target_vocab(logits, d2t, vocab_size), sampling, generator)
+
+
+def top1_confidences(logits: torch.Tensor) -> list[float]:
+    """Each draft row's largest softmax probability (temperature 1), the raw per-slot
+    acceptance estimate of a learned drafter.  Row i's logits are made from the drafts before
+    slot i only, so the estimate is known before slot i's token is drawn (the adaptive policy
+    needs that for lossless sampling); the policy calibrates it."""
+    return torch.softmax(logits.float(), dim=-1).amax(-1).tolist()
 
 
 def stack_probs(qs: list[torch.Tensor | None]) -> torch.Tensor | None:

@@ -1,4 +1,5 @@
-"""Turning what a user typed (``none``, ``ngram``, a shipped name, a folder) into a drafter."""
+"""Turning what a user typed (``none``, ``ngram``, ``suffix``, a shipped name, a folder,
+``LEARNED+LOOKUP``) into a drafter."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 from specui.algorithms.base import Drafter
 from specui.algorithms.checkpoint import load_drafter
 from specui.algorithms.ngram import OPTION_NAMES, NgramConfig
-from specui.algorithms.simple import BUILTIN, NgramDrafter, PlainDrafter
+from specui.algorithms.simple import BUILTIN, LOOKUPS, NgramDrafter, PlainDrafter
 from specui.algorithms.spec import ALGORITHMS
+from specui.algorithms.suffix import OPTION_NAMES as SUFFIX_OPTIONS
+from specui.algorithms.suffix import SuffixConfig, SuffixDrafter
 from specui.errors import SpecUIError
 from specui.paths import shipped_drafters_dir
 from specui.verifier.model import Verifier
@@ -28,16 +31,30 @@ def shipped_drafters() -> dict[str, Path]:
 def resolve_drafter(
     choice: str, verifier: Verifier, num_speculative_tokens: int | None = None, **options
 ) -> Drafter:
-    """The drafter a choice names: ``none`` | ``ngram`` | a shipped drafter's name | a
-    speculators-format folder (a speculator)."""
+    """The drafter a choice names: ``none`` | ``ngram`` | ``suffix`` | a shipped drafter's name |
+    a speculators-format folder (a speculator) | ``LEARNED+LOOKUP``, a learned drafter and a
+    lookup in one proposer (``dflash+suffix``; ``specui.algorithms.hybrid``)."""
     choice = choice.strip()
     if choice in ("", "none", "plain"):
         return PlainDrafter()
+    learned, plus, lookup = choice.rpartition("+")
+    if plus and lookup in LOOKUPS and learned.strip():
+        from specui.algorithms.hybrid import HybridDrafter
+
+        first = resolve_drafter(learned, verifier, num_speculative_tokens, **options)
+        if first.algorithm in (*BUILTIN, *LOOKUPS) or "+" in first.algorithm:
+            raise SpecUIError(f"{choice!r}: a hybrid pairs a learned drafter with {lookup}")
+        second = resolve_drafter(lookup, verifier, num_speculative_tokens, **options)
+        return HybridDrafter(first, second, name=choice)
     if choice == "ngram":
         # Its lookup options (max_ngram / min_ngram or vLLM's names); others' are dropped.
         k = num_speculative_tokens if num_speculative_tokens is not None else 4
         return NgramDrafter(k, NgramConfig.from_options({o: options.get(o) for o in OPTION_NAMES}))
-    options = {k: v for k, v in options.items() if k not in OPTION_NAMES}
+    if choice == "suffix":
+        return SuffixDrafter(num_speculative_tokens, SuffixConfig.from_options(options))
+    options = {
+        k: v for k, v in options.items() if k not in OPTION_NAMES and k not in SUFFIX_OPTIONS
+    }
     shipped = shipped_drafters()
     path = shipped.get(choice) or Path(choice).expanduser()
     if not path.exists():

@@ -1,4 +1,5 @@
-"""Drafters that need no training: plain decoding (the baseline) and n-gram prompt lookup.
+"""Drafters that need no training: plain decoding (the baseline) and n-gram prompt lookup
+(suffix decoding is ``suffix.py``).
 
 They have no checkpoint, config, objective or vLLM export of their own, so no
 AlgorithmSpec: ``BUILTIN`` is their list, next to the registry's learned ones.
@@ -10,7 +11,8 @@ from specui.algorithms.base import DraftContext
 from specui.algorithms.ngram import DEFAULT_NGRAM, NgramConfig
 from specui.trace import Proposal
 
-BUILTIN = ("none", "ngram")  # the algorithm names runs store for them
+BUILTIN = ("none", "ngram", "suffix")  # the algorithm names runs store for them
+LOOKUPS = ("ngram", "suffix")  # the model-free drafters a hybrid pairs with a learned one
 
 
 class PlainDrafter:

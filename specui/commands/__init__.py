@@ -77,3 +77,17 @@ def ngram_options(args: argparse.Namespace) -> dict[str, int]:
     given = {k: getattr(args, k, None) for k in ("max_ngram", "min_ngram")}
     NgramConfig.from_options(given)  # before any model loads
     return {k: v for k, v in given.items() if v is not None}
+
+
+def add_policy_argument(p: argparse.ArgumentParser) -> None:
+    """``--policy``: how many drafts each step sends (``specui.policy``)."""
+    from specui.policy import DEFAULT_POLICY, POLICIES
+
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default=DEFAULT_POLICY,
+        help="adaptive (default): each step sends the number of drafts (0..K) that maximises "
+        "expected tokens per second under the cost model measured at load; fixed: every draft, "
+        "the raw drafter at its K",
+    )

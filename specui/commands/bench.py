@@ -10,6 +10,7 @@ import torch
 
 from specui.commands import (
     add_ngram_arguments,
+    add_policy_argument,
     add_precision_argument,
     arg_values,
     ngram_options,
@@ -26,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--drafter",
         action="append",
         default=[],
-        help="none | ngram | shipped name | folder (repeatable)",
+        help="none | ngram | suffix | shipped name | folder | LEARNED+LOOKUP, e.g. dflash+suffix"
+        " (repeatable)",
     )
     p.add_argument("--shipped", action="store_true", help="every drafter shipped in data/drafters")
     p.add_argument(
@@ -43,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None)
     add_ngram_arguments(p)
+    add_policy_argument(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1 gives stable timings)"
@@ -98,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         progress=log,
         precision=args.precision,
         drafter_options=ngram,
+        policy=args.policy,
     )
     run_ids, comparison = result.run_ids, result.comparison
     # Every metric per task group too (Spec-Bench's six), as the field reports it.
@@ -109,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
                     "run_ids": run_ids,
                     "runs": comparison.rows,
                     "groups": {g: c.rows for g, c in groups.items()},
+                    "policy": args.policy,
+                    "cost_model": result.cost_model.to_dict() if result.cost_model else None,
                     "columns": {
                         c.key: {"label": c.label, "definition": c.definition, "unit": c.unit}
                         for c in comparison.columns
@@ -122,7 +128,42 @@ def run(args: argparse.Namespace) -> int:
     for group, comp in groups.items():
         print()
         _print_table(comp, group)
+    if result.cost_model is not None:
+        print()
+        _print_costs(result.cost_model, comparison)
     return 0
+
+
+def _print_costs(cost, comparison) -> None:
+    """The cost model the policy chose by, and the break-even picture for this machine."""
+    from specui.policy.choose import break_even_acceptance, run_speedup
+
+    print(f"cost model ({', '.join(f'{k}={v}' for k, v in cost.key.items() if k != 'machine')})")
+    print(f"  {cost.summary()}")
+    ks = [k for k in (1, 2, 3, 4, 6, 8) if k + 1 <= max(len(cost.verify_s), 2) + 8]
+    cells = []
+    for k in ks:
+        a = break_even_acceptance(cost.verify, k)
+        cells.append(f"K={k}: {'never' if a is None else f'{a:.2f}'}")
+    print("  break-even per-slot acceptance (no draft cost): " + ", ".join(cells))
+    print("  each run on this curve: drafter, tau, tokens/step, expected speedup, measured")
+    for row in comparison.rows:
+        if row.get("algorithm") == "none":
+            continue
+        expected = run_speedup(row, cost.verify)
+        measured = row.get("speedup")
+        print(
+            "  "
+            + "\t".join(
+                [
+                    str(row.get("drafter")),
+                    f"{row.get('acceptance_length') or 1.0:.2f}",
+                    f"{row.get('tokens_per_step') or 1.0:.2f}",
+                    "-" if expected is None else f"{expected:.2f}x",
+                    "-" if measured is None else f"{measured:.2f}x",
+                ]
+            )
+        )
 
 
 def _print_table(comparison, group: str | None) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from specui.commands import (
     add_ngram_arguments,
+    add_policy_argument,
     add_precision_argument,
     arg_values,
     ngram_options,
@@ -45,6 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="K (default: the drafter's own)",
     )
     add_ngram_arguments(p)
+    add_policy_argument(p)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -87,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop_strings=tuple(args.stop),
         drafter_options=ngram or None,
+        policy=args.policy,
     )
     verifier = WORKBENCH.verifier(args.verifier, args.precision)
     check_decode_settings(max_new_tokens=args.max_new_tokens, max_context=verifier.max_context)

@@ -23,6 +23,8 @@ CSS = """
 .tok.corrected { background: #ffe2b3; color: #7a4300; font-weight: 600; }
 .tok.bonus     { background: #cfe3ff; color: #003c8f; font-weight: 600; }
 .tok.prompt    { color: #777; }
+.tok.unsent    { background: transparent; color: #aaaaaa; outline: 1px dotted #bbbbbb; }
+.specui-step .who { color: #888; font-size: 11px; margin-right: 4px; }
 .tok.unknown   { font-style: italic; text-decoration: none;
                  outline: 1px dashed currentColor; outline-offset: -2px; }
 .specui-step .counts { color: #888; font-size: 11px; margin-left: 4px; }
@@ -108,7 +110,17 @@ def step_html(step: StepTrace) -> str:
                 f"id {step.final_token_id} · {kind} token from the verifier",
             )
         )
+    # Drafted but not sent: the policy cut the block before the verifier (greyed).
+    for i, tid in enumerate(step.unsent_token_ids):
+        text = step.unsent_texts[i] if i < len(step.unsent_texts) else f"[{tid}]"
+        chips.append(_chip(text, "unsent", f"id {tid} · drafted, not sent by the policy"))
     label = f"#{step.step} +{len(step.emitted_token_ids)}"
+    who = (
+        f'<span class="who" title="who drafted the sent block, and how many drafts the policy'
+        f' sent">{html.escape(step.proposer)} ×{step.num_drafted}</span>'
+        if step.proposer
+        else ""
+    )
     timing = f"draft {step.draft_time_s * 1e3:.0f} ms · verify {step.verify_time_s * 1e3:.0f} ms"
     counts = (
         f'<span class="counts">{step.num_drafted} drafted, {step.num_accepted} accepted</span>'
@@ -116,7 +128,7 @@ def step_html(step: StepTrace) -> str:
         else ""
     )
     return (
-        f'<div class="specui-step"><span class="idx" title="{timing}">{label}</span>'
+        f'<div class="specui-step"><span class="idx" title="{timing}">{label}</span>{who}'
         f"{''.join(chips)}{counts}</div>"
     )
 

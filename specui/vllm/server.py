@@ -138,13 +138,25 @@ def speculator_algorithm(speculator: str | None) -> str:
     ``none``."""
     if not speculator or speculator in ("none", "plain"):
         return "none"
-    if speculator == "ngram":
-        return "ngram"
+    if speculator in ("ngram", "suffix"):
+        return speculator
+    refuse_hybrid(speculator)
     try:
         cfg = json.loads((Path(speculator).expanduser() / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise SpecUIError(f"speculator {speculator}: cannot read config.json ({e})") from None
     return str(cfg.get("speculators_model_type") or "unknown")
+
+
+def refuse_hybrid(speculator: str) -> None:
+    """A ``LEARNED+LOOKUP`` hybrid is SpecUI's own proposer: vLLM runs one method at a time."""
+    learned, plus, lookup = speculator.rpartition("+")
+    if plus and lookup in ("ngram", "suffix") and not Path(speculator).expanduser().exists():
+        raise SpecUIError(
+            f"{speculator!r} is a hybrid proposer (a learned drafter and {lookup} lookup in one),"
+            " which vLLM has no method for: vLLM runs one speculative method at a time. Run"
+            f" {learned!r} or {lookup!r} on vLLM, or the hybrid on the local engine"
+        )
 
 
 def build_speculative_config(
@@ -157,6 +169,14 @@ def build_speculative_config(
         k = num_speculative_tokens or 4
         # Prompt lookup with the sizes the local NgramDrafter uses (one NgramConfig for both).
         return {"method": "ngram", "num_speculative_tokens": k, **ngram.vllm_settings()}
+    if speculator == "suffix":
+        from specui.algorithms.suffix import SuffixConfig
+
+        # vLLM's own method and names; its K defaults to the tree depth, as the local drafter's.
+        cfg = SuffixConfig()
+        k = num_speculative_tokens or cfg.suffix_decoding_max_tree_depth
+        return {"method": "suffix", "num_speculative_tokens": k, **cfg.settings()}
+    refuse_hybrid(speculator)
     folder = Path(speculator).expanduser()
     if not (folder / "config.json").is_file():
         raise SpecUIError(

@@ -114,5 +114,20 @@ def test_decode_with_each_fixture_checkpoint(capsys, fixture_dir, algorithm):
             for s in steps
             if s["draft_token_ids"]
         )
-    else:
-        assert all(s["confidences"] is None for s in steps)
+    else:  # the adaptive policy asks each learned drafter for its top-1 estimates
+        assert all(
+            s["confidences"] and all(0 <= c <= 1 for c in s["confidences"])
+            for s in steps
+            if s["draft_token_ids"]
+        )
+        fixed, _ = _decode_json(
+            capsys,
+            *folders,
+            "--prompt-ids",
+            "5 17 300 42 7",
+            "--max-new-tokens",
+            "6",
+            "--policy",
+            "fixed",
+        )
+        assert all(s["confidences"] is None for s in fixed)  # asked for by no one

@@ -7,7 +7,6 @@ import itertools
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 import specui.engine as engine
 from specui.algorithms import algorithm_names
@@ -16,6 +15,7 @@ from specui.engine import Decoding, generate
 from specui.errors import SpecUIError
 from specui.sampling import process_logits
 from specui.trace import FinalTokenKind, SamplingParams
+from tests.support.distribution import sampled_pvalue
 from tests.support.scripted_drafters import RandomDrafter, ScriptedDrafter
 from tests.support.verifiers import make_tiny_verifier
 
@@ -74,39 +74,9 @@ def test_ngram_accepts_repeated_text_so_tau_exceeds_one(tiny):
 # --- sampling: the output distribution is the verifier's ------------------------------
 
 
-def _exact_two_token_distribution(v, prompt, sampling) -> torch.Tensor:
-    """P(x1, x2 | prompt) under the processed verifier distribution, by enumeration."""
-    V = v.vocab_size
-    first = process_logits(v.forward(torch.tensor(prompt)).logits[-1], sampling)
-    table = torch.zeros(V, V, dtype=torch.float64)
-    for x1 in range(V):
-        if first[x1] == 0:
-            continue
-        second = process_logits(v.forward(torch.tensor([*prompt, x1])).logits[-1], sampling)
-        table[x1] = first[x1].double() * second.double()
-    return table.flatten()
-
-
 def _sampled_pvalue(v, prompt, sampling, n: int, k: int) -> float:
-    expected = _exact_two_token_distribution(v, prompt, sampling)
-    counts = torch.zeros_like(expected)
     drafter = RandomDrafter(v.vocab_size, k=k, seed=11, sharpness=2.0)
-    V = v.vocab_size
-    for seed in range(n):
-        out = generate(
-            v, drafter, prompt, max_new_tokens=2, sampling=sampling, seed=seed, stop_on_eos=False
-        )
-        x1, x2 = out.output_token_ids
-        counts[x1 * V + x2] += 1
-    # Pool cells with small expectation so the chi-square approximation holds.
-    exp = expected * n
-    big = exp >= 5
-    f_obs = torch.cat([counts[big], counts[~big].sum(0, keepdim=True)])
-    f_exp = torch.cat([exp[big], exp[~big].sum(0, keepdim=True)])
-    keep = f_exp > 0
-    f_obs, f_exp = f_obs[keep].numpy(), f_exp[keep].numpy()
-    f_exp = f_exp * f_obs.sum() / f_exp.sum()  # float rounding only; the totals agree to 1e-7
-    return float(chisquare(f_obs, f_exp).pvalue)
+    return sampled_pvalue(v, prompt, sampling, n, drafter)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,9 @@ class RandomDrafter:
             tokens = q.argmax(-1)
         else:
             tokens = torch.multinomial(q, 1, generator=ctx.generator).squeeze(-1)
-        return Proposal(token_ids=tokens.tolist(), probs=q)
+        # Each slot's q is drawn before its token: its top-1 probability is a legal estimate.
+        conf = q.amax(-1).tolist() if ctx.estimates else None
+        return Proposal(token_ids=tokens.tolist(), probs=q, confidences=conf)
 
 
 class ScriptedDrafter:

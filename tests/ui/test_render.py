@@ -76,3 +76,13 @@ def test_live_stats_show_tokens_per_step_beside_tau():
     stats = stats_markdown(result, running=True)
     assert "**tau** (1 + accepted/drafts) **3.00**" in stats
     assert "**tokens per step** (tokens/steps) **2.00**" in stats
+
+
+def test_a_step_names_its_proposer_and_greys_the_drafts_the_policy_did_not_send():
+    step = _step(4, FinalTokenKind.BONUS, [1, 2, 3, 4, 9])
+    step.proposer, step.unsent_token_ids, step.unsent_texts = "suffix", [7, 8], ["ta", "il"]
+    html = step_html(step)
+    assert "suffix ×4" in html
+    assert _classes(html)[-2:] == ["unsent", "unsent"] and ">ta<" in html
+    step.proposer, step.unsent_token_ids, step.unsent_texts = None, [], []
+    assert "×" not in step_html(step) and "unsent" not in step_html(step)

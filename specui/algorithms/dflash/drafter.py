@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache
+from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, top1_confidences
 from specui.algorithms.dflash.model import DFlashModel
 from specui.algorithms.layers import KV, CacheWrite, KVBuffer, extend_kv
 from specui.trace import Proposal
@@ -145,4 +145,5 @@ class DFlashDrafter(LearnedDrafter):
         self._greedy_tokens = None
         _, logits = self.draft_block(ctx, self.model.config.first_draft_slot)
         tokens, q = self.pick(logits, ctx, self._greedy_tokens)
-        return Proposal(token_ids=tokens.tolist(), probs=q)
+        conf = top1_confidences(logits) if ctx.estimates else None
+        return Proposal(token_ids=tokens.tolist(), probs=q, confidences=conf)

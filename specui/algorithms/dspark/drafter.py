@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from specui.algorithms.base import DraftContext, stack_probs
+from specui.algorithms.base import DraftContext, stack_probs, top1_confidences
 from specui.algorithms.dflash.drafter import DFlashDrafter
 from specui.algorithms.dspark.model import DSparkModel
 from specui.algorithms.dspark.policy import MODES
@@ -148,9 +148,10 @@ class DSparkDrafter(DFlashDrafter):
         self.markov_call = MarkovChainCall.build(m.markov_head, m.d2t, confidence)
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        tokens, q, _, conf_logits = self.draft_chain(ctx)
+        tokens, q, logits, conf_logits = self.draft_chain(ctx)
         if self.model.confidence_head is None:
-            return Proposal(token_ids=tokens.tolist(), probs=q)
+            conf = top1_confidences(logits) if ctx.estimates else None
+            return Proposal(token_ids=tokens.tolist(), probs=q, confidences=conf)
         conf = torch.sigmoid(conf_logits).tolist()
         n = self.confidence_policy.keep(conf)
         return Proposal(

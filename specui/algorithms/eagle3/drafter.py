@@ -8,7 +8,13 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from specui.algorithms.base import DraftContext, LearnedDrafter, PrefixCache, stack_probs
+from specui.algorithms.base import (
+    DraftContext,
+    LearnedDrafter,
+    PrefixCache,
+    stack_probs,
+    top1_confidences,
+)
 from specui.algorithms.eagle3.model import Eagle3Model
 from specui.algorithms.layers import KV, CacheWrite, KVBuffer, extend_kv
 from specui.trace import Proposal
@@ -171,5 +177,6 @@ class Eagle3Drafter(LearnedDrafter):
             ctx.token_ids.numel() < 2
         ):  # the anchor row needs the verifier feature of the position before it
             return self.empty_proposal()
-        tokens, q, _ = self.draft_steps(ctx)
-        return Proposal(token_ids=tokens.tolist(), probs=q)
+        tokens, q, logits = self.draft_steps(ctx)
+        conf = top1_confidences(logits) if ctx.estimates else None
+        return Proposal(token_ids=tokens.tolist(), probs=q, confidences=conf)

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import torch
 
-from specui.algorithms.base import DraftContext
+from specui.algorithms.base import DraftContext, top1_confidences
 from specui.algorithms.eagle3.drafter import Eagle3Drafter
 from specui.algorithms.peagle.model import PEagleModel
 from specui.trace import Proposal
@@ -96,4 +96,5 @@ class PEagleDrafter(Eagle3Drafter):
         self._greedy_tokens = None  # the one call's argmax of the rows, where it made one
         logits = self.draft_rows(ctx)
         tokens, q = self.pick(logits, ctx, self._greedy_tokens)
-        return Proposal(token_ids=tokens.tolist(), probs=q)
+        conf = top1_confidences(logits) if ctx.estimates else None
+        return Proposal(token_ids=tokens.tolist(), probs=q, confidences=conf)

@@ -1,0 +1,286 @@
+"""The two decoding policies: ``fixed`` sends every draft the drafter makes (the raw drafter at
+its K); ``adaptive`` sends, each step, the number of drafts 0..K that maximises expected
+tokens per second under the measured cost model (``cost.py``, ``choose.py``), skips drafting
+when the drafter's running acceptance cannot pay for it, and, for a hybrid, picks the lookup's
+or the learned drafter's draft.
+
+What it reads, and when (the sampled output stays the verifier's; docs/decoding.md):
+
+* per-slot estimates from the proposal (``Proposal.confidences``: DSpark's confidence head, a
+  learned drafter's top-1 probability, a lookup's match shares), each made from the slots
+  before it, calibrated by a temperature per proposer (fitted on stored runs);
+* per proposer, the running conditional acceptance of each slot position over the run so far
+  (each position's prior the one before it), updated after each verify, never from this
+  step's drafts;
+* the throughput so far, on the cost model's clock (so a seeded run decides alike each time).
+
+A drafter whose acceptance does not pay is still drafted now and then (a probe, at intervals
+that double up to ``MAX_PROBE_INTERVAL`` steps while it keeps not paying), so a run that turns
+predictable can win it back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from specui.algorithms.base import DraftContext, Drafter
+from specui.algorithms.simple import LOOKUPS
+from specui.policy.choose import best_gain, draft_gain, sequential_keep
+from specui.policy.cost import CostModel, cost_model, drafter_key
+from specui.trace import Proposal
+
+MAX_MEASURED_ROWS = 17  # longer blocks extrapolate the curve (a 25-row measure costs seconds)
+FIRST_PROBE_INTERVAL = 8
+MAX_PROBE_INTERVAL = 128
+RATE_MEMORY = 512  # steps of a position's history that count fully (older halve)
+PRIOR_WEIGHT = 2.0  # samples' worth of belief in a position's prior (see Rates.conditional)
+
+
+@dataclass
+class Decision:
+    """What a policy sends this step: ``proposal`` (empty for a plain step), who drafted it,
+    the drafted tail it did not send, and every proposer whose draft ran."""
+
+    proposal: Proposal
+    proposer: str | None = None
+    unsent: list[int] = field(default_factory=list)
+    drafted: tuple[str, ...] = ()
+
+
+class Policy(Protocol):
+    name: str
+
+    def start(self, verifier: Any, drafter: Drafter) -> None: ...
+
+    def propose(self, ctx: DraftContext, drafter: Drafter, max_k: int) -> Decision: ...
+
+    def observe(self, decision: Decision, num_accepted: int, num_emitted: int) -> None: ...
+
+    def settings(self) -> dict[str, Any]: ...
+
+
+def truncate(proposal: Proposal, n: int) -> tuple[Proposal, list[int]]:
+    """The first ``n`` slots of ``proposal`` and the tokens of the rest."""
+    if len(proposal) <= n:
+        return proposal, []
+    conf = proposal.confidences
+    kept = Proposal(
+        token_ids=proposal.token_ids[:n],
+        probs=proposal.probs[:n] if proposal.probs is not None else None,
+        confidences=conf[:n] if conf is not None else None,
+        truncated_confidences=(conf[n:] if conf is not None else None)
+        or proposal.truncated_confidences,
+    )
+    return kept, proposal.token_ids[n:]
+
+
+def split(drafter: Drafter) -> tuple[tuple[str, Drafter] | None, tuple[str, Drafter] | None]:
+    """(lookup, learned): a hybrid's two proposers, or the one a drafter is."""
+    proposers = getattr(drafter, "proposers", None)
+    if proposers is not None:
+        return proposers[0], proposers[1]
+    if drafter.algorithm in LOOKUPS:
+        return (drafter.algorithm, drafter), None
+    return None, (drafter.algorithm, drafter)
+
+
+class FixedPolicy:
+    """Every draft the drafter makes, up to the room left; a hybrid's lookup first."""
+
+    name = "fixed"
+
+    def start(self, verifier: Any, drafter: Drafter) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext, drafter: Drafter, max_k: int) -> Decision:
+        if drafter.num_speculative_tokens == 0 or max_k <= 0:
+            return Decision(Proposal(token_ids=[]))
+        lookup, learned = split(drafter)
+        drafted: list[str] = []
+        for pair in (lookup, learned):
+            if pair is None:
+                continue
+            name, proposer = pair
+            proposal = proposer.propose(ctx)
+            drafted.append(name)
+            if len(proposal):
+                sent, unsent = truncate(proposal, max_k)
+                return Decision(sent, name, unsent, tuple(drafted))
+        return Decision(Proposal(token_ids=[]), None, [], tuple(drafted))
+
+    def observe(self, decision: Decision, num_accepted: int, num_emitted: int) -> None:
+        pass
+
+    def settings(self) -> dict[str, Any]:
+        return {"policy": self.name}
+
+
+@dataclass
+class Rates:
+    """One proposer's running acceptance: slot j reached (all before it accepted) and sent,
+    and of those accepted."""
+
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def conditional(self, n: int) -> list[float]:
+        """P(slot j accepted | slots before it accepted), j = 1..n.  Each position starts from
+        the one before it (slot 1 from 1/2) with the weight of ``PRIOR_WEIGHT`` samples: a
+        position the policy has not sent yet is taken to be like the last one it has, so a
+        drafter that is right on slot 1 gets its longer blocks tried."""
+        out, prior = [], 0.5
+        for j in range(n):
+            r = self.reached[j] if j < len(self.reached) else 0
+            a = self.accepted[j] if j < len(self.accepted) else 0
+            prior = (a + PRIOR_WEIGHT * prior) / (r + PRIOR_WEIGHT)
+            out.append(prior)
+        return out
+
+    def update(self, sent: int, num_accepted: int) -> None:
+        if self.reached and self.reached[0] >= RATE_MEMORY:  # forget slowly: halve the counts
+            self.reached = [r // 2 for r in self.reached]
+            self.accepted = [a // 2 for a in self.accepted]
+        while len(self.reached) < sent:
+            self.reached.append(0)
+            self.accepted.append(0)
+        for j in range(min(num_accepted + 1, sent)):
+            self.reached[j] += 1
+            if j < num_accepted:
+                self.accepted[j] += 1
+
+
+def calibrate(confidence: float, temperature: float) -> float:
+    """sigmoid(logit(c) / T): temperature scaling of a per-slot estimate."""
+    c = min(max(confidence, 1e-6), 1 - 1e-6)
+    if temperature == 1.0:
+        return c
+    return 1 / (1 + math.exp(-math.log(c / (1 - c)) / temperature))
+
+
+class AdaptivePolicy:
+    """See the module docstring.  One instance per run (lane): it learns over its prompts."""
+
+    name = "adaptive"
+
+    def __init__(
+        self,
+        cost: CostModel | None = None,
+        temperatures: dict[str, float] | None = None,
+        shared_rates: dict[str, Rates] | None = None,
+    ) -> None:
+        """``cost``: the cost model (None: measured or read at ``start``).  ``shared_rates``:
+        running rates by drafter, shared with the process's other runs (``make_policy`` passes
+        one): a run starts from what the last run of its drafter learned, so the Playground's
+        second Generate does not probe a drafter that the first found useless."""
+        self.cost = cost
+        self.temperatures = dict(temperatures or {})
+        self.rates: dict[str, Rates] = {}
+        self.shared = shared_rates
+        self.tokens = 0.0
+        self.seconds = 0.0
+        self._since_probe = 0
+        self._probe_interval = FIRST_PROBE_INTERVAL
+        self._keys: dict[str, str] = {}  # proposer name -> its entry in the cost model's drafts
+
+    def start(self, verifier: Any, drafter: Drafter) -> None:
+        """Measure (or read) the cost model this run's choices need."""
+        lookup, learned = split(drafter)
+        named = [p for p in (lookup, learned) if p is not None]
+        parts = tuple(d for _, d in named)
+        self._keys = {name: drafter_key(d) for name, d in named}
+        if self.shared is not None:
+            for name, key in self._keys.items():
+                self.rates[name] = self.shared.setdefault(key, Rates())
+        if not parts or drafter.num_speculative_tokens == 0:
+            return
+        if self.cost is not None:  # a given model is used as it is (a draft it lacks costs 0)
+            return
+        rows = min(drafter.num_speculative_tokens + 1, MAX_MEASURED_ROWS)
+        self.cost = cost_model(verifier, rows, parts)
+
+    def rate(self) -> float:
+        """The throughput to beat: this run's so far, on the model's clock, or plain's."""
+        assert self.cost is not None
+        plain = 1 / self.cost.verify(1)
+        return max(plain, self.tokens / self.seconds) if self.seconds > 0 else plain
+
+    def _rates(self, name: str) -> Rates:
+        return self.rates.setdefault(name, Rates())
+
+    def estimates(self, name: str, proposal: Proposal) -> list[float]:
+        if proposal.confidences is not None and len(proposal.confidences) == len(proposal):
+            t = self.temperatures.get(name, 1.0)
+            return [calibrate(c, t) for c in proposal.confidences]
+        return self._rates(name).conditional(len(proposal))
+
+    def propose(self, ctx: DraftContext, drafter: Drafter, max_k: int) -> Decision:
+        if drafter.num_speculative_tokens == 0 or max_k <= 0:
+            return Decision(Proposal(token_ids=[]))
+        if self.cost is None:
+            raise RuntimeError("AdaptivePolicy.start was not called")
+        verify, rate = self.cost.verify, self.rate()
+        lookup, learned = split(drafter)
+        drafted: list[str] = []
+        best_lookup: Decision | None = None
+        gain_lookup = 0.0  # a plain step gains nothing: anything sent must beat it
+        if lookup is not None:
+            name, proposer = lookup
+            found, _ = truncate(proposer.propose(ctx), max_k)
+            drafted.append(name)
+            if len(found):
+                # A lookup's draft is fixed by the context alone: every slot's estimate may
+                # be read at once (no sampled token behind it).
+                est = self.estimates(name, found)
+                n = sequential_keep(est, est, verify, rate)
+                if n:
+                    sent, unsent = truncate(found, n)
+                    gain_lookup = best_gain(1.0, est[:n], 0, verify, rate)
+                    best_lookup = Decision(sent, name, unsent)
+        if learned is not None:
+            name, proposer = learned
+            k = min(proposer.num_speculative_tokens, max_k)
+            priors = self._rates(name).conditional(k)
+            draft_s = self.cost.draft_s.get(self._keys.get(name, ""), 0.0)
+            gain = draft_gain(priors, verify, rate, draft_s)
+            self._since_probe += 1
+            probe = self._since_probe >= self._probe_interval and best_lookup is None
+            if gain > gain_lookup or probe:
+                self._since_probe = 0
+                if gain > 0:
+                    self._probe_interval = FIRST_PROBE_INTERVAL
+                elif probe:
+                    self._probe_interval = min(2 * self._probe_interval, MAX_PROBE_INTERVAL)
+                ctx = replace(ctx, estimates=True)
+                found, _ = truncate(proposer.propose(ctx), max_k)
+                drafted.append(name)
+                est = self.estimates(name, found)
+                # A probe sends at least one slot: it is how the running rates learn.
+                n = sequential_keep(est, priors, verify, rate) or (1 if probe else 0)
+                if n or best_lookup is None:
+                    sent, unsent = truncate(found, n)
+                    return Decision(sent, name if n else None, unsent, tuple(drafted))
+        if best_lookup is not None:
+            best_lookup.drafted = tuple(drafted)
+            return best_lookup
+        return Decision(Proposal(token_ids=[]), None, [], tuple(drafted))
+
+    def observe(self, decision: Decision, num_accepted: int, num_emitted: int) -> None:
+        if self.cost is None:  # a plain run: nothing to learn
+            return
+        if decision.proposer is not None:
+            self._rates(decision.proposer).update(len(decision.proposal), num_accepted)
+        seconds = self.cost.verify(len(decision.proposal) + 1)
+        for name in decision.drafted:
+            seconds += self.cost.draft_s.get(self._keys.get(name, ""), 0.0)
+        self.tokens += num_emitted
+        self.seconds += seconds
+
+    def settings(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"policy": self.name}
+        if self.cost is not None:
+            out["cost_model"] = self.cost.to_dict()
+        if self.temperatures:
+            out["calibration_temperatures"] = dict(self.temperatures)
+        return out
