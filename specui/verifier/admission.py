@@ -86,9 +86,21 @@ def safetensors_weights(path: Path) -> Weights:
 
 
 def folder_weights(folder: Path) -> Weights:
-    """The weights of every ``.safetensors`` file in ``folder`` (none: zero)."""
+    """The weights a load of ``folder`` reads: the shards its ``model.safetensors.index.json``
+    names, else ``model.safetensors``, else every ``.safetensors`` file (none: zero)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise SpecUIError(f"{index.name} is not a readable index ({e})") from None
+        paths = [folder / Path(name).name for name in names]
+    elif (folder / "model.safetensors").is_file():
+        paths = [folder / "model.safetensors"]
+    else:
+        paths = sorted(folder.glob("*.safetensors"))
     total = Weights(0, 0)
-    for path in sorted(folder.glob("*.safetensors")):
+    for path in paths:
         total += safetensors_weights(path)
     return total
 
