@@ -12,6 +12,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+# transformers' from_pretrained is not thread-safe: it sets process-wide state while it builds
+# a model (torch's default dtype, whether weights are initialised), and two loads at once in
+# the dashboard's threads built a verifier whose tied head was missing.  Model construction
+# holds this lock; the slow parts of a load (a download, admission) do not.
+CONSTRUCTION = threading.Lock()
+
 _lock = threading.Lock()
 _stages: dict[str, list[tuple[str, float]]] = {}  # spec -> its loads' (stage, started)
 

@@ -426,7 +426,10 @@ def _from_folder(
         loading.stage(spec, f"reading {admission.size_text(weights.resident_bytes)} of weights"),
     ):
         try:
-            return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, use_safetensors=True)
+            with loading.CONSTRUCTION:
+                return AutoModelForCausalLM.from_pretrained(
+                    folder, dtype=dtype, use_safetensors=True
+                )
         except (OSError, ValueError) as e:
             raise SpecUIError(f"cannot load verifier from {folder}: {e}") from None
 

@@ -100,7 +100,8 @@ class App:
 
     ``python``/``env``: another interpreter (a Space's requirements-only virtualenv) and
     the whole environment; ``wrap``: Python code run as ``python -c WRAP app.py ARGS``
-    that runs app.py itself (``bench/soak.py`` starts tracemalloc first)."""
+    that runs app.py itself (``bench/soak.py`` starts tracemalloc first); ``flags``: more
+    app.py flags (``--allow-hub``)."""
 
     def __init__(
         self,
@@ -111,8 +112,10 @@ class App:
         python: str | None = None,
         env: dict[str, str] | None = None,
         wrap: str | None = None,
+        flags: tuple[str, ...] = (),
     ) -> None:
         self.data_dir, self.queue_size, self.timeout_s = data_dir, queue_size, timeout_s
+        self.flags = flags
         self.python, self.base_env, self.wrap = python or sys.executable, env, wrap
         self.db = data_dir / "specui.db"
         self.port = free_port()
@@ -141,6 +144,7 @@ class App:
                 str(self.db),
                 "--queue-size",
                 str(self.queue_size),
+                *self.flags,
             ],
             cwd=REPO,
             env=env,
