@@ -84,6 +84,7 @@ def main() -> int:
                         print("a load finished early: the phase's timing may mix")
                 for j in jobs:
                     j.result(timeout=args.pending_s * 3)
+                timed_decodes(b, 1, args.max_new_tokens)  # embedded loaded again, untimed
             # The loaded hub models pushed the embedded verifier out of the two kept
             # (VERIFIERS_KEPT): load it again before timing.
             timed_decodes(b, 1, args.max_new_tokens)
