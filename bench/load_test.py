@@ -1,13 +1,23 @@
 """A bounded load test of the running dashboard on loopback, run by hand.
 
     .venv/bin/python bench/load_test.py [--sessions 20] [--duration 120] [--max-new-tokens 24]
-    [--queue-size 16]
+    [--queue-size 16] [--drafters 20 [--warmup 60] [--bound-mib 3072]]
 
 Starts ``app.py`` on a free loopback port with a fresh data dir, then
 ``--sessions`` concurrent ``gradio_client`` sessions (one ``Client`` each, in
 threads) call ``/decode`` with the embedded default verifier and the n-gram
 drafter, varied prompts, for ``--duration`` seconds.  A refused call ("queue
 full") waits ``--backoff`` seconds before the session tries again.
+
+``--drafters N``: session s decodes with drafter s mod N instead, each a different one: the
+four shipped drafters, then copies of them in the app's data folder (trained speculators, to
+the app: a new drafter each).  Issue 50's memory check:
+
+    .venv/bin/python bench/load_test.py --sessions 20 --drafters 20 --duration 300
+
+must end with 0 errors (a load refused for memory counts as "refused", with its message),
+peak RSS within ``--bound-mib`` (docs/space.md states it), and RSS growth after
+``--warmup`` seconds under 5%.
 
 Prints calls, ok, queue-full, other errors (must be 0), p50/p95 latency of ok
 calls, throughput, the peak resident memory of the app's process tree (sampled
@@ -30,6 +40,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support.load_driver import App, check_store, percentile, run_load  # noqa: E402
 
+# The app's peak RSS the docs state (docs/space.md, "Memory over a long run"): the app with the
+# embedded verifier (1.5 GiB measured), the idle drafters' pool cap (SPECUI_DRAFTER_POOL_MB,
+# 1 GiB), and the drafters of the DECODE_EVENTS events in flight, each at most what the
+# largest shipped one holds loaded (DSpark: 300 MiB with its kernels' copies; held_bytes).
+BOUND_MIB = 1536 + 1024 + 6 * 320
+
+
+def make_drafters(data: Path, n: int) -> tuple[str, ...]:
+    """``n`` different drafter choices: the shipped names, then copies of the shipped folders
+    under the app's data folder (as trained or imported speculators are)."""
+    import shutil
+
+    from specui.algorithms.resolve import shipped_drafters
+
+    shipped = shipped_drafters()
+    names = list(shipped)[:n]
+    for i in range(n - len(names)):
+        name = list(shipped)[i % len(shipped)]
+        dest = data / "speculators" / f"{name}-copy-{i:02d}"
+        shutil.copytree(shipped[name], dest)
+        names.append(str(dest))
+    return tuple(names)
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -41,9 +74,15 @@ def main() -> int:
     ap.add_argument(
         "--keep", action="store_true", help="keep the data dir (DB and app.log) and print its path"
     )
+    ap.add_argument("--drafters", type=int, default=0, help="sessions use N different drafters")
+    ap.add_argument("--warmup", type=float, default=60.0, help="seconds before growth counts")
+    ap.add_argument(
+        "--bound-mib", type=float, default=BOUND_MIB, help="the peak RSS the docs state"
+    )
     args = ap.parse_args()
 
     data = Path(tempfile.mkdtemp(prefix="specui-load-"))
+    drafters = make_drafters(data, args.drafters) if args.drafters else ("ngram",)
     load0 = os.getloadavg()
     t0 = time.monotonic()
     with App(data, queue_size=args.queue_size) as app:
@@ -73,6 +112,8 @@ def main() -> int:
             max_new_tokens=args.max_new_tokens,
             backoff_s=args.backoff,
             progress=lambda s: print(f"\r{s}", end="", file=sys.stderr, flush=True),
+            drafters=drafters,
+            k=0 if args.drafters else 4,  # learned drafters at their own K
         )
         print(file=sys.stderr)
         load1 = os.getloadavg()
@@ -104,6 +145,10 @@ def main() -> int:
             else ""
         )
     )
+    refused = [c for c in res.calls if c.outcome == "refused"]
+    print(f"refused      {len(refused)} (loads not admitted, with a message)")
+    for msg, n in Counter(c.message for c in refused).most_common(3):
+        print(f"  {n} x {msg[:300]}")
     print(f"errors       {len(res.errors)}")
     for msg, n in Counter(c.message for c in res.errors).most_common(5):
         print(f"  {n} x {msg[:300]}")
@@ -125,11 +170,21 @@ def main() -> int:
         f" {check.wrong_owner}, left running {check.left_running}, extra {check.extra}"
     )
     print(f"app answers after the load: {alive}")
+    bounded = True
+    if args.drafters:
+        warm = res.rss_at(args.warmup) or res.rss_first_bytes
+        growth = (res.rss_last_bytes - warm) / warm if warm else float("nan")
+        bounded = res.rss_peak_bytes <= args.bound_mib * 2**20 and growth < 0.05
+        print(
+            f"drafters     {len(drafters)} different; RSS after {args.warmup:.0f} s warm-up"
+            f" {warm / 2**20:.0f} MiB, growth after it {growth * 100:+.1f}% (< 5%), peak"
+            f" {res.rss_peak_bytes / 2**20:.0f} MiB (bound {args.bound_mib:.0f} MiB)"
+        )
     print(
         f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
         f"after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} ({os.cpu_count()} CPUs)"
     )
-    passed = not res.errors and ok and check.clean and alive
+    passed = not res.errors and ok and check.clean and alive and bounded
     print("PASS" if passed else "FAIL")
     if args.keep:
         print(f"kept {data}")

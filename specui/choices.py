@@ -11,19 +11,28 @@ from __future__ import annotations
 from specui.algorithms.resolve import BUILTIN, shipped_drafters
 from specui.data import prompt_sets
 from specui.data.prompts import mix_sources
-from specui.paths import confine_choice
+from specui.paths import confine_choice, is_hub_id
+from specui.verifier.hub import check_hub_allowed
 
 
 def ui_verifier(choice: str) -> str:
-    """A verifier a visitor chose: ``embedded``, a hub id, or a folder / .gguf in the app's
-    folders."""
-    return confine_choice(choice, ("embedded",), hub_ids=True)
+    """A verifier a visitor chose: ``embedded``, a folder / .gguf in the app's folders, or a
+    hub id the operator allows (``specui.verifier.hub``; its size is admitted by the load)."""
+    return _hub_checked(confine_choice(choice, ("embedded",), hub_ids=True), "verifier")
 
 
 def ui_drafter(choice: str) -> str:
-    """A drafter a visitor chose: ``none``, ``ngram``, a shipped name, or a speculator folder
-    in the app's folders."""
-    return confine_choice(choice, ("", "plain", *BUILTIN, *shipped_drafters()))
+    """A drafter a visitor chose: ``none``, ``ngram``, a shipped name, a speculator folder
+    in the app's folders, or a hub id the operator allows."""
+    names = ("", "plain", *BUILTIN, *shipped_drafters())
+    return _hub_checked(confine_choice(choice, names, hub_ids=True), "speculator")
+
+
+def _hub_checked(value: str, kind: str) -> str:
+    # confine_choice returns a path resolved (absolute), a known name, or a hub id unchanged.
+    if is_hub_id(value):
+        check_hub_allowed(value, kind)
+    return value
 
 
 def ui_prompts(name: str) -> str:

@@ -64,6 +64,12 @@ def confine(user_path: str | os.PathLike, roots: list[Path] | None = None) -> Pa
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
+def is_hub_id(spec: str) -> bool:
+    """Whether ``spec`` has the shape of a hub id (``org/name``, no ``..``); callers look for
+    a local path of that name first."""
+    return bool(_HUB_ID.fullmatch(spec)) and ".." not in spec.split("/")
+
+
 def confine_choice(value: str, names: Iterable[str] = (), *, hub_ids: bool = False) -> str:
     """What a dashboard visitor picked or typed where a name or a path is accepted
     (verifier, speculator, prompt set): a known name (``names``) and, with
@@ -76,7 +82,7 @@ def confine_choice(value: str, names: Iterable[str] = (), *, hub_ids: bool = Fal
         return v
     if not v:
         raise SpecUIError("give a name or a path")
-    if hub_ids and _HUB_ID.fullmatch(v) and ".." not in v.split("/"):
+    if hub_ids and is_hub_id(v):
         local = [Path(v), *(root / v for root in app_roots())]
         if not any(p.exists() or p.is_symlink() for p in local):
             return v

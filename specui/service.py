@@ -10,8 +10,9 @@ bench``, the vLLM tab and ``bench/vllm_vs_local.py`` call).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from specui.algorithms.base import Drafter
@@ -23,6 +24,29 @@ from specui.policy import DEFAULT_POLICY, POLICIES, Policy, make_policy
 from specui.store import DecodingSettings, Run, RunRecorder, Store
 from specui.trace import GenerationResult, SamplingParams, StepTrace, check_decode_settings
 from specui.verifier.model import Verifier
+
+# Decodes that run at once in this process: each holds a core for its whole length.  A
+# dashboard event holds a slot only while it decodes, not while its models load (a hub
+# download, a GGUF conversion, a load that times out): other visitors keep decoding meanwhile.
+DECODE_SLOTS = 2
+# Events of the dashboard's "decode" group Gradio runs at once: two decoding, the rest
+# loading their models or waiting for a slot (threads that cost no CPU).
+DECODE_EVENTS = DECODE_SLOTS + 4
+_slots = threading.BoundedSemaphore(DECODE_SLOTS)
+
+
+@contextmanager
+def decode_slot(should_stop: Callable[[], bool] | None = None) -> Iterator[bool]:
+    """Hold one of the DECODE_SLOTS for the block; yields False (holding none) when
+    ``should_stop`` turns true while waiting, so a closed tab stops waiting too."""
+    while not _slots.acquire(timeout=0.2):
+        if should_stop is not None and should_stop():
+            yield False
+            return
+    try:
+        yield True
+    finally:
+        _slots.release()
 
 
 @dataclass
@@ -212,6 +236,9 @@ class Recording:
 
     def __iter__(self) -> Iterator[Event]:
         with ExitStack() as recording:
+            # The slot before any run row: a call waiting for one has stored nothing yet.
+            if not recording.enter_context(decode_slot(self.should_stop)):
+                return
             recorders: list[RunRecorder | None] = []
             for lane in self.lanes:
                 if self.store is None:

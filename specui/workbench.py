@@ -10,11 +10,14 @@ would otherwise keep a drafter loaded for good.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import torch
 
 from specui.algorithms.base import Drafter
 from specui.algorithms.resolve import BUILTIN, resolve_drafter, shipped_drafters
@@ -52,6 +55,52 @@ def drafter_choices() -> list[str]:
 VERIFIERS_KEPT = 2  # loaded verifiers (least recently used dropped)
 IDLE_PER_KEY = 2
 IDLE_KEYS = 8  # drafter configurations kept loaded (least recently used dropped)
+# Bytes the idle drafters may hold together (SPECUI_DRAFTER_POOL_MB): twenty visitors picking
+# twenty drafters keep the least recently used ones only up to this, whatever their sizes.
+POOL_ENV = "SPECUI_DRAFTER_POOL_MB"
+
+
+def pool_cap_bytes() -> int:
+    return int(float(os.environ.get(POOL_ENV, "1024")) * 2**20)
+
+
+def held_bytes(drafter: Drafter, verifier: Verifier) -> int:
+    """The memory a drafter holds of its own: every tensor storage reachable from it (its
+    parameters and buffers, and what its modules and kernels keep beside them: bf16 copies,
+    packed weights), less those it shares with the verifier (a bound embedding or head)."""
+    shared = {t.untyped_storage().data_ptr() for t in verifier.model.parameters()}
+    storages: dict[int, int] = {}
+    seen: set[int] = set()
+    todo: list = [drafter]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            try:
+                storage = obj.untyped_storage()
+            except NotImplementedError:  # an opaque (mkldnn-packed) tensor: its own size
+                storages[id(obj)] = obj.numel() * obj.element_size()
+                continue
+            if storage.data_ptr() not in shared:
+                storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, list | tuple | set):
+            todo.extend(obj)
+        elif isinstance(obj, torch.nn.Module | Drafter) or _is_kernel_state(obj):
+            todo.extend(vars(obj).values())
+    return sum(storages.values())
+
+
+def _is_kernel_state(obj: object) -> bool:
+    # SpecUI's own objects a drafter holds (its one-call layers, packed linears): walk them;
+    # never the verifier (its weights are not the drafter's) nor foreign objects.
+    module = type(obj).__module__
+    return (
+        module.startswith("specui.") and not isinstance(obj, Verifier) and hasattr(obj, "__dict__")
+    )
 
 
 class Workbench:
@@ -63,6 +112,7 @@ class Workbench:
         self._verifier_locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         # (drafter choice, verifier, K, options) -> idle drafters, least recently returned first
         self._idle: OrderedDict[tuple, list[Drafter]] = OrderedDict()
+        self._sizes: dict[int, int] = {}  # id(idle drafter) -> held_bytes
 
     def verifier(self, choice: str, precision: str | None = None) -> Verifier:
         """The shared verifier for ``choice`` (``precision``: see ``Verifier.load``; default
@@ -122,8 +172,10 @@ class Workbench:
         with self._lock:
             pool = self._idle.get(key)
             drafter = pool.pop() if pool else None
+            size = self._sizes.pop(id(drafter), 0) if drafter is not None else 0
         if drafter is None:
             drafter = resolve_drafter(choice, verifier, k, **options)
+            size = held_bytes(drafter, verifier)
         try:
             yield drafter
         finally:
@@ -131,9 +183,24 @@ class Workbench:
                 pool = self._idle.setdefault(key, [])
                 if len(pool) < IDLE_PER_KEY:  # as many as run at once (two decodes)
                     pool.append(drafter)
+                    self._sizes[id(drafter)] = size
                 self._idle.move_to_end(key)
-                while len(self._idle) > IDLE_KEYS:
-                    self._idle.popitem(last=False)
+                self._trim()
+
+    def _trim(self) -> None:
+        """Drop the least recently used idle drafters past IDLE_KEYS configurations or the
+        pool's byte cap (the one just returned stays, whatever its size)."""
+        while len(self._idle) > IDLE_KEYS or (
+            len(self._idle) > 1 and sum(self._sizes.values()) > pool_cap_bytes()
+        ):
+            _, dropped = self._idle.popitem(last=False)
+            for d in dropped:
+                self._sizes.pop(id(d), None)
+
+    def idle_bytes(self) -> int:
+        """What the idle drafters hold together (at most the pool cap, or one drafter)."""
+        with self._lock:
+            return sum(self._sizes.values())
 
 
 WORKBENCH = Workbench()

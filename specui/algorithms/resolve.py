@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from specui.algorithms.spec import ALGORITHMS
 from specui.algorithms.suffix import OPTION_NAMES as SUFFIX_OPTIONS
 from specui.algorithms.suffix import SuffixConfig, SuffixDrafter
 from specui.errors import SpecUIError
-from specui.paths import shipped_drafters_dir
+from specui.paths import is_hub_id, shipped_drafters_dir
+from specui.verifier import admission, hub
 from specui.verifier.model import Verifier
 
 __all__ = ["BUILTIN", "resolve_drafter", "shipped_drafters"]
@@ -57,6 +59,8 @@ def resolve_drafter(
     }
     shipped = shipped_drafters()
     path = shipped.get(choice) or Path(choice).expanduser()
+    if not path.exists() and is_hub_id(choice):
+        path = hub.fetch(choice, "speculator")  # the CLI's; the app's visitors: choices.py
     if not path.exists():
         known = ", ".join([*BUILTIN, *shipped]) or "none"
         raise SpecUIError(
@@ -68,11 +72,26 @@ def resolve_drafter(
         algo.drafter_options if algo else ()
     )
     options = {k: v for k, v in options.items() if not (k in others and v is not None)}
-    drafter = load_drafter(path, verifier, num_speculative_tokens=num_speculative_tokens, **options)
+    with _admitted(choice, path):
+        drafter = load_drafter(
+            path, verifier, num_speculative_tokens=num_speculative_tokens, **options
+        )
     # Beside an int8 or GGUF verifier too the drafter stays bf16: small, not worth the error.
     if getattr(verifier, "precision", "fp32") in ("bf16", "int8", "gguf", "gguf-q8"):
         drafter.matmuls_in_bf16()
     return drafter
+
+
+def _admitted(choice: str, path: Path):
+    """The drafter load's admission by its safetensors headers' size (a folder whose headers
+    cannot be read is let through: load_drafter refuses it with the full message)."""
+    try:
+        weights = admission.folder_weights(path) if path.is_dir() else None
+    except SpecUIError:
+        weights = None
+    if weights is None:
+        return contextlib.nullcontext()
+    return admission.admitted(f"speculator {path.name}", weights)
 
 
 def _model_type(folder: Path) -> str | None:

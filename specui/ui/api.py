@@ -11,9 +11,10 @@ from specui.data import Prompt, prompt_sets
 from specui.data.prompts import check_prompt_text, encode_text
 from specui.errors import SpecUIError
 from specui.metrics import compare, comparison_csv_text
-from specui.service import DecodeRequest, record_run
+from specui.service import DECODE_EVENTS, DecodeRequest, record_run
 from specui.store import Store
 from specui.trace import SamplingParams, as_int
+from specui.ui.refusals import refuse
 from specui.workbench import WORKBENCH
 
 # One API call decodes at most this much (the CLI's `specui bench` has no cap):
@@ -26,9 +27,9 @@ def _ids(run_ids: str) -> list[int]:
     try:
         ids = [int(x) for x in str(run_ids).replace(",", " ").split()]
     except ValueError:
-        raise gr.Error(f"run ids must be integers, got {run_ids!r}") from None
+        raise SpecUIError(f"run ids must be integers, got {run_ids!r}") from None
     if not ids:
-        raise gr.Error("give at least one run id")
+        raise SpecUIError("give at least one run id")
     return ids
 
 
@@ -79,7 +80,7 @@ def register(store: Store) -> None:
                 )
             return {"run_id": recorded.run_id, **recorded.results[0].summary()}
         except SpecUIError as e:
-            raise gr.Error(str(e)) from None
+            raise refuse("/decode", e) from None
 
     def bench_runs(
         drafter: str = "ngram",
@@ -129,24 +130,26 @@ def register(store: Store) -> None:
             )
             return {"run_ids": result.run_ids, "runs": result.comparison.rows}
         except SpecUIError as e:
-            raise gr.Error(str(e)) from None
+            raise refuse("/bench", e) from None
 
     def compare_runs(run_ids: str) -> list[dict]:
         """The comparison table of the given runs (one dict per run; keys are CSV columns)."""
         try:
             return compare(store, _ids(run_ids)).rows
         except SpecUIError as e:
-            raise gr.Error(str(e)) from None
+            raise refuse("/compare", e) from None
 
     def export_csv(run_ids: str) -> str:
         """The comparison of the given runs as CSV text."""
         try:
             return comparison_csv_text(compare(store, _ids(run_ids)))
         except SpecUIError as e:
-            raise gr.Error(str(e)) from None
+            raise refuse("/export", e) from None
 
-    gr.api(decode, api_name="decode", concurrency_id="decode", concurrency_limit=2)
-    # Shares decoding's slots: both hold the CPU for the whole call.
-    gr.api(bench_runs, api_name="bench", concurrency_id="decode", concurrency_limit=2)
+    # Decoding's group: DECODE_EVENTS calls at once, of which DECODE_SLOTS decode (the others
+    # load their models meanwhile, or wait for a slot: specui.service.decode_slot).
+    gr.api(decode, api_name="decode", concurrency_id="decode", concurrency_limit=DECODE_EVENTS)
+    # Shares decoding's group and slots: both hold the CPU for the whole decode.
+    gr.api(bench_runs, api_name="bench", concurrency_id="decode", concurrency_limit=DECODE_EVENTS)
     gr.api(compare_runs, api_name="compare")
     gr.api(export_csv, api_name="export")

@@ -23,6 +23,7 @@ from specui.jobs import queue as jobs
 from specui.metrics import Column, Comparison, compare
 from specui.paths import data_dir
 from specui.store import Store
+from specui.ui.refusals import refuse
 from specui.workbench import drafter_choices
 
 ALL = "(all)"
@@ -294,7 +295,7 @@ def build(store: Store) -> None:
     def do_compare(selected):
         ids = parse_ids(selected)
         if not ids:
-            raise gr.Error("select at least one run")
+            raise refuse("the Compare tab", "select at least one run")
         c = compare(store, ids)
         # The CSV is written from the table's comparison, so "Download CSV" serves what is shown.
         csv_path = export_csv(c)

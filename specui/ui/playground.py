@@ -14,10 +14,12 @@ from specui.data import Prompt, load_prompts
 from specui.data.prompts import MAX_PROMPT_CHARS, check_prompt_text, encode_text
 from specui.errors import SpecUIError
 from specui.replay import Replay, load_replay, play, replay_runs, request_label, run_label
-from specui.service import DecodeRequest, decode_and_record
+from specui.service import DECODE_EVENTS, DecodeRequest, decode_and_record
 from specui.store import Store
 from specui.trace import SamplingParams
 from specui.ui import render
+from specui.ui.refusals import log_refusal
+from specui.verifier import loading
 from specui.verifier.embedded import EMBEDDED, EMBEDDED_NAME, EMBEDDED_WHEEL_MB, embedded_first_use
 from specui.workbench import WORKBENCH, default_drafter, drafter_choices
 
@@ -48,7 +50,9 @@ def verifier_wait_note(verifier_choice: str) -> str | None:
     if WORKBENCH.verifier_ready(spec):
         return None
     if spec != EMBEDDED:
-        return f"loading the verifier {spec}…"
+        # What the load is doing (downloading from the hub, converting a GGUF), where it says.
+        stage = loading.current(spec)
+        return f"loading the verifier {spec}: {stage[0]}…" if stage else f"loading {spec}…"
     first = embedded_first_use()
     # The times: a 2-core machine with one core busy took ~70 s to convert (the GGUF
     # tokenizer is most of it); the fetch adds the 93 MB download.
@@ -299,6 +303,7 @@ def build(store: Store) -> None:
             for lanes, finished in feed.updates():
                 yield _view(lanes, running=not finished, stopping=stop_event.is_set())
         except SpecUIError as e:
+            log_refusal("/generate", e)
             yield (f"⚠️ {e}", *blank, *blank)
         finally:
             stop_event.set()  # a closed browser tab ends its decoding too
@@ -324,7 +329,7 @@ def build(store: Store) -> None:
         ],
         [status, stats_a, out_a, steps_a, stats_b, out_b, steps_b],
         api_name="generate",
-        concurrency_limit=2,
+        concurrency_limit=DECODE_EVENTS,  # two decode at once (service.decode_slot)
         concurrency_id="decode",
     )
     stop.click(_request_stop, None, status, api_name="stop", queue=False)

@@ -18,6 +18,7 @@ from specui.choices import ui_prompts, ui_verifier
 from specui.errors import SpecUIError
 from specui.export import vllm_serve_command
 from specui.paths import confine
+from specui.ui.refusals import refuse
 from specui.workbench import WORKBENCH, trained_drafters_dir
 
 ALLOWED_UPLOADS = {"config.json", "model.safetensors", "README.md"}
@@ -171,7 +172,7 @@ def build() -> None:
     def current(key):
         folder = speculator_folders().get(key)
         if folder is None:
-            raise gr.Error("choose a speculator")
+            raise refuse("the Speculators tab", "choose a speculator")
         return folder
 
     pick.change(lambda key: describe(current(key)), pick, card)

@@ -18,6 +18,7 @@ import gradio as gr
 from specui.data import prompt_sets
 from specui.errors import SpecUIError
 from specui.store import Store, admin_mode
+from specui.ui.refusals import refuse
 from specui.vllm.bench import BenchSettings
 from specui.vllm.server import ServerConfig
 from specui.vllm.session import SLOT, VLLMSlot
@@ -216,7 +217,7 @@ def _shown(slot: VLLMSlot, request: gr.Request | None, action) -> tuple[str, str
     try:
         action()
     except SpecUIError as e:
-        raise gr.Error(str(e)) from None
+        raise refuse("the vLLM tab", e) from None
     return status_markdown(slot, request)
 
 

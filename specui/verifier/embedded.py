@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import save_file
 
 from specui.errors import SpecUIError
+from specui.verifier.loading import CONSTRUCTION
 
 log = logging.getLogger(__name__)
 
@@ -252,9 +253,10 @@ def _convert_gguf_unlocked(gguf: Path, out: Path, source: dict) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.warning("converting %s to safetensors (once; about 30 s)", gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-    )
+    with CONSTRUCTION:  # from_pretrained is not thread-safe (specui.verifier.loading)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The dequantized weights are plain floats now: drop the GGUF quantization markers.
     for attr in ("quantization_config",):

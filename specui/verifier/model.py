@@ -12,6 +12,7 @@ the last layer's output *before* the final norm (transformers'
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -24,6 +25,8 @@ import torch
 from torch import nn
 
 from specui.errors import SpecUIError
+from specui.paths import is_hub_id
+from specui.verifier import admission, hub, loading
 from specui.verifier.embedded import (
     EMBEDDED,
     EMBEDDED_NAME,
@@ -374,41 +377,65 @@ def default_precision() -> str:
 
 
 def _load_model(spec: str, dtype: torch.dtype) -> tuple[nn.Module, object, str]:
-    """(model, tokenizer or None, display name) for a verifier spec."""
-    from transformers import AutoModelForCausalLM
+    """(model, tokenizer or None, display name) for a verifier spec.
+
+    Each load is admitted first (``specui.verifier.admission``): its size, read from the
+    weights' headers (or the hub's metadata) before any weight is, must fit in free memory."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a per-tensor bar on every load is noise
 
     if spec == EMBEDDED:
-        folder = embedded_folder()
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        folder = embedded_folder()  # fetched and converted once, at start-up (app.py preloads)
+        model = _from_folder(spec, EMBEDDED_NAME, folder, dtype)
         return model, _load_tokenizer(folder), EMBEDDED_NAME
     path = Path(spec).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise SpecUIError(f"verifier GGUF file not found: {path}")
-        folder = convert_gguf(path)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        weights = admission.gguf_weights(path)
+        # Converting dequantizes every tensor: the whole float32 model, once per file.
+        with admission.admitted(f"verifier {path.name}", weights):
+            with loading.stage(spec, f"converting {path.name} to safetensors (once per file)"):
+                folder = convert_gguf(path)
+            model = _from_folder(spec, path.name, folder, dtype, admit=False)
         return model, _load_tokenizer(folder), path.stem
     if path.exists():
         if not (path / "config.json").is_file():
             raise SpecUIError(f"verifier folder {path} has no config.json")
-        try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, use_safetensors=True)
-        except (OSError, ValueError) as e:
-            raise SpecUIError(f"cannot load verifier from {path}: {e}") from None
-        return model, _load_tokenizer(path), path.name
+        return _from_folder(spec, path.name, path, dtype), _load_tokenizer(path), path.name
     if spec.startswith((".", "/", "~")) or os.sep in spec and spec.count("/") != 1:
         raise SpecUIError(f"verifier path does not exist: {spec}")
-    try:  # a hub id; fails fast without a reachable hub
-        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, use_safetensors=True)
-    except Exception as e:  # noqa: BLE001 - hub errors come in many types
+    if not is_hub_id(spec):
+        raise SpecUIError(f"verifier {spec!r} is neither a local path nor a hub id (org/name)")
+    folder = hub.fetch(spec, "verifier")
+    return _from_folder(spec, spec, folder, dtype), _load_tokenizer(folder), spec
+
+
+def _from_folder(
+    spec: str, name: str, folder: Path, dtype: torch.dtype, admit: bool = True
+) -> nn.Module:
+    """A safetensors HF folder's model, admitted by its headers' size (``admit``); ``name``
+    is what messages call it (never the server's folders)."""
+    from transformers import AutoModelForCausalLM
+
+    weights = admission.folder_weights(folder)
+    if weights.elements == 0:
         raise SpecUIError(
-            f"verifier {spec!r} is neither a local path nor a reachable hub model"
-            f" ({type(e).__name__})"
-        ) from None
-    return model, _load_tokenizer(spec), spec
+            f"cannot load verifier from {name}: no .safetensors weights (pickled"
+            " checkpoints are never loaded)"
+        )
+    with (
+        admission.admitted(f"verifier {name}", weights) if admit else contextlib.nullcontext(),
+        loading.stage(spec, f"reading {admission.size_text(weights.resident_bytes)} of weights"),
+    ):
+        try:
+            with loading.CONSTRUCTION:
+                return AutoModelForCausalLM.from_pretrained(
+                    folder, dtype=dtype, use_safetensors=True
+                )
+        except (OSError, ValueError) as e:
+            raise SpecUIError(f"cannot load verifier from {folder}: {e}") from None
 
 
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:

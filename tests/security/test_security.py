@@ -279,6 +279,7 @@ def test_names_and_paths_inside_the_data_dir_still_work(data_dir, outside, monke
     assert ui_prompts("gsm-symbolic, rg-math") == "gsm-symbolic,rg-math"  # a mix of registered sets
     with pytest.raises(SpecUIError):  # a mix takes registered sets only: no path rides along
         ui_prompts(f"demo,{outside / 'prompts.jsonl'}")
+    monkeypatch.setenv("SPECUI_ALLOW_HUB", "HuggingFaceTB/*")  # hub ids: the operator's choice
     assert (
         ui_verifier("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
     )

@@ -38,10 +38,14 @@ PROMPTS = (
 )
 
 
+# Messages of loads the app refuses (specui.verifier.admission): outcomes, not errors.
+REFUSALS = ("not enough memory to load", "per model (the operator sets it")
+
+
 @dataclass
 class Call:
     session: int
-    outcome: str  # "ok" | "queue_full" | "error"
+    outcome: str  # "ok" | "queue_full" | "refused" (a load the app did not admit) | "error"
     latency_s: float
     run_id: int | None = None
     num_output_tokens: int = 0
@@ -57,6 +61,11 @@ class LoadResult:
     rss_peak_bytes: int
     rss_first_bytes: int
     rss_last_bytes: int
+    rss_samples: list[tuple[float, int]] = field(default_factory=list)  # (s since start, RSS)
+
+    def rss_at(self, t_s: float) -> int:
+        """The first RSS sample at or after ``t_s`` seconds into the load (0: none)."""
+        return next((rss for t, rss in self.rss_samples if t >= t_s), 0)
 
     def count(self, outcome: str) -> int:
         return sum(1 for c in self.calls if c.outcome == outcome)
@@ -100,7 +109,8 @@ class App:
 
     ``python``/``env``: another interpreter (a Space's requirements-only virtualenv) and
     the whole environment; ``wrap``: Python code run as ``python -c WRAP app.py ARGS``
-    that runs app.py itself (``bench/soak.py`` starts tracemalloc first)."""
+    that runs app.py itself (``bench/soak.py`` starts tracemalloc first); ``flags``: more
+    app.py flags (``--allow-hub``)."""
 
     def __init__(
         self,
@@ -111,8 +121,10 @@ class App:
         python: str | None = None,
         env: dict[str, str] | None = None,
         wrap: str | None = None,
+        flags: tuple[str, ...] = (),
     ) -> None:
         self.data_dir, self.queue_size, self.timeout_s = data_dir, queue_size, timeout_s
+        self.flags = flags
         self.python, self.base_env, self.wrap = python or sys.executable, env, wrap
         self.db = data_dir / "specui.db"
         self.port = free_port()
@@ -141,6 +153,7 @@ class App:
                 str(self.db),
                 "--queue-size",
                 str(self.queue_size),
+                *self.flags,
             ],
             cwd=REPO,
             env=env,
@@ -234,6 +247,7 @@ class RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.pid, self.interval_s = pid, interval_s
         self.first = self.last = self.peak = 0
+        self.samples: list[tuple[float, int]] = []  # (monotonic time, RSS)
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -242,6 +256,7 @@ class RssSampler(threading.Thread):
             if rss:
                 self.first = self.first or rss
                 self.last, self.peak = rss, max(self.peak, rss)
+                self.samples.append((time.monotonic(), rss))
             if self._stop_event.wait(self.interval_s):
                 return
 
@@ -278,7 +293,10 @@ def decode_call(
     except QueueError as e:
         return Call(session, "queue_full", time.perf_counter() - t0, message=str(e))
     except AppError as e:
-        return Call(session, "error", time.perf_counter() - t0, message=f"AppError: {e}")
+        # Memory admission refusing a load is the app working: a refusal, with its message.
+        refused = any(m in str(e) for m in REFUSALS)
+        outcome = "refused" if refused else "error"
+        return Call(session, outcome, time.perf_counter() - t0, message=f"AppError: {e}")
     except Exception as e:  # anything else is an error the load test must report, not hide
         return Call(session, "error", time.perf_counter() - t0, message=f"{type(e).__name__}: {e}")
     return Call(
@@ -301,9 +319,12 @@ def run_load(
     max_new_tokens: int = 24,
     backoff_s: float = 0.5,
     progress: Callable[[str], None] | None = None,
+    drafters: tuple[str, ...] = ("ngram",),
+    k: int = 4,
 ) -> LoadResult:
     """``sessions`` concurrent clients, each calling ``/decode`` until ``duration_s`` has
     passed or it has made ``calls_per_session`` calls (queue-full refusals count as calls).
+    Session ``s`` decodes with ``drafters[s % len(drafters)]`` at K ``k`` (0: its own).
 
     All sessions connect first and then start together, so the first wave of calls
     arrives at once (which is what makes a small queue refuse some)."""
@@ -336,7 +357,7 @@ def run_load(
         while (deadline is None and i < calls_per_session) or (
             deadline is not None and time.monotonic() < deadline
         ):
-            c = decode_call(client, s, i, max_new_tokens)
+            c = decode_call(client, s, i, max_new_tokens, drafters[s % len(drafters)], k)
             with lock:
                 calls.append(c)
             i += 1
@@ -369,7 +390,9 @@ def run_load(
         t.join()
     wall = time.monotonic() - t_start[0] if t_start else 0.0
     sampler.stop()
-    return LoadResult(calls, wall, hashes, sampler.peak, sampler.first, sampler.last)
+    t0 = t_start[0] if t_start else 0.0
+    samples = [(t - t0, rss) for t, rss in sampler.samples]
+    return LoadResult(calls, wall, hashes, sampler.peak, sampler.first, sampler.last, samples)
 
 
 # ---------------------------------------------------------------- the store afterwards

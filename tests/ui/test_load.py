@@ -1,5 +1,5 @@
 """The short form of the load test (bench/load_test.py is the long one): a real
-``python app.py`` with a queue of one, six ``gradio_client`` sessions calling
+``python app.py`` with a queue of one, eight ``gradio_client`` sessions calling
 ``/decode`` at once, a fixed number of calls each.
 
 Bounded by calls, not time, and no assertion on speed: only that the extra
@@ -14,10 +14,12 @@ import sys
 
 import pytest
 
+from specui.service import DECODE_EVENTS
 from tests.support.load_driver import App, check_store, run_load
 from tests.support.paths import REPO
 
-SESSIONS = 6
+# One more than the app admits at once (DECODE_EVENTS running, one queued) and one to spare.
+SESSIONS = DECODE_EVENTS + 2
 CALLS_PER_SESSION = 2
 # Generous: the app with the embedded verifier sits near 1.1 GiB here; a leak
 # per call or per session (20+ calls) would have to be large to pass this, but
@@ -27,8 +29,9 @@ RSS_CAP = 4 * 2**30
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    # A queue of one with two decodes at a time: of six calls arriving together at
-    # most three are admitted, so refusals are certain, not a matter of timing.
+    # A queue of one with DECODE_EVENTS requests at a time: of SESSIONS calls arriving
+    # together at most DECODE_EVENTS + 1 are admitted, so refusals are certain, not a matter
+    # of timing.
     data = tmp_path_factory.mktemp("loaddata")
     with App(data, queue_size=1) as app:
         res = run_load(
@@ -43,7 +46,7 @@ def test_no_errors_other_than_queue_full(loaded):
     assert not res.errors, [c.message for c in res.errors] + [app.log_tail()]
     assert res.ok, "no call was answered"
     full = [c for c in res.calls if c.outcome == "queue_full"]
-    assert full, "a queue of one never refused a call from six sessions at once"
+    assert full, f"a queue of one never refused a call from {SESSIONS} sessions at once"
     assert all("queue is full" in c.message.lower() for c in full), {c.message for c in full}
 
 

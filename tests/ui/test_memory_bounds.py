@@ -78,3 +78,31 @@ def test_malloc_arenas_are_capped_unless_turned_off(monkeypatch) -> None:
     )
     assert limit_malloc_arenas() is glibc
     trim_malloc()  # returns free heap memory; harmless anywhere
+
+
+def test_the_idle_drafters_hold_at_most_the_pool_cap(
+    fixture_dir, fixture_verifier, monkeypatch
+) -> None:
+    bench = Workbench()
+    names = [str(fixture_dir / n) for n in ("dflash", "dspark", "eagle3", "peagle")]
+    sizes = {}
+    for name in names:
+        with bench.drafter(name, fixture_verifier) as d:
+            sizes[name] = workbench.held_bytes(d, fixture_verifier)
+            shared = {t.data_ptr() for t in fixture_verifier.model.parameters()}
+            mine = [t for t in d.model.parameters() if t.data_ptr() not in shared]
+            # At least its own parameters (its kernels' copies come on top); never the
+            # verifier's weights, which it only borrows.
+            assert sizes[name] >= sum(t.numel() * t.element_size() for t in mine) > 0
+            verifier_bytes = sum(t.numel() * 4 for t in fixture_verifier.model.parameters())
+            assert sizes[name] < verifier_bytes + sum(t.numel() * 8 for t in mine)
+    assert bench.idle_bytes() == sum(sizes.values())  # all four fit the default cap
+    # A cap with room for the last two only: twenty visitors' twenty drafters stay bounded.
+    cap = sizes[names[-1]] + sizes[names[-2]]
+    monkeypatch.setenv(workbench.POOL_ENV, str(cap / 2**20))
+    for name in names:
+        with bench.drafter(name, fixture_verifier, 3):  # new configurations (K 3)
+            pass
+    assert bench.idle_bytes() <= cap
+    assert [key[0] for key in bench._idle][-2:] == names[-2:]
+    assert len(bench._idle) == 2
