@@ -75,10 +75,15 @@ def main() -> None:
             for ids in prompts
         ]
         llama.close()
-        # llama.cpp returns the tokens without the end-of-turn token SpecUI keeps
+        # llama.cpp returns its text (this build no token ids): both sides are compared as that
+        # text tokenized again, without the end-of-turn token SpecUI keeps.
         eos = set(ref.eos_token_ids)
-        outs = [o["tokens"] for o in outs]
-        want = [[t for t in w if t not in eos] for w in want]
+
+        def retokenized(text: str) -> list[int]:
+            return ref.tokenizer.encode(text, add_special_tokens=False)
+
+        outs = [retokenized(o["text"]) for o in outs]
+        want = [retokenized(ref.tokenizer.decode([t for t in w if t not in eos])) for w in want]
         equal = sum(got == out for got, out in zip(outs, want, strict=True))
         prefix = [_agreeing(got, out) for got, out in zip(outs, want, strict=True)]
         print(f"{'llama.cpp':>9}  {equal:>9}/{len(prompts):<4}  {statistics.mean(prefix):>15.1%}")

@@ -523,10 +523,15 @@ class LearnedDrafter:
             logits, m.d2t, m.config.layer.vocab_size, ctx.sampling, ctx.generator
         )
 
-    def matmuls_in_bf16(self) -> None:
+    def matmuls_in_bf16(self, int8_rows: bool = False) -> None:
         """Run the drafter's matmuls on the bf16 kernels (beside a bf16, int8 or GGUF verifier:
         about a third less drafting time, and the verifier decides every token), with the
-        layers its model holds outside its modules (``DraftModel.own_matmuls_outside``)."""
+        layers its model holds outside its modules (``DraftModel.own_matmuls_outside``).
+
+        ``int8_rows`` (beside a ``gguf-q8`` verifier): the one call's matmuls read each weight
+        as Q8_0 blocks times rows made int8, the verifier's own kernel: half the bytes a draft
+        streams.  The torch modules keep their bf16 weights (training, the reference), and so
+        does DSpark's Markov chain (it reads single bf16 rows of W1)."""
         from specui.verifier.batch_invariant import bf16_matmuls, to_bf16_linear
 
         for module in (self.model, *self.model.own_matmuls_outside()):
@@ -535,9 +540,39 @@ class LearnedDrafter:
         for module in self.model.modules():
             if isinstance(module, Attention | MLP):
                 module.fuse(lambda linear: to_bf16_linear(linear, DRAFT_KERNEL_ROWS))
+        if int8_rows:
+            from specui.kernels.packing import pack_gguf, quantize_q8_0
+
+            for linear in self.call_linears():
+                w = getattr(linear, "weight", None)
+                if getattr(linear, "weight_kernel", None) is None or w is None or w.is_meta:
+                    continue
+                if w.shape[1] % 32 == 0:
+                    raw = quantize_q8_0(w)
+                    linear.weight_q8 = pack_gguf(raw, "Q8_0", w.shape[1], rows="int8")
         from specui.algorithms.layer_call import DraftLayerCall
 
         self.layer_call = DraftLayerCall.build(self.model, self.model.head_module())
+
+    def call_linears(self) -> list[nn.Module]:
+        """The linears the one call multiplies by: each layer's stacked q/k/v and gate/up (not
+        the parts they stack), the rest of the model's, and those it holds outside its modules."""
+        parts: set[int] = set()
+        stacked: list[nn.Module] = []
+        for module in self.model.modules():
+            if isinstance(module, Attention | MLP) and module.stacked is not None:
+                stacked.append(module.stacked.first)
+                for name in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
+                    part = getattr(module, name, None)
+                    if part is not None:
+                        parts.add(id(part))
+        own = [
+            m
+            for module in (self.model, *self.model.own_matmuls_outside())
+            for m in module.modules()
+            if id(m) not in parts
+        ]
+        return own + stacked
 
     @property
     def one_call(self) -> Any:

@@ -62,9 +62,15 @@ def _norm(norm: RMSNorm | None) -> tuple[torch.Tensor, float] | None:
     return None if norm is None else (norm.weight, norm.eps)
 
 
-def _weight(linear: nn.Module) -> CallWeight | None:
-    """A linear's kernel copy: bf16 (``BF16Linear.weight_kernel``) or a GGUF file's own blocks
-    (``GGUFLinear.weight_gguf``, a gguf verifier's LM head), or None where it has neither."""
+def _weight(linear: nn.Module, int8_rows: bool = True) -> CallWeight | None:
+    """A linear's kernel copy: its Q8_0 blocks for int8 rows (``weight_q8``, beside a ``gguf-q8``
+    verifier; not where ``int8_rows`` is False), bf16 (``BF16Linear.weight_kernel``) or a GGUF
+    file's own blocks (``GGUFLinear.weight_gguf``, a gguf verifier's LM head), or None where it
+    has none of them."""
+    q8 = getattr(linear, "weight_q8", None) if int8_rows else None
+    if q8 is not None:
+        bias = getattr(linear, "bias_f32", None)
+        return CallWeight(q8.type_id, q8.data, q8.k, q8.out_features, bias)
     packed = getattr(linear, "weight_kernel", None)
     if packed is not None:
         amx = kernels.amx_available()
@@ -267,10 +273,11 @@ class MarkovChainCall:
         where it is on the bf16 kernel too."""
         if head is None or getattr(head, "head_type", None) != "vanilla":
             return None
-        w2 = _weight(head.markov_w2)
+        # The chain reads W1's rows and multiplies by W2 in bf16 (markov.c): their bf16 copies.
+        w2 = _weight(head.markov_w2, int8_rows=False)
         if w2 is None or w2.type_id != WEIGHT_BF16:
             return None
-        conf = None if confidence is None else _weight(confidence)
+        conf = None if confidence is None else _weight(confidence, int8_rows=False)
         if conf is not None and (conf.type_id != WEIGHT_BF16 or conf.n_out != 1):
             conf = None
         return cls(head.markov_w1.weight, w2, d2t, conf)

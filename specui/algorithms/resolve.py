@@ -77,8 +77,10 @@ def resolve_drafter(
             path, verifier, num_speculative_tokens=num_speculative_tokens, **options
         )
     # Beside an int8 or GGUF verifier too the drafter stays bf16: small, not worth the error.
-    if getattr(verifier, "precision", "fp32") in ("bf16", "int8", "gguf", "gguf-q8"):
-        drafter.matmuls_in_bf16()
+    precision = getattr(verifier, "precision", "fp32")
+    if precision in ("bf16", "int8", "gguf", "gguf-q8"):
+        # Beside gguf-q8 the one call's matmuls take int8 rows too: the verifier's kernel.
+        drafter.matmuls_in_bf16(int8_rows=precision == "gguf-q8")
     return drafter
 
 

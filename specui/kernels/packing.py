@@ -5,7 +5,8 @@
 - bf16: :func:`pack_bf16`;
 - GGUF blocks: :func:`pack_gguf` (the file's own blocks, moved, never requantized),
   :func:`cat_gguf`, :func:`dequantize_gguf` (the float32 reference), :func:`int8_rows_product`
-  (the ``gguf-q8`` kernel's exact reference) and :func:`random_gguf`.
+  (the ``gguf-q8`` kernel's exact reference), :func:`quantize_q8_0` (float weights as Q8_0
+  blocks: the drafters beside a ``gguf-q8`` verifier) and :func:`random_gguf`.
 """
 
 from __future__ import annotations
@@ -185,6 +186,22 @@ def dequantize_gguf(raw: torch.Tensor, type_name: str, k: int) -> torch.Tensor:
         return ((q - 8) * d).reshape(raw.shape[0], k)
     m = blocks[..., 2:4].contiguous().view(torch.float16).float()
     return (q * d + m).reshape(raw.shape[0], k)
+
+
+def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:
+    """Float weights ``[out, k]`` (k a multiple of 32) as GGUF Q8_0 blocks ``[out, k/32 * 34]``
+    (uint8): per block of 32 an fp16 scale ``d = max|w| / 127`` and ``round(w / d)`` in int8, as
+    llama.cpp quantizes a Q8_0 tensor.  A drafter's bf16 weights beside a ``gguf-q8`` verifier:
+    half the bytes a draft streams, on the same int8-row kernel."""
+    out_features, k = w.shape
+    if k % GGUF_BLOCK:
+        raise ValueError(f"Q8_0 needs inputs in blocks of {GGUF_BLOCK}, got {k}")
+    blocks = w.detach().float().reshape(out_features, k // GGUF_BLOCK, GGUF_BLOCK)
+    d = blocks.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(blocks * inv).clamp(-127, 127).to(torch.int8).view(torch.uint8)
+    scale = d.half().view(torch.uint8).reshape(out_features, k // GGUF_BLOCK, 2)
+    return torch.cat([scale, q], dim=-1).reshape(out_features, -1).contiguous()
 
 
 def int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

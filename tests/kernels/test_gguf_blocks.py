@@ -188,3 +188,18 @@ def test_int8_rows_pack_q8_0_values_plus_128_four_inputs_a_lane():
         packing.pack_gguf(raw, "Q8_0", 32, rows="int4")
     fused = packing.cat_gguf([w, packing.pack_gguf(raw, "Q8_0", 32)])
     assert fused is None  # float-row and int8-row layouts never fuse
+
+
+def test_q8_0_quantization_gives_the_gguf_packages_bytes():
+    # The gguf package's own quantizer is the independent reference (llama.cpp's Q8_0).
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(9, 96, generator=gen) * torch.rand(9, 1, generator=gen) * 3
+    w[2, :32] = 0  # an all-zero block: scale 0, values 0
+    ours = packing.quantize_q8_0(w)
+    theirs = gguf.quants.quantize(w.numpy(), GGMLQuantizationType.Q8_0)
+    assert torch.equal(ours, torch.from_numpy(theirs).view(torch.uint8).reshape(9, -1))
+    back = packing.dequantize_gguf(ours, "Q8_0", 96)
+    step = w.abs().reshape(9, 3, 32).amax(-1).repeat_interleave(32, dim=1) / 127
+    assert ((back - w).abs() <= step / 2 + 1e-3 * step).all()  # half a step, fp16's rounding
+    with pytest.raises(ValueError, match="blocks of 32"):
+        packing.quantize_q8_0(torch.zeros(2, 40))

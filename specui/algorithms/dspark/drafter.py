@@ -138,8 +138,8 @@ class DSparkDrafter(DFlashDrafter):
             conf_logits = torch.stack(confs)
         return torch.stack(tokens), stack_probs(qs), torch.stack(logits_out), conf_logits
 
-    def matmuls_in_bf16(self) -> None:
-        super().matmuls_in_bf16()
+    def matmuls_in_bf16(self, int8_rows: bool = False) -> None:
+        super().matmuls_in_bf16(int8_rows)
         from specui.algorithms.layer_call import MarkovChainCall
 
         m = self.model
