@@ -41,7 +41,7 @@ def run(folder: Path) -> None:
     verifier = _verifier()
     with campaign.campaign_lock(folder):
         logging.info("campaign: state in %s", folder)
-        campaign.build_prompts(verifier, folder)
+        campaign.build_all_prompts(verifier, folder)
         before = campaign.status(verifier, folder)
         logging.info(
             "generate: %d of %d prompts answered, %d response tokens",

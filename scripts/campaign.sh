@@ -8,9 +8,9 @@ cd "$(dirname "$0")/.."
 STATE=${SPECUI_CAMPAIGN_DIR:-$HOME/specui-campaign}
 mkdir -p "$STATE"
 bash scripts/setup.sh
-# The prompts stage reads packaged text (specui/data/passages.py); once prompts.jsonl exists
-# nothing else needs them.
-if [ ! -f "$STATE/prompts.jsonl" ]; then
+# The prompts stage reads packaged text (specui/data/passages.py); once every part of the
+# prompts exists nothing else needs them, but a part added later does.
+if true; then
   need=()
   for p in python3-doc debian-reference-en debian-reference-de debian-reference-fr \
            debian-reference-es debian-reference-it debian-reference-ja debian-reference-pt \

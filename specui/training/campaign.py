@@ -6,7 +6,8 @@ the campaign keeps all its state in one folder (``SPECUI_CAMPAIGN_DIR``, default
 ``~/specui-campaign``), every stage appends as it goes and skips what is done, and one command
 (``scripts/campaign.sh``) starts it again in the background where it stopped:
 
-    STATE/prompts.jsonl       the broad corpus's new prompts (``specui.data.broad``), built once
+    STATE/prompts*.jsonl      the broad corpus's new prompts (``specui.data.broad``), each part
+                              built once (PARTS)
     STATE/cache/              the verifier's greedy responses, one line appended per response
     STATE/campaign.log        what each stage did, with rates
     STATE/lock                held while a campaign runs (a second one exits at once)
@@ -32,7 +33,7 @@ from pathlib import Path
 from specui.data import broad
 from specui.data.corpus import build
 from specui.data.distill import cache_name, cached_responses, prompt_key, self_distill
-from specui.data.prompts import Prompt, check_training_prompts, load_prompts
+from specui.data.prompts import Prompt, check_training_prompts, load_prompts, normalize_text
 from specui.errors import SpecUIError
 from specui.paths import shipped_data_dir
 
@@ -45,7 +46,13 @@ MAX_PROMPT_TOKENS = 2048
 SEED = 49
 # How many of each new kind: >= 30k prompts in all with the general corpus's 10.1k, >= 20% of
 # them 500-2,000 tokens long (the long documents and long code).
-COUNTS = {"long_documents": 6000, "long_code": 1200, "translations": 5500, "casual": 2500}
+COUNTS = {
+    "long_documents": 6000,
+    "long_code": 1200,
+    "translations": 5500,
+    "casual": 2500,
+    "more_long_documents": 3000,
+}
 # Continuous batching keeps `slots` rows in flight over a KV cache as long as the longest prompt
 # of the chunk: short prompts many at a time, long ones few, so the cache stays ~1-2 GB.
 SHORT_TOKENS = 480
@@ -121,21 +128,58 @@ def broad_sources(verifier, seed: int = SEED) -> tuple[list[list[dict]], list[di
     return sources, broad.second_turns(first_turns(verifier), seed)
 
 
+def more_long_sources(verifier, seed: int = SEED) -> tuple[list[list[dict]], list[dict]]:
+    """The second part: more long documents (other runs of the same texts, other requests), so
+    that the corpus passes 30k prompts with over a fifth of them 500-2,000 tokens long."""
+    rows = broad.long_documents(seed + 1, COUNTS["more_long_documents"])
+    for r in rows:
+        r["id"] = f"more/{r['id']}"
+    return [rows], []
+
+
+# Each part is built once, in this order, into its own file; later parts skip what earlier ones
+# hold, so a part added in a later session leaves the earlier prompts (and responses) as they are.
+PARTS: dict[str, Callable[[object, int], tuple[list[list[dict]], list[dict]]]] = {
+    "prompts.jsonl": broad_sources,
+    "prompts-2.jsonl": more_long_sources,
+}
+
+
+def build_all_prompts(verifier, folder: Path, seed: int = SEED) -> list[Path]:
+    """Every part of PARTS, built where missing."""
+    return [build_prompts(verifier, folder, seed, sources, name) for name, sources in PARTS.items()]
+
+
+def campaign_rows(folder: Path) -> list[dict]:
+    """Every part's rows, in PARTS order (the parts that exist)."""
+    return [r for name in PARTS if (folder / name).is_file() for r in _read_rows(folder / name)]
+
+
 def build_prompts(
     verifier,
     folder: Path,
     seed: int = SEED,
     sources: Callable[[object, int], tuple[list[list[dict]], list[dict]]] = broad_sources,
+    name: str = "prompts.jsonl",
 ) -> Path:
-    """STATE/prompts.jsonl: the rows ``sources`` makes, deduplicated, evaluation-checked, and
-    cut to MAX_PROMPT_TOKENS; written once (atomically), read as it is afterwards."""
-    path = folder / "prompts.jsonl"
+    """STATE/``name``: the rows ``sources`` makes, deduplicated (against the parts before it
+    too), evaluation-checked, and cut to MAX_PROMPT_TOKENS; written once (atomically), read as it
+    is afterwards."""
+    path = folder / name
     if path.is_file():
         return path
     singles, seconds = sources(verifier, seed)
     # build() dedupes on the last user turn, which second turns share: check them on their own.
     rows = build(singles, seed=seed) + seconds
     check_training_prompts([row_prompt(r) for r in seconds], "the second turns")
+    earlier = {
+        normalize_text(r["prompt"])
+        for part in PARTS
+        if part != name and (folder / part).is_file()
+        for r in _read_rows(folder / part)
+        if not r.get("messages")
+    }
+    rows = [r for r in rows if r.get("messages") or normalize_text(r["prompt"]) not in earlier]
     kept = []
     for r in rows:
         n = len(row_prompt(r).encode(verifier))
@@ -191,7 +235,7 @@ def status(verifier, folder: Path, max_new_tokens: int = MAX_NEW_TOKENS) -> Prog
     """How many of the campaign's prompts have a response, and how many response tokens."""
     from specui.data.distill import verifier_fingerprint
 
-    rows = _read_rows(folder / "prompts.jsonl")
+    rows = campaign_rows(folder)
     cache = cached_responses(
         verifier_fingerprint(verifier),
         max_new_tokens,
@@ -217,7 +261,7 @@ def generate(
     """The verifier's greedy responses (up to MAX_NEW_TOKENS) to every campaign prompt, chunk by
     chunk, each appended to STATE/cache as it finishes; what is cached is skipped, so a killed
     run goes on where it stopped.  ``on_chunk(index, chunks, generated, seconds)``."""
-    rows = _read_rows(folder / "prompts.jsonl")
+    rows = campaign_rows(folder)
     chunks = generation_order(rows)
     for i, chunk in enumerate(chunks):
         t0 = time.time()

@@ -121,6 +121,28 @@ def test_evaluation_prompts_never_enter_the_campaign(tmp_path, embedded_verifier
     assert not (tmp_path / "a" / "prompts.jsonl").exists()
 
 
+def test_a_later_part_keeps_the_earlier_parts_and_skips_what_they_hold(
+    tmp_path, monkeypatch, embedded_verifier
+):
+    def first(verifier, seed):
+        return [[_row("a/0", "Summarize: one two three."), _row("a/1", "Translate: uno.")]], []
+
+    def second(verifier, seed):  # one new request, one an earlier part already holds
+        return [[_row("b/0", "Explain: four five."), _row("b/1", "translate:  UNO.")]], []
+
+    monkeypatch.setattr(campaign, "PARTS", {"prompts.jsonl": first, "prompts-2.jsonl": second})
+    campaign.build_all_prompts(embedded_verifier, tmp_path)
+    ids = [r["id"] for r in campaign.campaign_rows(tmp_path)]
+    assert sorted(ids[:2]) == ["a/0", "a/1"] and ids[2:] == ["b/0"]  # a part is shuffled
+    before = (tmp_path / "prompts.jsonl").read_bytes()
+    campaign.build_all_prompts(embedded_verifier, tmp_path)  # built once: nothing changes
+    assert (tmp_path / "prompts.jsonl").read_bytes() == before
+
+
+def _row(id_: str, prompt: str) -> dict:
+    return {"id": id_, "prompt": prompt, "kind": "chat", "source": id_.split("/")[0]}
+
+
 def _rows(n: int, long_every: int = 0) -> list[dict]:
     return [
         {
