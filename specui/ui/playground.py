@@ -40,12 +40,15 @@ def _replay_picker(label: str, elem_id: str, scale: int) -> gr.Dropdown:
 
 def verifier_wait_note(verifier_choice: str) -> str | None:
     """What a Generate with ``verifier_choice`` waits for before its first step (None: the
-    verifier is loaded).  The embedded one's first use also fetches and/or converts it."""
+    verifier is loaded and its cost model measured).  The embedded one's first use also
+    fetches and/or converts it."""
     try:
         spec = ui_verifier(verifier_choice)
     except SpecUIError:
         return None  # run_playground reports the bad choice
     if WORKBENCH.verifier_ready(spec):
+        if WORKBENCH.costs_pending(spec):  # the start-up preload's measure, once per machine
+            return "measuring this machine's verify costs for the decoding policy, seconds…"
         return None
     if spec != EMBEDDED:
         return f"loading the verifier {spec}…"
