@@ -2,15 +2,17 @@
 
     .venv/bin/python bench/soak.py [--minutes 30] [--sessions 10] [--warmup-minutes 5]
                                    [--churn 20] [--tracemalloc] [--python PY]
-                                   [--drafter ngram] [-k 4]
+                                   [--drafter NAME] [-k 0]
 
 Starts ``app.py`` with the interpreter of the requirements-only virtualenv that
 ``tests/ui/test_space.py`` builds (``.venv-space/<key>``, as a Space installs it;
 ``--python`` names another), ``SPACE_ID`` set, on loopback, with a fresh data dir.
-Then ``--sessions`` ``gradio_client`` sessions call ``/decode`` (the embedded default,
-the n-gram drafter; ``--drafter`` names a learned one, a shipped name such as ``dflash`` or
-a speculator folder, decoded by the app's run service like any visitor's, at K ``-k``, 0 for
-its own) one call after another for ``--minutes``; every ``--churn`` calls
+Then ``--sessions`` ``gradio_client`` sessions call ``/decode`` (the embedded verifier, with
+the speculator the app's Playground opens with, ``specui.workbench.default_drafter``, so the
+soak measures what a visitor runs; ``--drafter`` names another: ``ngram``, a shipped name such
+as ``dflash`` or a speculator folder, decoded by the app's run service like any visitor's, at
+K ``-k``, 0 (the default) for its own) one call after another for ``--minutes``; every
+``--churn`` calls
 a session leaves and a new visitor (a new Client, a new Gradio session) takes its
 place, as strangers come and go on a public demo (0: the same sessions throughout).
 
@@ -107,6 +109,15 @@ def space_env(
     }
 
 
+def app_default_drafter() -> str:
+    """The speculator the app's Playground opens with on a fresh data dir (the soak's app has
+    one: no trained folders), as ``specui.workbench`` picks it."""
+    from specui.algorithms.resolve import BUILTIN, shipped_drafters
+    from specui.workbench import default_drafter
+
+    return default_drafter([*BUILTIN, *shipped_drafters()])
+
+
 class Load:
     """``sessions`` visitors calling /decode until stopped; a new Client every ``churn`` calls."""
 
@@ -116,8 +127,8 @@ class Load:
         sessions: int,
         churn: int,
         max_new_tokens: int,
-        drafter: str = "ngram",
-        k: int = 4,
+        drafter: str,
+        k: int = 0,
     ) -> None:
         self.url, self.sessions, self.churn, self.max_new_tokens = (
             url,
@@ -207,11 +218,12 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument(
         "--drafter",
-        default="ngram",
-        help="what /decode drafts with: ngram, a shipped name (dflash, dspark, ...) or a folder",
+        default=None,
+        help="what /decode drafts with (default: the app's Playground speculator): ngram, a"
+        " shipped name (dflash, dspark, ...) or a folder",
     )
     ap.add_argument(
-        "-k", "--num-speculative-tokens", type=int, default=4, help="K (0: the drafter's own)"
+        "-k", "--num-speculative-tokens", type=int, default=0, help="K (0: the drafter's own)"
     )
     ap.add_argument("--sample-s", type=float, default=15.0, help="seconds between RSS prints")
     ap.add_argument(
@@ -228,6 +240,8 @@ def main() -> int:
     args = ap.parse_args()
     from specui.algorithms.resolve import shipped_drafters  # the app's own list of names
 
+    if args.drafter is None:
+        args.drafter = app_default_drafter()
     # A shipped name (dflash) is a name even where a folder of that name lies in the cwd.
     shipped = args.drafter in shipped_drafters()
     folder = Path(args.drafter).expanduser()

@@ -34,10 +34,12 @@ import torch
 from specui.algorithms.ngram import NgramConfig
 from specui.benchmark import bench as local_bench
 from specui.commands import add_ngram_arguments, add_precision_argument, ngram_options
+from specui.errors import SpecUIError
 from specui.store import Store
 from specui.trace import SamplingParams
 from specui.vllm.bench import BenchSettings
 from specui.vllm.bench import bench as vllm_bench
+from specui.vllm.install import vllm_python
 from specui.vllm.server import ServerConfig
 
 
@@ -58,9 +60,23 @@ def main() -> int:
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the local engine")
     ap.add_argument("--db", default=None, help="store (default: a temporary one)")
+    ap.add_argument(
+        "--adaptive-verification",
+        action="store_true",
+        help="vLLM's enable_adaptive_verification in the speculative config (newer vLLM only)",
+    )
     add_precision_argument(ap)
     add_ngram_arguments(ap)
     a = ap.parse_args()
+    if a.adaptive_verification:  # before the local runs: a refusal must not come minutes late
+        from specui.vllm.install import ADAPTIVE_VERIFICATION, with_adaptive_verification
+
+        try:
+            with_adaptive_verification({}, vllm_python())
+        except SpecUIError as e:
+            print(f"vllm_vs_local: {e}", file=sys.stderr)
+            return 2
+        print(f"vLLM runs with {ADAPTIVE_VERIFICATION}", file=sys.stderr)
     ngram = ngram_options(a)  # one config: the local drafter's options and the server's
     torch.set_num_threads(a.threads)
     db = Path(a.db) if a.db else Path(tempfile.mkdtemp(prefix="specui-vvl-")) / "bench.db"
@@ -97,7 +113,9 @@ def main() -> int:
         settings=BenchSettings(max_new_tokens=a.max_new_tokens),
         num_speculative_tokens=a.num_speculative_tokens,
         log=say,
-        server_config=ServerConfig(ngram=NgramConfig.from_options(ngram)),
+        server_config=ServerConfig(
+            ngram=NgramConfig.from_options(ngram), adaptive_verification=a.adaptive_verification
+        ),
     )
 
     local_out = {

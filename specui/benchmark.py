@@ -10,14 +10,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from specui.data import Prompt, bench_split, load_prompts
 from specui.errors import SpecUIError
 from specui.metrics import Comparison, compare
+from specui.metrics.slot_calibration import SlotEce, refit_calibrations, slot_ece
 from specui.policy import DEFAULT_POLICY
+from specui.policy.calibration import SlotCalibration
 from specui.policy.cost import CostModel
 from specui.service import DecodeRequest, record_runs
 from specui.store import Store
@@ -45,6 +47,33 @@ def group_comparisons(
     return {g: compare(store, run_ids, prompt_indices=idx) for g, idx in groups.items()}
 
 
+@dataclass(frozen=True)
+class DrafterEce:
+    """One drafter run's per-slot estimates against its outcomes; ``ece`` None: the drafter
+    stored none (the n-gram lookup: the policy reads its running acceptance instead)."""
+
+    run_id: int
+    drafter: str
+    algorithm: str
+    ece: SlotEce | None
+
+
+def drafter_eces(store: Store, recorded: Sequence[Any]) -> list[DrafterEce]:
+    """The ECE of each drafter run's stored estimates, raw and after the temperature its
+    policy read (a hybrid's steps mix two proposers: reported raw)."""
+    out = []
+    for run in recorded:
+        info = store.get_run(run.run_id)
+        if info.algorithm == "none":
+            continue
+        temps = getattr(run.policy, "temperatures", None) or {}
+        t = 1.0 if "+" in info.algorithm else temps.get(info.algorithm, 1.0)
+        out.append(
+            DrafterEce(run.run_id, info.drafter, info.algorithm, slot_ece(store, [run.run_id], t))
+        )
+    return out
+
+
 @dataclass
 class BenchResult:
     """What a bench returns: its runs (the baseline first), their comparison, and the prompts
@@ -55,6 +84,10 @@ class BenchResult:
     prompts: list[Prompt]
     # The verifier's measured cost model the adaptive policy chose by (None: no run used it).
     cost_model: CostModel | None = None
+    # Per drafter run: the ECE of its per-slot estimates (raw and as the policy read them).
+    slot_ece: list[DrafterEce] = field(default_factory=list)
+    # The temperatures refitted after this bench (``specui.policy.calibration``), by proposer.
+    calibrations: dict[str, SlotCalibration] = field(default_factory=dict)
 
     def groups(self, store: Store) -> dict[str, Comparison]:
         """The comparison on each task group of the prompts (Spec-Bench's six); {} when
@@ -137,7 +170,10 @@ def bench(
         )
     run_ids = [r.run_id for r in recorded]
     costs = next((lane_cost(r) for r in recorded if lane_cost(r) is not None), None)
-    return BenchResult(run_ids, compare(store, run_ids), prompt_list, costs)
+    eces = drafter_eces(store, recorded)  # before the refit: as this bench's policy read them
+    # Refit on every stored run of these weights, this bench's included: the next run reads it.
+    fitted = refit_calibrations(store, v.fingerprint)
+    return BenchResult(run_ids, compare(store, run_ids), prompt_list, costs, eces, fitted)
 
 
 def lane_cost(run: Any) -> CostModel | None:

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +23,8 @@ from specui.algorithms.base import Drafter
 from specui.algorithms.resolve import BUILTIN, resolve_drafter, shipped_drafters
 from specui.algorithms.spec import algorithm_specs
 from specui.paths import data_dir
+from specui.policy.adaptive import MAX_MEASURED_ROWS, split
+from specui.policy.cost import CostModel, cost_model
 from specui.verifier.model import Verifier, default_precision
 
 log = logging.getLogger(__name__)
@@ -113,6 +115,7 @@ class Workbench:
         # (drafter choice, verifier, K, options) -> idle drafters, least recently returned first
         self._idle: OrderedDict[tuple, list[Drafter]] = OrderedDict()
         self._sizes: dict[int, int] = {}  # id(idle drafter) -> held_bytes
+        self._measuring: set[tuple[str, str]] = set()  # (choice, precision) a preload measures
 
     def verifier(self, choice: str, precision: str | None = None) -> Verifier:
         """The shared verifier for ``choice`` (``precision``: see ``Verifier.load``; default
@@ -143,24 +146,70 @@ class Workbench:
         with self._lock:
             return (choice, precision or default_precision()) in self._verifiers
 
-    def preload(self, choice: str, precision: str | None = None) -> threading.Thread:
-        """Start loading a verifier in a background thread and return that thread.
+    def preload(
+        self,
+        choice: str,
+        precision: str | None = None,
+        drafters: Sequence[str] | None = None,
+    ) -> threading.Thread:
+        """Start loading a verifier, then measuring its cost model, in a background thread and
+        return that thread.
 
         The app calls this at start-up, so the embedded verifier's one-time fetch and
         conversion run before the first visitor asks; a Generate that comes sooner waits
         on the same load (``verifier``'s per-choice lock) instead of starting a second one.
+        The adaptive policy's cost model (the verify curve up to the longest block it measures,
+        and the draft cost of ``drafters``, default the Playground's own speculator) is measured
+        here too, so the first Generate's first drafted step does not wait seconds for it in a
+        decode slot (a Generate that comes during the measure waits on the model's lock).
         A failed preload is only logged: the next ``verifier`` call tries again and shows
         the visitor the error."""
 
         def load() -> None:
             try:
-                self.verifier(choice, precision)
+                verifier = self.verifier(choice, precision)
             except Exception as e:  # noqa: BLE001 - any load error, reported on first use
                 log.warning("preloading verifier %r failed: %s", choice, e)
+                return
+            key = (choice, precision or default_precision())
+            with self._lock:
+                self._measuring.add(key)
+            try:
+                self.measure_costs(verifier, drafters)
+            except Exception as e:  # noqa: BLE001 - the first run measures again, or says why
+                log.warning("measuring the cost model of %r failed: %s", choice, e)
+            finally:
+                with self._lock:
+                    self._measuring.discard(key)
 
         thread = threading.Thread(target=load, daemon=True, name=f"specui-preload-{choice}")
         thread.start()
         return thread
+
+    def costs_pending(self, choice: str, precision: str | None = None) -> bool:
+        """Whether a preload is measuring ``choice``'s cost model now (the Playground says so
+        while a Generate waits on it)."""
+        with self._lock:
+            return (choice, precision or default_precision()) in self._measuring
+
+    def measure_costs(self, verifier: Verifier, drafters: Sequence[str] | None = None) -> CostModel:
+        """The verifier's cost model with every row the adaptive policy measures and a draft
+        figure for each of ``drafters`` (default: the Playground's speculator), measured now
+        unless cached.  A drafter that does not load here is skipped (its run reports why)."""
+        names = [default_drafter(drafter_choices())] if drafters is None else list(drafters)
+        model = cost_model(verifier, MAX_MEASURED_ROWS)
+        for name in names:
+            if name in ("none", "plain"):
+                continue
+            try:
+                # Borrowed with the options the Playground's first Generate passes (its
+                # confidence policy off), so that Generate finds this drafter loaded.
+                with self.drafter(name, verifier, confidence_policy=None) as d:
+                    parts = tuple(p for _, p in filter(None, split(d)))
+                    model = cost_model(verifier, MAX_MEASURED_ROWS, parts)
+            except Exception as e:  # noqa: BLE001 - the Playground shows a drafter's error
+                log.warning("no draft cost for %r at preload: %s", name, e)
+        return model
 
     @contextmanager
     def drafter(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 
 import torch
 
@@ -115,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
                     "groups": {g: c.rows for g, c in groups.items()},
                     "policy": args.policy,
                     "cost_model": result.cost_model.to_dict() if result.cost_model else None,
+                    "slot_ece": [asdict(e) for e in result.slot_ece],
+                    "calibration": {k: asdict(c) for k, c in result.calibrations.items()},
                     "columns": {
                         c.key: {"label": c.label, "definition": c.definition, "unit": c.unit}
                         for c in comparison.columns
@@ -131,7 +134,29 @@ def run(args: argparse.Namespace) -> int:
     if result.cost_model is not None:
         print()
         _print_costs(result.cost_model, comparison)
+    if result.slot_ece:
+        print()
+        print_slot_ece(result.slot_ece, result.calibrations)
     return 0
+
+
+def print_slot_ece(eces, calibrations) -> None:
+    """ECE of each drafter's per-slot estimates (DSpark's confidence head, the suffix lookup's
+    match shares, learned drafters' top-1 probabilities), and the temperatures refitted now."""
+    print("per-slot estimates: drafter, slots, ECE raw, ECE as the policy read them (T)")
+    for e in eces:
+        if e.ece is None:
+            print(f"  {e.drafter}\t-\tno per-slot estimates (the policy reads running rates)")
+            continue
+        print(
+            f"  {e.drafter}\t{e.ece.slots}\t{e.ece.ece_raw:.3f}\t"
+            f"{e.ece.ece_calibrated:.3f} (T={e.ece.temperature:.2f})"
+        )
+    for name, c in sorted(calibrations.items()):
+        print(
+            f"  refitted {name}: T={c.temperature:.2f} on {c.slots} slots of {c.runs} runs,"
+            f" ECE {c.ece_raw:.3f} -> {c.ece_calibrated:.3f}"
+        )
 
 
 def _print_costs(cost, comparison) -> None:

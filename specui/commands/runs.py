@@ -37,7 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     common = argparse.ArgumentParser(add_help=False)
     add_db_option(common, on_subcommand=True)
     rs = p.add_subparsers(
-        dest="runs_command", required=True, metavar="{list,show,replay,export,delete}"
+        dest="runs_command",
+        required=True,
+        metavar="{list,show,replay,export,delete,calibrate}",
     )
 
     ls = rs.add_parser("list", parents=[common], help="stored runs, newest first")
@@ -109,6 +111,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--force", action="store_true", help="also delete a run that a dashboard session owns"
     )
     de.set_defaults(func=cmd_delete)
+
+    ca = rs.add_parser(
+        "calibrate",
+        parents=[common],
+        help="refit each drafter's per-slot estimate temperature (what the adaptive policy"
+        " reads) on the stored runs, per verifier weights",
+    )
+    ca.set_defaults(func=cmd_calibrate)
 
 
 def _when(ts: float | None) -> str:
@@ -350,4 +360,24 @@ def cmd_delete(args: argparse.Namespace) -> int:
     with Store(args.db) as store:
         store.delete_run(args.run_id, requester=None, force=args.force)
     print(f"deleted run {args.run_id}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from specui.metrics.slot_calibration import refit_calibrations
+
+    fitted_any = False
+    with Store(args.db) as store:
+        for name, fingerprint in store.list_verifiers():
+            if not fingerprint:
+                continue
+            for proposer, c in sorted(refit_calibrations(store, fingerprint).items()):
+                fitted_any = True
+                print(
+                    f"{name} ({fingerprint[:12]}) {proposer}: T={c.temperature:.3f} on"
+                    f" {c.slots} slots of {c.runs} runs, ECE {c.ece_raw:.3f} ->"
+                    f" {c.ece_calibrated:.3f}"
+                )
+    if not fitted_any:
+        print("no drafter has enough stored per-slot estimates to fit (runs of one drafter)")
     return 0

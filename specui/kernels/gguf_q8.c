@@ -141,10 +141,14 @@ INTERNAL int gguf_q8_matmul(int type, const float *x, int64_t rows, int64_t k, c
     for (int64_t r = 0; r < rows; ++r) quantize_row(x + r * k, k, off, q + r * k, dx + r * nb, corr + r * nb, xsum + r * nb);
     /* Tiles outside, rows inside: a tile's blocks (6-10 KiB) stay in L1 while the passes of a
      * long block (a prefill) go over them. */
+    /* Rows in passes of equal size (13 rows: 7 and 6, not 12 and 1): a pass's loads and nibble
+     * unpacking are shared by its rows, so a one-row pass costs almost what a full one does.  A
+     * row's bits do not depend on its pass. */
+    const int64_t passes = (rows + Q8_ROWS - 1) / Q8_ROWS, per_pass = (rows + passes - 1) / passes;
     for (int64_t o = 0; o < n_out; o += TILE) {
         const uint8_t *tile = wp + (o / TILE) * tile_bytes;
-        for (int64_t r0 = 0; r0 < rows; r0 += Q8_ROWS) {
-            const int R = rows - r0 < Q8_ROWS ? (int)(rows - r0) : Q8_ROWS;
+        for (int64_t r0 = 0; r0 < rows; r0 += per_pass) {
+            const int R = rows - r0 < per_pass ? (int)(rows - r0) : (int)per_pass;
             q8_dispatch(type, q + r0 * k, dx + r0 * nb, corr + r0 * nb, xsum + r0 * nb, k, tile, out + r0 * n_out, n_out, o, R);
         }
     }

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from specui.algorithms.base import DraftContext, Drafter
 from specui.algorithms.simple import LOOKUPS
+from specui.policy.calibration import load_temperatures
 from specui.policy.choose import best_gain, draft_gain, sequential_keep
 from specui.policy.cost import CostModel, cost_model, drafter_key
 from specui.trace import Proposal
@@ -170,12 +171,15 @@ class AdaptivePolicy:
         temperatures: dict[str, float] | None = None,
         shared_rates: dict[str, Rates] | None = None,
     ) -> None:
-        """``cost``: the cost model (None: measured or read at ``start``).  ``shared_rates``:
+        """``cost``: the cost model (None: measured or read at ``start``).  ``temperatures``:
+        each proposer's calibration (None: the ones fitted on stored runs, read at ``start``,
+        ``specui.policy.calibration``; a proposer without one is read raw).  ``shared_rates``:
         running rates by drafter, shared with the process's other runs (``make_policy`` passes
         one): a run starts from what the last run of its drafter learned, so the Playground's
         second Generate does not probe a drafter that the first found useless."""
         self.cost = cost
         self.temperatures = dict(temperatures or {})
+        self._read_temperatures = temperatures is None
         self.rates: dict[str, Rates] = {}
         self.shared = shared_rates
         self.tokens = 0.0
@@ -185,7 +189,11 @@ class AdaptivePolicy:
         self._keys: dict[str, str] = {}  # proposer name -> its entry in the cost model's drafts
 
     def start(self, verifier: Any, drafter: Drafter) -> None:
-        """Measure (or read) the cost model this run's choices need."""
+        """Measure (or read) the cost model this run's choices need, and read the fitted
+        calibration (refitted after each bench: a run started later reads the newer fit)."""
+        if self._read_temperatures:
+            fingerprint = getattr(verifier, "fingerprint", None)
+            self.temperatures = load_temperatures(fingerprint) if fingerprint else {}
         lookup, learned = split(drafter)
         named = [p for p in (lookup, learned) if p is not None]
         parts = tuple(d for _, d in named)

@@ -19,6 +19,7 @@ acceptance rates, which no draft of this step has touched.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 Verify = Callable[[int], float]  # seconds to verify a block of that many rows
 
@@ -101,3 +102,27 @@ def run_speedup(row: dict, verify: Verify) -> float | None:
     v = verify(lo) + (rows - lo) * (verify(lo + 1) - verify(lo))
     draft = (row.get("draft_time_s") or 0.0) / steps
     return (row.get("num_output_tokens") or 0) / steps * verify(1) / (v + draft)
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One block size of the cost curve: what the Playground's chart draws."""
+
+    rows: int  # verified rows: K drafts + 1
+    verify_ms: float
+    ratio: float  # to a one-row verify
+    break_even: float | None  # per-slot acceptance at which K = rows - 1 drafts pay (no draft)
+
+
+def cost_curve(verify_s: Sequence[float]) -> list[CurvePoint]:
+    """The measured rows of a cost model with the break-even acceptance of each K on them."""
+
+    def verify(rows: int) -> float:  # break_even_acceptance(k) reads rows 1 and k + 1 only
+        return verify_s[rows - 1]
+
+    return [
+        CurvePoint(
+            r, s * 1e3, s / verify_s[0], break_even_acceptance(verify, r - 1) if r > 1 else None
+        )
+        for r, s in enumerate(verify_s, start=1)
+    ]

@@ -197,6 +197,19 @@ _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
+def known_cost_model(verifier: Any) -> CostModel | None:
+    """The verifier's cost model if this process has it or it is cached on disk; never measures
+    (the Playground's chart asks while a preload may be measuring: it must not wait on it)."""
+    model = _MEMO.get(verifier)
+    if model is not None:
+        return model
+    path = _path(model_key(verifier))
+    try:
+        return CostModel.from_dict(json.loads(path.read_text())) if path.is_file() else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def cost_model(verifier: Any, max_rows: int = 9, drafters: tuple[Drafter, ...] = ()) -> CostModel:
     """The verifier's cost model with at least ``max_rows`` rows and a draft figure for each of
     ``drafters``: from memory, else from the cache file, else measured now (and saved)."""

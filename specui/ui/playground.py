@@ -13,11 +13,13 @@ from specui.choices import ui_drafter, ui_verifier
 from specui.data import Prompt, load_prompts
 from specui.data.prompts import MAX_PROMPT_CHARS, check_prompt_text, encode_text
 from specui.errors import SpecUIError
+from specui.policy import DEFAULT_POLICY, POLICIES
 from specui.replay import Replay, load_replay, play, replay_runs, request_label, run_label
 from specui.service import DECODE_EVENTS, DecodeRequest, decode_and_record
 from specui.store import Store
 from specui.trace import SamplingParams
 from specui.ui import render
+from specui.ui.cost_chart import cost_view
 from specui.ui.refusals import log_refusal
 from specui.verifier import loading
 from specui.verifier.embedded import EMBEDDED, EMBEDDED_NAME, EMBEDDED_WHEEL_MB, embedded_first_use
@@ -42,12 +44,15 @@ def _replay_picker(label: str, elem_id: str, scale: int) -> gr.Dropdown:
 
 def verifier_wait_note(verifier_choice: str) -> str | None:
     """What a Generate with ``verifier_choice`` waits for before its first step (None: the
-    verifier is loaded).  The embedded one's first use also fetches and/or converts it."""
+    verifier is loaded and its cost model measured).  The embedded one's first use also
+    fetches and/or converts it."""
     try:
         spec = ui_verifier(verifier_choice)
     except SpecUIError:
         return None  # run_playground reports the bad choice
     if WORKBENCH.verifier_ready(spec):
+        if WORKBENCH.costs_pending(spec):  # the start-up preload's measure, once per machine
+            return "measuring this machine's verify costs for the decoding policy, seconds…"
         return None
     if spec != EMBEDDED:
         # What the load is doing (downloading from the hub, converting a GGUF), where it says.
@@ -93,8 +98,10 @@ def run_playground(
     threshold: float,
     owner: str | None,
     stop: threading.Event,
+    decode_policy: str = DEFAULT_POLICY,
 ):
-    """Generator of (lanes, finished) as decoding advances: the library side of the tab."""
+    """Generator of (lanes, finished) as decoding advances: the library side of the tab.
+    ``decode_policy``: how many drafts a step sends (``specui.policy``), stored with the run."""
     if isinstance(prompt, str):
         check_prompt_text(prompt)
     sampling = SamplingParams(temperature=float(temperature), top_p=float(top_p))
@@ -121,6 +128,7 @@ def run_playground(
                         max_new_tokens=int(max_new_tokens),
                         seed=int(seed),
                         drafter_options={"confidence_policy": policy},
+                        policy=decode_policy,
                     ),
                 )
             )
@@ -177,6 +185,16 @@ def build(store: Store) -> None:
                 visible=False,
             )
             k = gr.Slider(0, 16, value=0, step=1, label="K / block size (0 = the speculator's own)")
+            decode_policy = gr.Radio(
+                list(POLICIES),
+                value=DEFAULT_POLICY,
+                label="Drafts per step",
+                info=(
+                    "adaptive: each step sends the drafts (0..K) that pay under this machine's"
+                    " measured costs; fixed: every draft, the raw speculator at K"
+                ),
+                elem_id="decode-policy",
+            )
             temperature = gr.Slider(0, 2, value=0, step=0.05, label="Temperature (0 = greedy)")
             top_p = gr.Slider(0.05, 1, value=1, step=0.05, label="top-p")
             seed = gr.Number(0, precision=0, label="Seed")
@@ -241,6 +259,13 @@ def build(store: Store) -> None:
                     stats_b = gr.Markdown(elem_id="stats-b")
                     out_b = gr.HTML(elem_id="output-b")
                     steps_b = gr.HTML(elem_id="steps-b")
+            with gr.Accordion(
+                "Cost model: verify ms by rows, break-even acceptance",
+                open=False,
+                elem_id="cost-model",
+            ) as cost_box:
+                cost_note = gr.Markdown(elem_id="cost-note")
+                cost_plot = gr.Plot(elem_id="cost-plot", show_label=False)
 
     side.change(lambda s: (gr.update(visible=s), gr.update(visible=s)), side, [drafter_b, col_b])
 
@@ -265,6 +290,7 @@ def build(store: Store) -> None:
         chat_,
         pol,
         thr,
+        dpol,
         request: gr.Request,
     ):
         session = request.session_hash if request is not None else "cli"
@@ -288,6 +314,7 @@ def build(store: Store) -> None:
                 thr,
                 owner=session,
                 stop=stop_event,
+                decode_policy=dpol,
             )
         )
         try:
@@ -326,12 +353,15 @@ def build(store: Store) -> None:
             chat,
             policy,
             threshold,
+            decode_policy,
         ],
         [status, stats_a, out_a, steps_a, stats_b, out_b, steps_b],
         api_name="generate",
         concurrency_limit=DECODE_EVENTS,  # two decode at once (service.decode_slot)
         concurrency_id="decode",
-    )
+    ).then(cost_view, verifier, [cost_plot, cost_note], api_visibility="private")
+    # Drawn from the cached model only: opening the box never loads or measures anything.
+    cost_box.expand(cost_view, verifier, [cost_plot, cost_note], api_visibility="private")
     stop.click(_request_stop, None, status, api_name="stop", queue=False)
 
     def refresh_runs():

@@ -116,6 +116,13 @@ def build(store: Store, slot: VLLMSlot = SLOT) -> None:
             maximum=64,
             label="K (speculative tokens; 0 = the checkpoint's)",
         )
+        adaptive = gr.Checkbox(
+            False,
+            label="Adaptive verification",
+            info="vLLM's enable_adaptive_verification (newer vLLM builds; refused with the"
+            " reason where the installed one lacks it)",
+            elem_id="vllm-adaptive",
+        )
     with gr.Row():
         launch_btn = gr.Button("Launch server", variant="primary", elem_id="vllm-launch")
         stop_btn = gr.Button("Stop / detach", elem_id="vllm-stop")
@@ -153,8 +160,8 @@ def build(store: Store, slot: VLLMSlot = SLOT) -> None:
     def show(request: gr.Request):
         return status_markdown(slot, request)
 
-    def do_launch(ver, choice, kk, request: gr.Request):
-        return launch(slot, ver, choice, kk, request)
+    def do_launch(ver, choice, kk, adapt, request: gr.Request):
+        return launch(slot, ver, choice, kk, request, adaptive=bool(adapt))
 
     def do_attach(url, key, _label, request: gr.Request):
         return attach(slot, url, key, request)
@@ -165,13 +172,17 @@ def build(store: Store, slot: VLLMSlot = SLOT) -> None:
     def do_bench(ver, spec_label, pset, lim, mx, conc, temp, request: gr.Request):
         return bench(slot, store, ver, spec_label, pset, lim, mx, conc, temp, request)
 
-    def do_compare(ver, choice, kk, pset, lim, mx, conc, temp, request: gr.Request):
-        return compare(slot, store, ver, choice, kk, pset, lim, mx, conc, temp, request)
+    def do_compare(ver, choice, kk, adapt, pset, lim, mx, conc, temp, request: gr.Request):
+        return compare(
+            slot, store, ver, choice, kk, pset, lim, mx, conc, temp, request, adaptive=bool(adapt)
+        )
 
     def do_stop_bench(request: gr.Request):
         return stop_bench(slot, request)
 
-    launch_btn.click(do_launch, [verifier, speculator, k], outputs, api_visibility="private")
+    launch_btn.click(
+        do_launch, [verifier, speculator, k, adaptive], outputs, api_visibility="private"
+    )
     attach_btn.click(
         do_attach, [base_url, api_key, attach_label], outputs, api_visibility="private"
     )
@@ -185,7 +196,7 @@ def build(store: Store, slot: VLLMSlot = SLOT) -> None:
     )
     compare_btn.click(
         do_compare,
-        [verifier, speculator, k, prompts, limit, max_new, concurrency, temperature],
+        [verifier, speculator, k, adaptive, prompts, limit, max_new, concurrency, temperature],
         outputs,
         api_visibility="private",
     )
@@ -205,11 +216,12 @@ def _settings(max_new_tokens, conc, temp) -> BenchSettings:
     )
 
 
-def _config(ver, choice, kk) -> ServerConfig:
+def _config(ver, choice, kk, adaptive: bool = False) -> ServerConfig:
     return ServerConfig(
         verifier=ver,
         speculator=resolve_speculator(choice),
         num_speculative_tokens=int(kk) if kk else None,
+        adaptive_verification=adaptive,
     )
 
 
@@ -221,11 +233,11 @@ def _shown(slot: VLLMSlot, request: gr.Request | None, action) -> tuple[str, str
     return status_markdown(slot, request)
 
 
-def launch(slot: VLLMSlot, ver, choice, kk, request: gr.Request | None):
+def launch(slot: VLLMSlot, ver, choice, kk, request: gr.Request | None, adaptive: bool = False):
     return _shown(
         slot,
         request,
-        lambda: slot.launch(_config(ver, choice, kk), session_of(request), admin_mode()),
+        lambda: slot.launch(_config(ver, choice, kk, adaptive), session_of(request), admin_mode()),
     )
 
 
@@ -261,7 +273,20 @@ def bench(slot: VLLMSlot, store: Store, ver, spec_label, pset, lim, mx, conc, te
     return _shown(slot, request, go)
 
 
-def compare(slot: VLLMSlot, store: Store, ver, choice, kk, pset, lim, mx, conc, temp, request: Req):
+def compare(
+    slot: VLLMSlot,
+    store: Store,
+    ver,
+    choice,
+    kk,
+    pset,
+    lim,
+    mx,
+    conc,
+    temp,
+    request: Req,
+    adaptive: bool = False,
+):
     def go() -> None:
         if resolve_speculator(choice) is None:
             raise SpecUIError("choose a speculator to compare with the plain verifier")
@@ -271,7 +296,7 @@ def compare(slot: VLLMSlot, store: Store, ver, choice, kk, pset, lim, mx, conc, 
             prompts=pset,
             limit=int(lim) if lim else None,
             settings=_settings(mx, conc, temp),
-            cfg=_config(ver, choice, kk),
+            cfg=_config(ver, choice, kk, adaptive),
             owner=session_of(request),
             force=admin_mode(),
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -73,3 +74,51 @@ def check_installed(python: Path) -> None:
     probe = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, timeout=120)
     if probe.returncode != 0:
         raise SpecUIError(f"{python} cannot import vllm; {SETUP_HINT}")
+
+
+# vLLM's adaptive verification: a speculative-config field of later vLLM builds that lets the
+# server verify fewer drafts where they do not pay (as SpecUI's adaptive policy does locally).
+ADAPTIVE_VERIFICATION = "enable_adaptive_verification"
+
+
+def vllm_package_dir(python: Path) -> Path | None:
+    """The ``vllm`` package folder of ``python``'s environment (None: not found); found by
+    its files, or by ``find_spec`` (which does not import vllm) for a system-wide install."""
+    env_root = python.parent.parent
+    found = glob.glob(str(env_root / "lib" / "python*" / "site-packages" / "vllm" / "__init__.py"))
+    if found:
+        return Path(found[0]).parent
+    code = "import importlib.util as u; s = u.find_spec('vllm'); print(s.origin if s else '')"
+    try:
+        probe = subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    origin = probe.stdout.strip()
+    return Path(origin).parent if probe.returncode == 0 and origin else None
+
+
+def accepts_speculative_field(python: Path, name: str) -> bool:
+    """Whether the installed vLLM's ``SpeculativeConfig`` declares the field ``name``: read
+    from its source (``vllm/config/speculative.py``, or ``vllm/config.py`` in older builds),
+    not by importing vllm, which takes seconds."""
+    pkg = vllm_package_dir(python)
+    if pkg is None:
+        return False
+    declared = re.compile(rf"^\s+{re.escape(name)}\s*:", re.MULTILINE)
+    for source in (pkg / "config" / "speculative.py", pkg / "config.py"):
+        if source.is_file() and declared.search(source.read_text(errors="replace")):
+            return True
+    return False
+
+
+def with_adaptive_verification(spec: dict, python: Path) -> dict:
+    """``spec`` with vLLM's adaptive verification on, or a SpecUIError naming why not."""
+    if not accepts_speculative_field(python, ADAPTIVE_VERIFICATION):
+        raise SpecUIError(
+            f"the vLLM at {python} has no `{ADAPTIVE_VERIFICATION}` in its speculative config"
+            " (adaptive verification came in a later vLLM than this build): upgrade vLLM in"
+            " that environment, or serve without adaptive verification"
+        )
+    return {**spec, ADAPTIVE_VERIFICATION: True}

@@ -57,6 +57,7 @@ from specui.vllm.install import (
     check_installed,
     is_cpu_build,
     vllm_python,
+    with_adaptive_verification,
 )
 from specui.vllm.watchdog import group_alive
 
@@ -259,6 +260,9 @@ class ServerConfig:
     # Per-request acceptance in each response (needs a speculator): "detailed"
     # gives the ordered per-step accepted/drafted counts SpecUI stores as steps.
     spec_decode_metrics: str = "detailed"
+    # vLLM's adaptive verification (newer builds; refused with the reason where absent).
+    # Ignored for a run without a speculator (a bench's baseline): nothing to verify.
+    adaptive_verification: bool = False
     enable_prefix_caching: bool | None = None
     cpu_threads: int | None = (
         None  # CPU builds: cores for vLLM's OpenMP threads (None: all but one)
@@ -351,6 +355,8 @@ def plan_launch(cfg: ServerConfig) -> LaunchPlan:
     )
     if spec and spec.get("model"):
         spec = {**spec, "model": str(servable_folder(Path(spec["model"]), model))}
+    if spec and cfg.adaptive_verification:
+        spec = with_adaptive_verification(spec, python)
     method = speculator_method(spec)
     if cpu:
         check_cpu_serves(spec)

@@ -119,3 +119,27 @@ def test_bench_reports_every_metric_per_spec_bench_task_group(tmp_path, capsys, 
         capsys, db, "--prompts", "demo", "--limit", "1", "--max-new-tokens", "2"
     )
     assert out["groups"] == {}
+
+
+def test_bench_reports_the_ece_of_each_drafters_per_slot_estimates(
+    tmp_path, capsys, embedded_verifier
+):
+    db = tmp_path / "s.db"
+    out = _bench_ngram_json(
+        capsys,
+        db,
+        "--drafter",
+        "suffix",
+        "--prompts",
+        "demo",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "24",
+    )
+    eces = {e["algorithm"]: e for e in out["slot_ece"]}
+    assert set(eces) == {"ngram", "suffix"}  # every drafter run, not the baseline
+    assert eces["ngram"]["ece"] is None  # the n-gram lookup has no per-slot estimate
+    suffix = eces["suffix"]["ece"]
+    if suffix is not None:  # the suffix lookup's match shares, when it matched at all
+        assert suffix["slots"] > 0 and 0.0 <= suffix["ece_raw"] <= 1.0

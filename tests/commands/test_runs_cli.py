@@ -116,3 +116,23 @@ def test_jobs_list_show_cancel(db: Path, capsys: pytest.CaptureFixture[str]) -> 
         assert store.get_job(job.id).status == JobStatus.CANCELLED
     assert main(["jobs", "--db", str(db), "cancel", "12345"]) == 2
     assert capsys.readouterr().err == "specui: error: unknown job id 12345\n"
+
+
+def test_calibrate_refits_each_drafter_per_verifier_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specui.policy.calibration import load_temperatures
+    from tests.support.store_helpers import overconfident_steps
+
+    monkeypatch.setenv("SPECUI_DATA_DIR", str(tmp_path))
+    db = tmp_path / "cal.db"
+    fingerprint = "cd" * 16
+    with Store(db) as store:
+        run = store.create_run(
+            verifier="tiny", prompt_set="p", algorithm="dspark", verifier_fingerprint=fingerprint
+        )
+        record(store, run.id, [overconfident_steps(300, 4, 5, 3.0)], [1.0], 4)
+    assert main(["runs", "calibrate", "--db", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert "dspark: T=" in out
+    assert load_temperatures(fingerprint)["dspark"] > 1.5  # over-confident: T well above 1

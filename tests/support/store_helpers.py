@@ -3,6 +3,7 @@ imported by store_writer.py, which runs in a separate process)."""
 
 from __future__ import annotations
 
+import math
 import random
 
 from specui.store import RunRecorder, Store
@@ -66,3 +67,24 @@ def record(
             for s in steps:
                 rec.step(s)
             rec.end_prompt(make_result(steps, wall, k))
+
+
+def overconfident_steps(n_steps: int, k: int, seed: int, temperature: float) -> list[StepTrace]:
+    """Steps with per-slot estimates c whose slots are accepted one after another with
+    probability sigmoid(logit(c) / temperature): estimates that over-confident."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n_steps):
+        trace = make_trace(i, k, seed=seed)
+        conf = [rng.uniform(0.02, 0.98) for _ in range(k)]
+        n_acc = 0
+        while n_acc < k:
+            c = conf[n_acc]
+            if rng.random() >= 1 / (1 + math.exp(-math.log(c / (1 - c)) / temperature)):
+                break
+            n_acc += 1
+        trace.confidences = conf
+        trace.num_accepted = n_acc
+        trace.emitted_token_ids = trace.draft_token_ids[:n_acc] + [trace.final_token_id]
+        out.append(trace)
+    return out

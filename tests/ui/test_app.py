@@ -62,6 +62,7 @@ def test_generate_endpoint_matches_library_decoding(app_url, embedded_verifier):
         True,
         "off",
         0.5,
+        "fixed",
         api_name="/generate",
     )
     assert status.startswith("done"), status
@@ -109,6 +110,7 @@ def test_generate_endpoint_rejects_empty_prompt(app_url):
         True,
         "off",
         0.5,
+        "adaptive",
         api_name="/generate",
     )
     assert "prompt is empty" in status
@@ -137,6 +139,7 @@ def test_compare_and_export_endpoints_match_the_store(app_url):
             True,
             "off",
             0.5,
+            "adaptive",
             api_name="/generate",
         )
     store = Store(data / "specui.db")
@@ -219,6 +222,13 @@ def test_browser_playground_shows_accepted_and_rejected_tokens(page, app_url):
             colours[cls] = loc.first.evaluate("e => getComputedStyle(e).backgroundColor")
     assert "accepted" in colours and ("rejected" in colours or "corrected" in colours)
     assert len(set(colours.values())) == len(colours), colours  # distinct colours
+    # The decoding policy the toggle shows (adaptive by default) is the one the run stored,
+    # and the cost curve it chose by is drawn in the Playground.
+    assert page.locator("#decode-policy input:checked").first.input_value() == "adaptive"
+    assert run.settings["policy"] == "adaptive"
+    page.locator("#cost-model").get_by_text("Cost model").first.click()
+    page.wait_for_selector("#cost-plot .js-plotly-plot")
+    _wait_for_text(page, "#cost-note", "Measured on this machine")
     page.screenshot(path=str(SHOTS / "playground.png"), full_page=True)
 
 
