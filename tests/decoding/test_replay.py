@@ -93,7 +93,8 @@ def test_local_run_replays_the_recorded_steps_in_order(store, embedded_verifier)
     # Every stored field, in order (probabilities round-trip exactly); who proposed a step and the
     # drafts the policy did not send are shown live only (StepTrace: not stored).
     unstored = {"proposer": None, "unsent_token_ids": [], "unsent_texts": []}
-    assert rp.steps == [dataclasses.replace(s, **unstored) for s in live.steps]
+    stored = [dataclasses.replace(s, **unstored) for s in live.steps]
+    assert rp.steps == stored
     assert any(
         s.num_accepted > 0 for s in rp.steps
     )  # n-gram lookup on a repetition prompt accepts some
@@ -101,7 +102,7 @@ def test_local_run_replays_the_recorded_steps_in_order(store, embedded_verifier)
     assert res.output_token_ids == live.output_token_ids
     assert res.acceptance_length == pytest.approx(live.acceptance_length)
     assert res.per_position_acceptance == pytest.approx(live.per_position_acceptance)
-    assert list(play(rp.steps, 0)) == live.steps
+    assert list(play(rp.steps, 0)) == stored
     # The replayed view renders exactly what live decoding rendered.
     assert step_html(rp.steps[0]) == step_html(live.steps[0]) and output_html(
         rp.steps
