@@ -13,7 +13,8 @@
  * are the unsigned side: Q4 nibbles are unsigned already (0..15, their offset 8 or m apart), and
  * Q8_0's values are stored + 128.  The offsets come back exactly in integers where they are
  * integers: S - 8 sum(q) for Q4_0, S - 128 sum(q) for Q8_0.  Q4_1's offset m is a float; it meets
- * the row's float32 block sum, as in the float kernel.
+ * the int8 row's block sum dx sum(q), as in llama.cpp's Q8_1 rows: each block is then exactly the
+ * int8 row times the weights as they are.
  *
  * Batch invariance by construction: a row is quantized on its own, and each output lane meets
  * the blocks in one fixed order whatever the number of rows in the pass, so a row's bits are the
@@ -42,7 +43,7 @@ static inline int64_t q8_block_bytes(int type) {
 }
 
 /* One row of k floats as int8 blocks: q [k], dx [k/32], and per block the integer offset term
- * (off * sum q: 8 for Q4_0, 128 for Q8_0, 0 for Q4_1) and the float32 block sum (Q4_1's m). */
+ * (off * sum q: 8 for Q4_0, 128 for Q8_0, 0 for Q4_1) and the int8 block sum dx sum q (Q4_1's m). */
 static void quantize_row(const float *x, int64_t k, int off, int8_t *q, float *dx, int32_t *corr,
                          float *xsum) {
     for (int64_t b = 0; b < k / 32; ++b) {
@@ -59,10 +60,13 @@ static void quantize_row(const float *x, int64_t k, int off, int8_t *q, float *d
         _mm_storeu_si128((__m128i *)(q + 32 * b), _mm512_cvtsepi32_epi8(qa));
         _mm_storeu_si128((__m128i *)(q + 32 * b + 16), _mm512_cvtsepi32_epi8(qc));
         dx[b] = (bad || isinf(amax)) ? NAN : d;
-        corr[b] = off * _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
-        float s = 0.0f;
-        for (int i = 0; i < 32; ++i) s += x[32 * b + i];  /* in input order, as the float kernel */
-        xsum[b] = s;
+        const int32_t sum_q = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+        corr[b] = off * sum_q;
+        /* Q4_1's offset m meets the block sum of the int8 row (dx sum q), not of the float one:
+         * the block's product is then the int8 row times the weights as they are,
+         * sum (d n_i + m) dx q_i.  With the float sum, the rounding of each input would meet
+         * d n_i alone (0..15 d, never centred) and stop cancelling: ~2.5x the error. */
+        xsum[b] = dx[b] * (float)sum_q;
     }
 }
 

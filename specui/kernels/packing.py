@@ -217,18 +217,11 @@ def int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def int8_rows_product(x: torch.Tensor, raw: torch.Tensor, type_name: str, k: int) -> torch.Tensor:
     """float64 ``[n, out]``: what the ``gguf-q8`` kernel computes, exactly (its reference): the
-    rows made int8 (:func:`int8_rows`) times the blocks' values and scales; Q4_1's offsets m
-    times each row's float32 block sums, as the kernel takes them."""
+    rows made int8 (:func:`int8_rows`) times the blocks' weights as they are (Q4_1's offsets
+    included: they meet the int8 row's block sums, as in llama.cpp's Q8_1 rows)."""
     q, dx = int8_rows(x)
     xq = (q.double().view(x.shape[0], -1, GGUF_BLOCK) * dx.double().unsqueeze(-1)).view(x.shape)
-    w = dequantize_gguf(raw, type_name, k).double()
-    if type_name != "Q4_1":
-        return xq @ w.T
-    blocks = _gguf_blocks(raw, type_name, k)
-    m = blocks[..., 2:4].contiguous().view(torch.float16).double().squeeze(-1)  # [out, k/32]
-    values = w - m.repeat_interleave(GGUF_BLOCK, dim=1)  # q * d alone
-    xsum = x.float().view(x.shape[0], -1, GGUF_BLOCK).sum(-1).double()  # [n, k/32]
-    return xq @ values.T + xsum @ m.T
+    return xq @ dequantize_gguf(raw, type_name, k).double().T
 
 
 def pack_gguf(raw: torch.Tensor, type_name: str, k: int, rows: str = "float") -> PackedGGUF:
