@@ -59,10 +59,12 @@ def main() -> int:
     store = Store(db)
     prompts = bench_prompts(a.prompts, a.limit)
     v = WORKBENCH.verifier("embedded", a.precision)
+    # K drafts every step: the settings' own acceptance, not the policy's choice of when to draft.
     request = DecodeRequest(
         drafter="ngram",
         num_speculative_tokens=a.num_speculative_tokens,
         max_new_tokens=a.max_new_tokens,
+        policy="fixed",
     )
     runs = [(PlainDrafter(), DecodeRequest(drafter="none", max_new_tokens=a.max_new_tokens))]
     runs += [(NgramDrafter(a.num_speculative_tokens, c), request) for c in configs]

@@ -11,6 +11,7 @@ from specui.data import Prompt, prompt_sets
 from specui.data.prompts import check_prompt_text, encode_text
 from specui.errors import SpecUIError
 from specui.metrics import compare, comparison_csv_text
+from specui.policy import DEFAULT_POLICY
 from specui.service import DECODE_EVENTS, DecodeRequest, record_run
 from specui.store import Store
 from specui.trace import SamplingParams, as_int
@@ -43,9 +44,11 @@ def register(store: Store) -> None:
         temperature: float = 0.0,
         seed: int = 0,
         chat: bool = True,
+        policy: str = DEFAULT_POLICY,
         request: gr.Request = None,
     ) -> dict:
-        """Decode one prompt, store it as a run; returns the summary and the run id."""
+        """Decode one prompt, store it as a run; returns the summary and the run id.
+        ``policy``: how many drafts a step sends (``adaptive``, or ``fixed``: K every step)."""
         try:
             check_prompt_text(prompt)
             verifier, drafter = (
@@ -60,6 +63,7 @@ def register(store: Store) -> None:
                 sampling=SamplingParams(temperature=temperature),
                 max_new_tokens=as_int(max_new_tokens, "max_new_tokens"),
                 seed=as_int(seed, "seed"),
+                policy=policy,
             )
             p = (
                 Prompt(id="api", source="api", text=prompt)

@@ -106,8 +106,14 @@ class BenchSettings:
         from specui.service import DecodeRequest
 
         sampling = SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+        # vLLM sends every draft each step (its adaptive verification, where on, is a setting of
+        # the server): the run is stored as the fixed policy's.
         return DecodeRequest(
-            drafter=drafter, sampling=sampling, max_new_tokens=self.max_new_tokens, seed=self.seed
+            drafter=drafter,
+            sampling=sampling,
+            max_new_tokens=self.max_new_tokens,
+            seed=self.seed,
+            policy="fixed",
         )
 
 

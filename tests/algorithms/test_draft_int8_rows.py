@@ -15,7 +15,7 @@ from specui.engine import Decoding
 from specui.kernels.layers import WEIGHT_BF16
 from specui.kernels.packing import GGUF_INT8_ROWS, GGUF_TYPES
 from specui.verifier.model import Verifier
-from tests.support.kernels import needs_kernel
+from tests.support.kernel_marks import needs_kernel
 
 pytestmark = [needs_kernel, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType
 
 from specui import kernels
 from specui.kernels import checks, packing
-from tests.support.kernels import needs_kernel
+from tests.support.kernel_marks import needs_kernel
 
 TYPES = list(packing.GGUF_TYPES)
 

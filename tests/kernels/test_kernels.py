@@ -10,7 +10,7 @@ import torch
 from specui import kernels
 from specui.kernels import build, checks, packing
 from specui.kernels.packing import Int8Weight
-from tests.support.kernels import needs_kernel, runnable
+from tests.support.kernel_marks import needs_kernel, runnable
 
 
 def _weight(

@@ -82,7 +82,7 @@ def test_decode_endpoint_returns_summary_and_stores_run(app_url, embedded_verifi
 
     url, data = app_url
     out = Client(url, verbose=False).predict(
-        PROMPT, "ngram", "embedded", 4, 24, 0.0, 0, True, api_name="/decode"
+        PROMPT, "ngram", "embedded", 4, 24, 0.0, 0, True, "fixed", api_name="/decode"
     )
     ids = embedded_verifier.encode(PROMPT, chat=True)
     expected = generate(embedded_verifier, NgramDrafter(4), ids, max_new_tokens=24)

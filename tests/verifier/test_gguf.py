@@ -17,7 +17,7 @@ from specui import kernels
 from specui.errors import SpecUIError
 from specui.verifier import batch_invariant
 from specui.verifier.gguf_weights import _llama_rows, read_blocks
-from tests.support.kernels import needs_kernel
+from tests.support.kernel_marks import needs_kernel
 
 
 def test_switched_off_the_gguf_precision_says_why(monkeypatch):

@@ -101,7 +101,8 @@ def _local(store, verifier, folder: Path, prompts):
         drafter,
         prompts,
         prompt_set="gsm-symbolic",
-        request=DecodeRequest(drafter=str(folder), max_new_tokens=MAX_NEW),
+        # K drafts every step, as vLLM sends them: the two engines' steps are compared one by one.
+        request=DecodeRequest(drafter=str(folder), max_new_tokens=MAX_NEW, policy="fixed"),
     )
     return drafter, compare(store, [recorded.run_id]).rows[0]
 

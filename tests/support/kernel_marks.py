@@ -1,4 +1,7 @@
-"""The skip mark of the tests that need SpecUI's CPU kernels built and run here."""
+"""The skip mark of the tests that need SpecUI's CPU kernels built and run here.
+
+Not `kernels.py`: tests/support is on sys.path when `ddp_train.py` runs there, and transformers
+imports the `kernels` package of the hub by that name."""
 
 from __future__ import annotations
 
