@@ -27,8 +27,8 @@ a block's sums become float once, scaled by its fp16 scale.  Q8_0 (the output he
 become floats and are summed in float32.  Each output sums in one fixed order at any row count,
 so the matmul is batch-invariant by construction and within float32 rounding's order of the
 float32 product on the dequantized weights (:func:`checks.gguf_error`, checked at load).  It does
-not need AMX; on a CPU without AVX512-VNNI the ``gguf`` precision is refused and ``auto`` takes
-``bf16``.
+not need AMX; on a CPU without AVX512-VNNI the ``gguf`` and ``gguf-q8`` precisions are refused
+and ``auto`` takes ``bf16``.
 
 **Row-wise attention.**  Batch invariance needs each query row of a block to attend over exactly
 its own keys in an order that does not depend on the block, and one SDPA call per row (what

@@ -146,12 +146,12 @@ def test_int8_rows_are_quantized_each_on_its_own_scale():
 
 
 def test_int8_is_never_autos_choice_and_stays_close_to_bf16():
-    # auto never requantizes: the embedded GGUF in its own blocks where SpecUI's kernel runs, else
-    # bf16
+    # auto never requantizes: the embedded GGUF in its own blocks (times int8 rows) where
+    # SpecUI's kernel runs, else bf16
     from specui import kernels
 
     assert Verifier.load("embedded", precision="auto").precision == (
-        "gguf" if kernels.gguf_available() else "bf16"
+        "gguf-q8" if kernels.gguf_available() else "bf16"
     )
     bf16, int8 = (
         Verifier.load("embedded", precision="bf16"),
