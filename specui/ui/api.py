@@ -11,7 +11,6 @@ from specui.data import Prompt, prompt_sets
 from specui.data.prompts import check_prompt_text, encode_text
 from specui.errors import SpecUIError
 from specui.metrics import compare, comparison_csv_text
-from specui.policy import DEFAULT_POLICY
 from specui.service import DECODE_EVENTS, DecodeRequest, record_run
 from specui.store import Store
 from specui.trace import SamplingParams, as_int
@@ -44,11 +43,10 @@ def register(store: Store) -> None:
         temperature: float = 0.0,
         seed: int = 0,
         chat: bool = True,
-        policy: str = DEFAULT_POLICY,
         request: gr.Request = None,
     ) -> dict:
-        """Decode one prompt, store it as a run; returns the summary and the run id.
-        ``policy``: how many drafts a step sends (``adaptive``, or ``fixed``: K every step)."""
+        """Decode one prompt, store it as a run; returns the summary and the run id.  Steps send
+        drafts as the adaptive policy decides (the run service's default, stored with the run)."""
         try:
             check_prompt_text(prompt)
             verifier, drafter = (
@@ -63,7 +61,6 @@ def register(store: Store) -> None:
                 sampling=SamplingParams(temperature=temperature),
                 max_new_tokens=as_int(max_new_tokens, "max_new_tokens"),
                 seed=as_int(seed, "seed"),
-                policy=policy,
             )
             p = (
                 Prompt(id="api", source="api", text=prompt)

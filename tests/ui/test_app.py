@@ -82,14 +82,19 @@ def test_decode_endpoint_returns_summary_and_stores_run(app_url, embedded_verifi
 
     url, data = app_url
     out = Client(url, verbose=False).predict(
-        PROMPT, "ngram", "embedded", 4, 24, 0.0, 0, True, "fixed", api_name="/decode"
+        PROMPT, "ngram", "embedded", 4, 24, 0.0, 0, True, api_name="/decode"
     )
     ids = embedded_verifier.encode(PROMPT, chat=True)
     expected = generate(embedded_verifier, NgramDrafter(4), ids, max_new_tokens=24)
-    assert out["output_token_ids"] == expected.output_token_ids
-    assert out["acceptance_length"] == pytest.approx(expected.acceptance_length)
+    assert out["output_token_ids"] == expected.output_token_ids  # lossless under any policy
     run = Store(data / "specui.db").get_run(out["run_id"])
     assert run.algorithm == "ngram" and str(run.status) == "done"
+    # The summary is the stored run's: how many drafts a step sent was the adaptive policy's
+    # choice in the app's process (its learned rates), so it is read back, not recomputed here.
+    from specui.metrics import compare
+
+    stored = compare(Store(data / "specui.db"), [out["run_id"]]).rows[0]
+    assert out["acceptance_length"] == pytest.approx(stored["acceptance_length"])
 
 
 def test_generate_endpoint_rejects_empty_prompt(app_url):
