@@ -57,22 +57,23 @@ def run(folder: Path) -> None:
             mininterval=30,
             dynamic_ncols=True,
         )
-        t_start, answered = time.time(), before.done
+        t_start, totals = time.time(), {"answered": 0, "tokens": 0}
 
-        def on_chunk(i: int, n: int, tokens: int, seconds: float) -> None:
-            nonlocal answered
-            now = campaign.status(verifier, folder)
-            bar.update(now.done - answered)
-            answered = now.done
+        def on_chunk(i: int, n: int, answered: int, tokens: int, seconds: float) -> None:
+            # Counted from what each chunk returned: re-reading the cache and re-encoding every
+            # prompt after each chunk (campaign.status) cost a core for tens of seconds.
+            totals["answered"] += answered
+            totals["tokens"] += tokens
+            bar.n = max(bar.n, totals["answered"])
+            bar.refresh()
             logging.info(
-                "generate: chunk %d/%d in %.0f s; %d/%d prompts, %d response tokens, %.0f s"
-                " this run",
+                "generate: chunk %d/%d in %.0f s; chunks so far hold %d answered prompts, %d"
+                " response tokens; %.0f s this run",
                 i + 1,
                 n,
                 seconds,
-                now.done,
-                now.total,
-                now.response_tokens,
+                totals["answered"],
+                totals["tokens"],
                 time.time() - t_start,
             )
 

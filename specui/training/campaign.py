@@ -255,12 +255,13 @@ def generate(
     verifier,
     folder: Path,
     dtype,
-    on_chunk: Callable[[int, int, int, float], None] | None = None,
+    on_chunk: Callable[[int, int, int, int, float], None] | None = None,
     max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> None:
     """The verifier's greedy responses (up to MAX_NEW_TOKENS) to every campaign prompt, chunk by
     chunk, each appended to STATE/cache as it finishes; what is cached is skipped, so a killed
-    run goes on where it stopped.  ``on_chunk(index, chunks, generated, seconds)``."""
+    run goes on where it stopped.  ``on_chunk(index, chunks, answered, response tokens,
+    seconds)`` after each chunk, from what the chunk returned (no second pass over the cache)"""
     rows = campaign_rows(folder)
     chunks = generation_order(rows)
     for i, chunk in enumerate(chunks):
@@ -276,7 +277,8 @@ def generate(
             generation_dtype=dtype,
         )
         if on_chunk is not None:
-            on_chunk(i, len(chunks), sum(len(s.response_ids) for s in samples), time.time() - t0)
+            tokens = sum(len(s.response_ids) for s in samples)
+            on_chunk(i, len(chunks), len(samples), tokens, time.time() - t0)
 
 
 def cache_file(verifier, folder: Path) -> Path:
