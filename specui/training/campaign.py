@@ -32,7 +32,13 @@ from pathlib import Path
 
 from specui.data import broad
 from specui.data.corpus import build
-from specui.data.distill import cache_name, cached_responses, prompt_key, self_distill
+from specui.data.distill import (
+    cache_name,
+    cached_responses,
+    prompt_key,
+    self_distill,
+    verifier_fingerprint,
+)
 from specui.data.prompts import Prompt, check_training_prompts, load_prompts, normalize_text
 from specui.errors import SpecUIError
 from specui.paths import shipped_data_dir
@@ -101,8 +107,6 @@ def first_turns(verifier) -> list[tuple[str, str]]:
         p for p in load_prompts("general", split="train") if p.meta.get("kind") not in ("math",)
     ]
     folders = [shipped_data_dir() / "corpus"]
-    from specui.data.distill import verifier_fingerprint
-
     cache = cached_responses(verifier_fingerprint(verifier), 128, verifier.eos_token_ids, folders)
     eos = set(verifier.eos_token_ids)
     out = []
@@ -233,8 +237,6 @@ def _length_class(row: dict) -> str:
 
 def status(verifier, folder: Path, max_new_tokens: int = MAX_NEW_TOKENS) -> Progress:
     """How many of the campaign's prompts have a response, and how many response tokens."""
-    from specui.data.distill import verifier_fingerprint
-
     rows = campaign_rows(folder)
     cache = cached_responses(
         verifier_fingerprint(verifier),
