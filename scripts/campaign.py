@@ -32,16 +32,20 @@ def _verifier():
     return Verifier.load("embedded")
 
 
-def run(folder: Path) -> None:
+def run(folder: Path, shard: tuple[int, int]) -> None:
     import torch
     from tqdm import tqdm
 
     from specui.training import campaign
 
     verifier = _verifier()
-    with campaign.campaign_lock(folder):
-        logging.info("campaign: state in %s", folder)
-        campaign.build_all_prompts(verifier, folder)
+    with campaign.campaign_lock(folder, shard):
+        logging.info("campaign: state in %s, shard %d of %d", folder, shard[0], shard[1])
+        if shard[0] == 0:
+            campaign.build_all_prompts(verifier, folder)
+        else:  # shard 0 writes the prompts; the others wait for them
+            while not all(p.is_file() for p in campaign.part_paths(folder)):
+                time.sleep(30)
         before = campaign.status(verifier, folder)
         logging.info(
             "generate: %d of %d prompts answered, %d response tokens",
@@ -78,7 +82,9 @@ def run(folder: Path) -> None:
             )
 
         # bf16 matmuls generate; the cache stays keyed by the float32 verifier (self_distill).
-        campaign.generate(verifier, folder, torch.bfloat16, on_chunk)
+        campaign.generate(
+            verifier, folder, torch.bfloat16, on_chunk, shard=shard if shard[1] > 1 else None
+        )
         bar.close()
         logging.info("generate: done")
 
@@ -101,10 +107,22 @@ def main() -> None:
     )
     ap.add_argument("stage", choices=("run", "status"))
     ap.add_argument("--state", type=Path, default=None, help="the state folder")
+    ap.add_argument(
+        "--shard",
+        default="0/1",
+        help="I/N: this process generates the prompts whose key falls to shard I of N (one"
+        " process a core)",
+    )
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     folder = a.state or state_dir()
-    {"run": run, "status": status}[a.stage](folder)
+    if a.stage == "status":
+        status(folder)
+        return
+    index, count = (int(x) for x in a.shard.split("/"))
+    if not 0 <= index < count:
+        ap.error(f"--shard {a.shard}: want I/N with 0 <= I < N")
+    run(folder, (index, count))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 # Starts (or restarts) the drafters' training campaign in the background where it stopped:
 # low priority, one torch thread, its log in the state folder.  Safe to run at any time: a
 # campaign that is still running keeps the lock and the new one exits at once.
-#   Pause it for a benchmark:  kill -STOP $(cat "$STATE/lock")   ...   kill -CONT $(cat "$STATE/lock")
+# SHARDS processes (default 2, one a core; nice 19, so foreground work comes first) share the
+# prompts by key hash and append to one cache.
+#   Pause it for a benchmark:  kill -STOP $(cat "$STATE"/lock*)   ...   kill -CONT $(cat "$STATE"/lock*)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${SPECUI_CAMPAIGN_DIR:-$HOME/specui-campaign}
@@ -23,6 +25,11 @@ if true; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
   fi
 fi
-THREADS=${THREADS:-1} SPECUI_CAMPAIGN_DIR="$STATE" nohup nice -n 19 .venv/bin/python \
-  scripts/campaign.py run >> "$STATE/campaign.log" 2>&1 &
-echo "campaign: started (pid $!), log: $STATE/campaign.log"
+SHARDS=${SHARDS:-2}
+for ((i = 0; i < SHARDS; i++)); do
+  log="$STATE/campaign.log"
+  [ "$i" -gt 0 ] && log="$STATE/campaign-$i.log"
+  THREADS=${THREADS:-1} SPECUI_CAMPAIGN_DIR="$STATE" nohup nice -n 19 .venv/bin/python \
+    scripts/campaign.py run --shard "$i/$SHARDS" >> "$log" 2>&1 &
+  echo "campaign: shard $i/$SHARDS started (pid $!), log: $log"
+done

@@ -71,11 +71,12 @@ def state_dir() -> Path:
 
 
 @contextmanager
-def campaign_lock(folder: Path) -> Iterator[None]:
+def campaign_lock(folder: Path, shard: tuple[int, int] = (0, 1)) -> Iterator[None]:
     """Held for a campaign's whole run: a second one (a restart while the first still runs)
-    fails at once instead of generating the same responses twice."""
+    fails at once instead of generating the same responses twice.  Each shard of a sharded
+    run has a lock of its own (``lock``, ``lock-1``, ...), holding its pid."""
     folder.mkdir(parents=True, exist_ok=True)
-    with (folder / "lock").open("a+") as f:
+    with lock_file(folder, shard[0]).open("a+") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -85,6 +86,10 @@ def campaign_lock(folder: Path) -> Iterator[None]:
         f.write(f"{os.getpid()}\n")
         f.flush()
         yield
+
+
+def lock_file(folder: Path, index: int) -> Path:
+    return folder / ("lock" if index == 0 else f"lock-{index}")
 
 
 def _read_rows(path: Path) -> list[dict]:
@@ -152,6 +157,10 @@ PARTS: dict[str, Callable[[object, int], tuple[list[list[dict]], list[dict]]]] =
 def build_all_prompts(verifier, folder: Path, seed: int = SEED) -> list[Path]:
     """Every part of PARTS, built where missing."""
     return [build_prompts(verifier, folder, seed, sources, name) for name, sources in PARTS.items()]
+
+
+def part_paths(folder: Path) -> list[Path]:
+    return [folder / name for name in PARTS]
 
 
 def campaign_rows(folder: Path) -> list[dict]:
@@ -259,11 +268,14 @@ def generate(
     dtype,
     on_chunk: Callable[[int, int, int, int, float], None] | None = None,
     max_new_tokens: int = MAX_NEW_TOKENS,
+    shard: tuple[int, int] | None = None,
 ) -> None:
     """The verifier's greedy responses (up to MAX_NEW_TOKENS) to every campaign prompt, chunk by
     chunk, each appended to STATE/cache as it finishes; what is cached is skipped, so a killed
     run goes on where it stopped.  ``on_chunk(index, chunks, answered, response tokens,
-    seconds)`` after each chunk, from what the chunk returned (no second pass over the cache)"""
+    seconds)`` after each chunk, from what the chunk returned (no second pass over the cache).
+    ``shard=(i, n)``: only the prompts whose key falls to process ``i`` of ``n`` (one process a
+    core; the cache's appends are locked, so the shards share its file)."""
     rows = campaign_rows(folder)
     chunks = generation_order(rows)
     for i, chunk in enumerate(chunks):
@@ -277,6 +289,7 @@ def generate(
             folder / "cache",
             max_prompt_tokens=MAX_PROMPT_TOKENS,
             generation_dtype=dtype,
+            shard=shard,
         )
         if on_chunk is not None:
             tokens = sum(len(s.response_ids) for s in samples)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 
 import pytest
 import torch
@@ -178,6 +179,14 @@ def test_one_campaign_at_a_time(tmp_path):
         pass
     with campaign.campaign_lock(tmp_path):  # released when the first one ends
         pass
+    # The shards of one run each hold a lock of their own, with their pid in it.
+    with campaign.campaign_lock(tmp_path, (0, 2)), campaign.campaign_lock(tmp_path, (1, 2)):
+        assert campaign.lock_file(tmp_path, 1).read_text().strip() == str(os.getpid())
+        with (
+            pytest.raises(SpecUIError, match="already running"),
+            campaign.campaign_lock(tmp_path, (1, 2)),
+        ):
+            pass
 
 
 @pytest.mark.slow
@@ -208,3 +217,23 @@ def test_generation_resumes_where_a_kill_left_it(tmp_path, embedded_verifier):
     assert again[:2] == lines[:2] and len(again) == 4  # the torn line stays, skipped
     assert json.loads(again[3]) == json.loads(lines[2])  # greedy: the same response
     assert campaign.status(embedded_verifier, tmp_path, max_new_tokens=4).done == 3
+
+
+@pytest.mark.slow
+def test_shards_split_the_prompts_and_together_answer_all(tmp_path, embedded_verifier):
+    rows = [
+        {
+            "id": f"s/{i}",
+            "prompt": f"Say the number {i}.",
+            "kind": "chat",
+            "source": "t",
+            "prompt_tokens": 20,
+        }
+        for i in range(12)
+    ]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    campaign.generate(embedded_verifier, tmp_path, torch.float32, max_new_tokens=3, shard=(0, 2))
+    first = campaign.status(embedded_verifier, tmp_path, max_new_tokens=3).done
+    assert 0 < first < 12  # one shard answers its share only (these keys fall to both)
+    campaign.generate(embedded_verifier, tmp_path, torch.float32, max_new_tokens=3, shard=(1, 2))
+    assert campaign.status(embedded_verifier, tmp_path, max_new_tokens=3).done == 12
