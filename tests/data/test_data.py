@@ -11,7 +11,13 @@ from safetensors.torch import load_file
 
 from specui.data import load_prompts, prompt_sets, read_prompt_file
 from specui.data.distill import TokenSample, generate_greedy, self_distill, synthetic_prompts
-from specui.data.hidden import HiddenStateStore, LocalExtractor, read_sample, write_sample
+from specui.data.hidden import (
+    HiddenStateStore,
+    LocalExtractor,
+    bytes_per_token,
+    read_sample,
+    write_sample,
+)
 from specui.data.prompts import Prompt, split_of, write_prompt_file
 from specui.errors import SpecUIError
 
@@ -419,6 +425,43 @@ def test_a_file_without_targets_gets_them_once(fixture_verifier, samples, tmp_pa
     )
     again = read_sample(path, len(AUX), head)
     assert torch.equal(again.target_ids, s.target_ids) and len(calls) == 1  # stored, not recomputed
+
+
+def test_int8_store_is_the_bf16_store_in_under_half_the_bytes(fixture_verifier, samples, tmp_path):
+    """The campaign's compact store: aux taps int8 per row, no tap[N], targets kept."""
+    bf16 = LocalExtractor(fixture_verifier, AUX, dtype=torch.float32)
+    int8 = LocalExtractor(fixture_verifier, AUX, dtype=torch.float32, store="int8")
+    a = [read_sample(p, len(AUX)) for p in bf16.extract(samples, tmp_path / "bf16")]
+    paths = int8.extract(samples, tmp_path / "int8")
+    b = [read_sample(p, len(AUX)) for p in paths]
+    H = fixture_verifier.hidden_size
+    for sa, sb, s in zip(a, b, samples, strict=True):
+        assert torch.equal(sa.input_ids, sb.input_ids) and torch.equal(sa.loss_mask, sb.loss_mask)
+        assert torch.equal(sa.target_ids, sb.target_ids)
+        finite = sa.target_logprobs.isfinite()
+        assert torch.equal(finite, sb.target_logprobs.isfinite())
+        torch.testing.assert_close(  # float16 log-probs
+            sb.target_logprobs[finite], sa.target_logprobs[finite], atol=1e-2, rtol=1e-3
+        )
+        # Per row, the int8 error is at most half a step of that row's scale (plus bf16's).
+        exact = fixture_verifier.taps(torch.tensor(s.input_ids), AUX)  # [T, n_aux, H]
+        step = exact.abs().amax(-1, keepdim=True) / 127
+        err = (sb.hidden_states.view_as(exact) - exact).abs()
+        assert (err <= 0.5 * step + 1e-6).all()
+    t = load_file(str(paths[0]))
+    assert t["hidden_states"].dtype == torch.int8 and t["hidden_states"].shape[1] == len(AUX)
+    per = bytes_per_token(len(AUX) + 1, H, store="int8")
+    assert per < bytes_per_token(len(AUX) + 1, H) / 2
+    assert paths[0].stat().st_size <= per * len(samples[0]) + 2048  # + the safetensors header
+
+
+def test_int8_store_needs_the_targets(fixture_verifier, samples, tmp_path):
+    taps = torch.randn(5, len(AUX) + 1, 8)
+    ids = torch.arange(5)
+    with pytest.raises(SpecUIError, match="needs the targets"):
+        write_sample(tmp_path / "x.safetensors", taps, ids, ids, store="int8")
+    with pytest.raises(SpecUIError, match="hidden-state store"):
+        write_sample(tmp_path / "x.safetensors", taps, ids, ids, store="int4")
 
 
 def test_extraction_refuses_a_disk_too_small(fixture_verifier, samples, tmp_path, monkeypatch):
