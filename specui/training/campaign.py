@@ -43,7 +43,7 @@ from specui.data.distill import (
 )
 from specui.data.prompts import Prompt, check_training_prompts, load_prompts, normalize_text
 from specui.errors import SpecUIError
-from specui.paths import shipped_data_dir
+from specui.paths import campaign_dir, shipped_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ CHUNK = 512  # prompts per self_distill call: a kill loses at most the responses
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("SPECUI_CAMPAIGN_DIR", Path.home() / "specui-campaign"))
+    return campaign_dir()
 
 
 @contextmanager
@@ -319,7 +319,8 @@ def materialize(verifier, folder: Path, seed: int = SEED, partial: bool = False)
     (``prompt`` or ``messages``, and ``response_ids``), in one seeded shuffle so that any prefix
     (a short learning-rate check's ``--num-prompts``) holds every kind.  Training reads it as a
     prompt file: the rows bring their responses, so nothing is generated again, and the file's
-    own held-out split (by content hash) is the campaign's evaluation split.  Refused while
+    own held-out split (the ``campaign`` prompt set's, by content hash) is the campaign's
+    evaluation split.  Refused while
     prompts still lack a response, unless ``partial`` (tests, a look at a running campaign)."""
     fingerprint = verifier_fingerprint(verifier)
     eos = verifier.eos_token_ids
@@ -330,18 +331,20 @@ def materialize(verifier, folder: Path, seed: int = SEED, partial: bool = False)
     )
     out: list[dict] = []
     for p in load_prompts("general", split="train"):
-        resp = general_cache.get(prompt_key(p.encode(verifier)))
+        ids = p.encode(verifier)
+        resp = general_cache.get(prompt_key(ids))
         if resp is not None:
-            out.append(_train_row(p, resp))
+            out.append(_train_row(p, resp, p.meta.get("kind", "general"), len(ids)))
     general = len(out)
     missing = 0
     for r in campaign_rows(folder):
         p = row_prompt(r)
-        resp = campaign_cache.get(prompt_key(p.encode(verifier)))
+        ids = p.encode(verifier)
+        resp = campaign_cache.get(prompt_key(ids))
         if resp is None:
             missing += 1
         else:
-            out.append(_train_row(p, resp))
+            out.append(_train_row(p, resp, r["kind"], len(ids)))
     if missing and not partial:
         raise SpecUIError(
             f"{missing} campaign prompts have no response yet: generation is not done"
@@ -354,8 +357,8 @@ def materialize(verifier, folder: Path, seed: int = SEED, partial: bool = False)
     return Materialized(path, len(out), general, missing)
 
 
-def _train_row(p: Prompt, response: Sequence[int]) -> dict:
-    row: dict = {"id": p.id}
+def _train_row(p: Prompt, response: Sequence[int], kind: str, prompt_tokens: int) -> dict:
+    row: dict = {"id": p.id, "kind": kind, "prompt_tokens": prompt_tokens}
     if p.messages is not None:
         row["messages"] = list(p.messages)
     elif p.text is not None:

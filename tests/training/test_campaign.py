@@ -240,7 +240,9 @@ def test_shards_split_the_prompts_and_together_answer_all(tmp_path, embedded_ver
 
 
 @pytest.mark.slow
-def test_materialized_rows_bring_the_responses_training_would_look_up(tmp_path, embedded_verifier):
+def test_materialized_rows_bring_the_responses_training_would_look_up(
+    tmp_path, embedded_verifier, monkeypatch
+):
     """train.jsonl read as a prompt file gives prompts whose cache keys are the campaign's: the
     response each row brings is the one generation cached for it."""
     from specui.data.distill import cache_name, prompt_key
@@ -294,3 +296,16 @@ def test_materialized_rows_bring_the_responses_training_would_look_up(tmp_path, 
     # Shuffled: the campaign's rows are not all at the end.
     order = m.path.read_text().splitlines()
     assert not all('"t/' in line for line in order[-2:])
+    # The `campaign` prompt set reads it: a small held-out split, disjoint from training,
+    # long and short prompts alternating.
+    monkeypatch.setenv("SPECUI_CAMPAIGN_DIR", str(tmp_path))
+    train = load_prompts("campaign", split="train")
+    held = load_prompts("campaign", split="eval")
+    assert len(train) + len(held) == m.rows
+    assert not {p.content_hash for p in train} & {p.content_hash for p in held}
+    assert 0.01 < len(held) / m.rows < 0.04
+    assert all(p.response_ids for p in train)
+    # (the general corpus has no prompt over 480 tokens: here "long" starts lower)
+    monkeypatch.setattr("specui.data.sets.CAMPAIGN_LONG_TOKENS", 60)
+    held = load_prompts("campaign", split="eval", limit=12)
+    assert [p.meta["prompt_tokens"] > 60 for p in held] == [True, False] * 6
