@@ -466,7 +466,8 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from specui.training.loop import TrainHooks, train
+    from specui.training.hooks import TrainHooks
+    from specui.training.loop import train
     from specui.training.progress import stage_unit
 
     main = int(os.environ.get("RANK", "0")) == 0

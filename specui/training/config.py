@@ -20,7 +20,7 @@ from specui.algorithms.spec import (
 )
 from specui.data.prompts import mix_sources, refuse_evaluation_sets
 from specui.errors import SpecUIError
-from specui.vllm.install import vllm_python
+from specui.training.vllm_extraction import find_python
 
 SCHEDULES = ("cosine", "linear", "constant")
 EXTRACTION_MODES = ("offline", "online", "mixed")
@@ -63,7 +63,7 @@ class TrainConfig:
     threads: int | None = None  # torch CPU threads (None: torch's default)
     device: str = "auto"  # auto | cpu | cuda
     # Matmuls of a training step: bf16 autocast (float32 master weights, softmax and losses),
-    # fp32, or auto: bf16 where the device multiplies it fast (specui.training.loop.compute_dtype).
+    # fp32, or auto: bf16 where the device multiplies it fast (specui.training.step.compute_dtype).
     precision: str = "auto"
 
     # --- data
@@ -238,7 +238,7 @@ class TrainConfig:
             raise SpecUIError(f"vllm-gpu-memory-utilization must be in (0, 1], got {u}")
         # Found now, not after the self-distillation (which can take hours): the same
         # look-up the vLLM server launch does.
-        vllm_python(self.vllm_python)
+        find_python(self.vllm_python)
 
     @property
     def num_layers(self) -> int:

@@ -12,7 +12,8 @@ from specui.algorithms.objective import objective_for
 from specui.data.distill import self_distill, synthetic_prompts
 from specui.data.hidden import HiddenStateStore, LocalExtractor
 from specui.training.config import TrainConfig
-from specui.training.loop import batch_indices, lr_at, make_optimizer, step_seed
+from specui.training.data import batch_indices
+from specui.training.step import lr_at, make_optimizer, step_seed
 
 AUX = [1, 3, 4]
 STEPS = 300

@@ -23,7 +23,8 @@ from specui.algorithms.objective import (
 from specui.data.hidden import SampleTensors, topk_targets
 from specui.errors import SpecUIError
 from specui.training.config import TrainConfig
-from specui.training.loop import batch_indices, lr_at
+from specui.training.data import batch_indices
+from specui.training.step import lr_at
 from tests.support.families import dflash_family, eagle_family
 
 ATOL = 1e-4

@@ -115,7 +115,8 @@ def test_offline_local_extraction_fills_the_cache_once(tmp_path: Path, fixture_d
     import json
     import random
 
-    from specui.training.loop import TrainHooks, train
+    from specui.training.hooks import TrainHooks
+    from specui.training.loop import train
 
     rng = random.Random(0)
     prompts = tmp_path / "prompts.jsonl"
@@ -179,8 +180,11 @@ def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(
 ) -> None:
 
     from specui.data.hidden import LocalExtractor
+    from specui.training.data import prepare_samples
     from specui.training.distributed import Dist
-    from specui.training.loop import VLLM_LOG, TrainHooks, prepare_samples, train
+    from specui.training.hooks import TrainHooks
+    from specui.training.loop import train
+    from specui.training.targets import VLLM_LOG
 
     out = tmp_path / "run"
     gen = dict(
