@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from specui.algorithms.checkpoint import load_drafter, load_model, validate_checkpoint
+from specui.algorithms.dspark.options import DSparkOptions
 from specui.cli import main
 from specui.errors import SpecUIError
 from specui.training.config import TrainConfig
@@ -90,7 +91,9 @@ def config(data, out: Path, **kw) -> TrainConfig:
     """A TrainConfig on the fixture data writing to ``out``, with ``kw`` on top."""
     fixture = dict(verifier=str(data["verifier"]), prompts=str(data["prompts"]))
     at = dict(out=str(out), cache_dir=str(data["cache"]))
-    return TrainConfig(**{**fixture, **at, "max_new_tokens": 40, "aux_layer_ids": [1, 3, 4], **kw})
+    return TrainConfig.from_dict(
+        {**fixture, **at, "max_new_tokens": 40, "aux_layer_ids": [1, 3, 4], **kw}
+    )
 
 
 def logged(out: Path) -> list[dict]:
@@ -140,7 +143,10 @@ def test_dspark_warm_start_copies_the_dflash_backbone(data, fixture_dir, fixture
     from specui.training.model import warm_start
 
     cfg = TrainConfig(
-        algorithm="dspark", verifier=str(data["verifier"]), aux_layer_ids=[1, 3, 4], markov_rank=16
+        algorithm="dspark",
+        verifier=str(data["verifier"]),
+        aux_layer_ids=[1, 3, 4],
+        options=DSparkOptions(markov_rank=16),
     )
     model = objective_for(cfg, fixture_verifier).build()
     said = []
@@ -164,8 +170,7 @@ def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(
         algorithm="dspark",
         verifier=str(data["verifier"]),
         aux_layer_ids=[1, 3, 4],
-        markov_rank=16,
-        confidence_temperature=temperature,
+        options=DSparkOptions(markov_rank=16, confidence_temperature=temperature),
     )
     objective = DSparkObjective(cfg, fixture_verifier)
     gen = torch.Generator().manual_seed(0)
@@ -193,7 +198,7 @@ def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(
 
 def test_negative_confidence_temperature_is_refused():
     with pytest.raises(SpecUIError, match="confidence-temperature"):
-        TrainConfig(algorithm="dspark", confidence_temperature=-1)
+        TrainConfig.from_dict({"algorithm": "dspark", "confidence_temperature": -1})
 
 
 def test_warm_start_keeps_the_source_draft_vocabulary(data, fixture_verifier, tmp_path):

@@ -127,7 +127,10 @@ def test_offline_local_extraction_fills_the_cache_once(tmp_path: Path, fixture_d
     common = dict(algorithm="dflash", aux_layer_ids=[1, 3, 4], **data, **SHORT, **offline)
     first: list[str] = []
     assert (
-        train(TrainConfig(**common, out=str(tmp_path / "a")), TrainHooks(log=first.append)).status
+        train(
+            TrainConfig.from_dict({**common, "out": str(tmp_path / "a")}),
+            TrainHooks(log=first.append),
+        ).status
         == "finished"
     )
     files = {
@@ -139,7 +142,10 @@ def test_offline_local_extraction_fills_the_cache_once(tmp_path: Path, fixture_d
     ), first
     again: list[str] = []
     assert (
-        train(TrainConfig(**common, out=str(tmp_path / "b")), TrainHooks(log=again.append)).status
+        train(
+            TrainConfig.from_dict({**common, "out": str(tmp_path / "b")}),
+            TrainHooks(log=again.append),
+        ).status
         == "finished"
     )
     assert any(
@@ -202,7 +208,7 @@ def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(
 
     t0 = time.monotonic()
     r = train(
-        TrainConfig(**common, out=str(out), extractor="vllm"),
+        TrainConfig.from_dict({**common, "out": str(out), "extractor": "vllm"}),
         TrainHooks(log=lines.append, progress=progress),
     )
     print(
@@ -225,7 +231,7 @@ def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(
     # The files vLLM wrote are the local extractor's for the same samples: same names,
     # tensor names, shapes, dtypes, metadata, tokens and masks; values up to bf16 rounding
     # (the tolerance argued in tests/vllm/test_vllm.py).
-    cfg = TrainConfig(**common, out=str(out))
+    cfg = TrainConfig.from_dict({**common, "out": str(out)})
     # the cached responses
     samples = prepare_samples(cfg, embedded_verifier, out / "cache", Dist(), TrainHooks())
     hidden = out / "cache" / "hidden"
@@ -247,7 +253,9 @@ def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(
     before = {p.name: p.stat().st_mtime_ns for p in hidden.glob("*.safetensors")}
     again: list[str] = []
     r2 = train(
-        TrainConfig(**common, out=str(tmp_path / "local-run"), extraction="offline"),
+        TrainConfig.from_dict(
+            {**common, "out": str(tmp_path / "local-run"), "extraction": "offline"}
+        ),
         TrainHooks(log=again.append),
     )
     assert r2.status == "finished"
