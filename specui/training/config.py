@@ -183,11 +183,9 @@ class TrainConfig:
         None, "warm start from a checkpoint (DSpark from DFlash)", group="drafter", tab=False
     )
     loss: str | None = setting(
-        None,
-        "override the per-slot loss: ce | kl (speculators' kl_div = kl)",
-        group="loss",
+        None, "override the per-slot loss: ce | kl (speculators' kl_div = kl)", group="loss",
         choices=LOSSES,
-    )
+    )  # fmt: skip
 
     # --- bookkeeping
     log_every: int = setting(10, "steps between metrics lines", group="bookkeeping")

@@ -333,17 +333,6 @@ def _finished(row: _Row, eos: set[int], max_new_tokens: int, max_len: int) -> bo
     return row.response[-1] in eos or len(row.response) >= max_new_tokens or row.length >= max_len
 
 
-@dataclass
-class _Row:
-    index: int  # which prompt
-    length: int  # positions in the cache
-    response: list[int]
-
-
-def _finished(row: _Row, eos: set[int], max_new_tokens: int, max_len: int) -> bool:
-    return row.response[-1] in eos or len(row.response) >= max_new_tokens or row.length >= max_len
-
-
 @torch.inference_mode()
 def greedy_responses(
     verifier,

@@ -125,14 +125,14 @@ def test_offline_local_extraction_fills_the_cache_once(tmp_path: Path, fixture_d
     data = dict(verifier=str(fixture_dir / "verifier"), prompts=str(prompts), max_new_tokens=16)
     offline = dict(extraction="offline", cache_dir=str(tmp_path / "cache"))
     common = dict(algorithm="dflash", aux_layer_ids=[1, 3, 4], **data, **SHORT, **offline)
-    first: list[str] = []
-    assert (
-        train(
-            TrainConfig.from_dict({**common, "out": str(tmp_path / "a")}),
-            TrainHooks(log=first.append),
-        ).status
-        == "finished"
-    )
+
+    def run(out: str) -> list[str]:
+        lines: list[str] = []
+        cfg = TrainConfig.from_dict({**common, "out": str(tmp_path / out)})
+        assert train(cfg, TrainHooks(log=lines.append)).status == "finished"
+        return lines
+
+    first = run("a")
     files = {
         p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache" / "hidden").glob("*.safetensors")
     }
@@ -140,14 +140,7 @@ def test_offline_local_extraction_fills_the_cache_once(tmp_path: Path, fixture_d
     assert n >= 2 and any(
         f"extracting hidden states of {n} of {n} samples (offline, local)" in x for x in first
     ), first
-    again: list[str] = []
-    assert (
-        train(
-            TrainConfig.from_dict({**common, "out": str(tmp_path / "b")}),
-            TrainHooks(log=again.append),
-        ).status
-        == "finished"
-    )
+    again = run("b")
     assert any(
         f"extracting hidden states of 0 of {n} samples (offline, local)" in x for x in again
     ), again
