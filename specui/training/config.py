@@ -14,6 +14,7 @@ config and a job's params hold them flat beside the shared fields.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -276,12 +277,13 @@ class TrainConfig:
 
     @classmethod
     def setting_type(cls, f: dataclasses.Field) -> type:
-        """The type a setting's value has when set: ``int`` for ``int | None``."""
+        """The type a setting's value has when set: ``int`` for ``int | None``, ``list`` for
+        ``list[int] | None``."""
         hint = typing.get_type_hints(cls)[f.name]
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if typing.get_origin(hint) is list:
-            return list
-        return args[0] if args and typing.get_origin(args[0]) is None else hint
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            kinds = [a for a in typing.get_args(hint) if a is not type(None)]
+            hint = kinds[0] if len(kinds) == 1 else hint
+        return typing.get_origin(hint) or hint  # list for list[int]
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, this algorithm's options beside the shared fields: a job's params, a saved
