@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from specui.data import load_prompts, prompt_sets, read_prompt_file
-from specui.data.distill import TokenSample, generate_greedy, self_distill, synthetic_prompts
+from specui.data.distill import TokenSample, self_distill, synthetic_prompts
 from specui.data.hidden import (
     HiddenStateStore,
     LocalExtractor,
@@ -20,6 +20,7 @@ from specui.data.hidden import (
 )
 from specui.data.prompts import Prompt, split_of, write_prompt_file
 from specui.errors import SpecUIError
+from specui.verifier.batched import reference_greedy
 
 # --- prompt sets -----------------------------------------------------------------------------
 
@@ -168,26 +169,26 @@ def id_prompts(fixture_verifier):
 
 
 def test_batched_greedy_generation_equals_one_by_one(fixture_verifier, id_prompts):
-    batched = generate_greedy(fixture_verifier, [p.token_ids for p in id_prompts], 12)
-    single = [generate_greedy(fixture_verifier, [p.token_ids], 12)[0] for p in id_prompts]
+    batched = reference_greedy(fixture_verifier, [p.token_ids for p in id_prompts], 12)
+    single = [reference_greedy(fixture_verifier, [p.token_ids], 12)[0] for p in id_prompts]
     assert batched == single
     assert all(len(r) == 12 for r in batched)  # the fixture has no EOS: full length
 
 
 def test_greedy_response_is_the_verifier_argmax(fixture_verifier, id_prompts):
     p = id_prompts[0]
-    (resp,) = generate_greedy(fixture_verifier, [p.token_ids], 6)
+    (resp,) = reference_greedy(fixture_verifier, [p.token_ids], 6)
     ids = torch.tensor([*p.token_ids, *resp])
     logits = fixture_verifier.forward(ids).logits
     assert logits[len(p.token_ids) - 1 : -1].argmax(-1).tolist() == list(resp)
 
 
 def test_generation_stops_after_eos(fixture_verifier, id_prompts):
-    (free,) = generate_greedy(fixture_verifier, [id_prompts[0].token_ids], 10)
+    (free,) = reference_greedy(fixture_verifier, [id_prompts[0].token_ids], 10)
     eos = free[3]
     fixture_verifier.model.generation_config.eos_token_id = eos
     try:
-        (cut,) = generate_greedy(fixture_verifier, [id_prompts[0].token_ids], 10)
+        (cut,) = reference_greedy(fixture_verifier, [id_prompts[0].token_ids], 10)
     finally:
         fixture_verifier.model.generation_config.eos_token_id = None
     assert cut == free[: free.index(eos) + 1]
@@ -205,7 +206,7 @@ def test_responses_are_cached_on_disk(fixture_verifier, id_prompts, tmp_path, mo
     def no_generation(*a, **k):
         raise AssertionError("generated although cached")
 
-    monkeypatch.setattr("specui.data.distill.generate_greedy", no_generation)
+    monkeypatch.setattr("specui.data.generate.reference_greedy", no_generation)
     monkeypatch.setattr("specui.data.generate.generate_responses", no_generation)
     assert (
         self_distill(
