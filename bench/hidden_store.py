@@ -101,12 +101,14 @@ def main() -> None:
         for algo in a.algorithms.split(","):
             model = load_model(shipped_data_dir() / "drafters" / algo, verifier).eval()
             aux = list(model.config.aux_layer_ids)
-            cfg = TrainConfig(
-                algo,
-                layers=getattr(model.config, "num_hidden_layers", None),
-                aux_layer_ids=aux,
-                mask_token_id=getattr(model.config, "mask_token_id", None),
-                **OPTIONS[algo],
+            cfg = TrainConfig.from_dict(
+                {
+                    "algorithm": algo,
+                    "layers": getattr(model.config, "num_hidden_layers", None),
+                    "aux_layer_ids": aux,
+                    "mask_token_id": getattr(model.config, "mask_token_id", None),
+                    **OPTIONS[algo],
+                }
             )
             objective = objective_for(cfg, verifier)
             d2t = getattr(model, "d2t", None)

@@ -27,7 +27,12 @@ def make_extractor(
     """The extractor ``cfg.extractor`` names.  A vLLM one starts its server on first use
     (never, when the cache is already full) and must be closed."""
     if cfg.extractor == "local":
-        return LocalExtractor(verifier, aux_layer_ids, batch_tokens=cfg.extract_batch_tokens)
+        return LocalExtractor(
+            verifier,
+            aux_layer_ids,
+            batch_tokens=cfg.extract_batch_tokens,
+            store=cfg.hidden_store,
+        )
     # Samples are cut to max_seq_len tokens and each request adds one output token: a
     # context that short lets vLLM reserve far less KV cache than the model's full one.
     max_len = cfg.max_seq_len + 1

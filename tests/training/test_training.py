@@ -517,3 +517,60 @@ def test_train_on_the_embedded_smollm2(embedded_verifier, tmp_path, capsys):
     drafter = load_drafter(out, embedded_verifier)
     assert drafter.model.config.draft_vocab_size == 512 and drafter.model.d2t is not None
     assert drafter.model.config.mask_token_id == 16
+
+
+def test_a_run_on_the_int8_hidden_store_keeps_int8_files_and_trains(tmp_path, fixture_dir):
+    """--hidden-store int8 (the campaign's): the extracted files are the compact form, the
+    disk estimate is the compact one, and training reads them."""
+    import json
+    import random
+
+    from safetensors import safe_open
+
+    from specui.training.config import TrainConfig
+    from specui.training.hooks import TrainHooks
+    from specui.training.loop import train
+
+    rng = random.Random(0)
+    prompts = tmp_path / "prompts.jsonl"
+    ids = [[rng.randrange(500) for _ in range(8)] for _ in range(6)]
+    prompts.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in ids))
+    base = dict(
+        algorithm="dflash",
+        verifier=str(fixture_dir / "verifier"),
+        prompts=str(prompts),
+        max_new_tokens=16,
+        aux_layer_ids=[1, 3, 4],
+        extraction="offline",
+        steps=2,
+        batch_size=2,
+        block_size=4,
+        warmup_steps=0,
+        log_every=1,
+        threads=1,
+    )
+    said: dict[str, list[str]] = {}  # the extraction lines each run logged
+    for store in ("bf16", "int8"):
+        lines: list[str] = []
+        cfg = TrainConfig.from_dict(
+            {
+                **base,
+                "hidden_store": store,
+                "cache_dir": str(tmp_path / store),
+                "out": str(tmp_path / f"out-{store}"),
+            }
+        )
+        assert train(cfg, TrainHooks(log=lines.append)).status == "finished"
+        said[store] = [x for x in lines if "extracting hidden states" in x]
+        assert said[store], lines  # offline: everything extracted before the first step
+        files = list((tmp_path / store / "hidden").glob("*.safetensors"))
+        assert files
+        with safe_open(str(files[0]), "pt") as f:
+            names = set(f.keys())  # noqa: SIM118 (a safe_open handle has no __contains__)
+        assert ("hidden_scale" in names) == (store == "int8")
+    size = {s: sum(p.stat().st_size for p in (tmp_path / s / "hidden").iterdir()) for s in said}
+    assert size["int8"] < size["bf16"] / 2
+    assert (
+        json.loads((tmp_path / "out-int8" / "train_run.json").read_text())["config"]["hidden_store"]
+        == "int8"
+    )
