@@ -199,6 +199,17 @@ class TrainConfig:
     log_every: int = setting(10, "steps between metrics lines", group="bookkeeping")
     checkpoint_every: int = setting(50, "steps between checkpoints", group="bookkeeping")
     keep_checkpoints: int = setting(2, "checkpoints kept", group="bookkeeping")
+    eval_every: int = setting(
+        0,
+        "every N steps, the drafter's metrics on held-out samples of the prompt set (expected"
+        " acceptance length from per-position accuracy), logged as heldout_*; 0: never",
+        group="bookkeeping",
+    )
+    eval_samples: int = setting(
+        16,
+        "held-out samples each evaluation scores (their responses are generated once)",
+        group="bookkeeping",
+    )
 
     # This algorithm's own knobs (its package's TrainOptions; None: its defaults).
     options: TrainOptions | None = None
@@ -234,8 +245,11 @@ class TrainConfig:
                 "checkpoint_every": self.checkpoint_every,
                 "keep_checkpoints": self.keep_checkpoints,
                 "extract_batch_tokens": self.extract_batch_tokens,
+                "eval_samples": self.eval_samples,
             }
         )
+        if self.eval_every < 0:
+            raise SpecUIError(f"eval-every must be >= 0, got {self.eval_every}")
         if self.layers is not None and self.layers < 1:
             raise SpecUIError(f"layers must be >= 1, got {self.layers}")
         if not self.lr > 0:

@@ -56,11 +56,16 @@ def prepare_samples(
     d.barrier()
     if not d.is_main:
         samples = self_distill(verifier, prompts, cfg.max_new_tokens, cfg.gen_batch_size, cache_dir)
+    return cut_samples(samples, cfg.max_seq_len)
+
+
+def cut_samples(samples: list[TokenSample], max_seq_len: int) -> list[TokenSample]:
+    """Samples longer than ``max_seq_len`` cut to it (the prompt's start kept)."""
     cut = []
     for s in samples:
-        if len(s) > cfg.max_seq_len:
-            keep = max(0, cfg.max_seq_len - len(s.prompt_ids))
-            s = TokenSample(s.id, s.prompt_ids[: cfg.max_seq_len], s.response_ids[:keep])
+        if len(s) > max_seq_len:
+            keep = max(0, max_seq_len - len(s.prompt_ids))
+            s = TokenSample(s.id, s.prompt_ids[:max_seq_len], s.response_ids[:keep])
         cut.append(s)
     return cut
 

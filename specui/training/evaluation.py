@@ -59,6 +59,7 @@ class MetricsLog:
         self.last: dict[str, float] = {}
         self.window: list[dict[str, torch.Tensor]] = []
         self.shown: dict[str, torch.Tensor] = {}  # metrics of the logging step (those only)
+        self.heldout: dict[str, float] = {}  # the main process's held-out metrics, this step
         self.t_window, self.tokens = time.perf_counter(), 0
 
     def add(self, batch, loss: torch.Tensor, grad_norm: torch.Tensor, metrics: dict) -> None:
@@ -78,7 +79,8 @@ class MetricsLog:
             step_time_s=elapsed / len(self.window),
             tokens_per_s=self.tokens * d.world / max(elapsed, 1e-9),
         )
-        self.last, self.shown, self.window = last, {}, []
+        last.update(self.heldout)  # after the collective means: only the main process has them
+        self.last, self.shown, self.window, self.heldout = last, {}, [], {}
         self.t_window, self.tokens = time.perf_counter(), 0
         if not d.is_main:
             return
@@ -87,7 +89,9 @@ class MetricsLog:
         if self.hooks.metric:
             for k, v in last.items():
                 self.hooks.metric(step, k, v)
+        held = last.get("heldout_accept_len_expected")
         self.hooks.say(
             f"step {step}/{self.total} loss {last['loss']:.4f} accept_len"
             f" {last.get('accept_len', float('nan')):.2f} lr {lr:.2e}"
+            + (f" held-out expected accept_len {held:.3f}" if held is not None else "")
         )

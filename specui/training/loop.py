@@ -5,6 +5,7 @@
     model       objective, drafter, draft vocabulary, warm start        (training.model)
     step        AdamW on objective.loss, its schedule and precision     (training.step)
     evaluation  metrics every ``log_every`` steps                        (training.evaluation)
+                and on held-out samples every ``eval_every``              (training.heldout)
     checkpoint  the run's folder, checkpoints, the final drafter        (training.checkpoint)
 
 The verifier runs once per sample, at extraction; a training step reads its hidden states
@@ -25,6 +26,7 @@ from specui.training import model as drafter
 from specui.training.config import TrainConfig
 from specui.training.data import prepare_samples
 from specui.training.evaluation import MetricsLog
+from specui.training.heldout import HeldOut
 from specui.training.hooks import TrainHooks, TrainResult
 from specui.training.state import latest_checkpoint, load_checkpoint
 from specui.training.step import Stepper
@@ -109,6 +111,11 @@ def _train(
 
     # steps, evaluation, checkpoints
     metrics = MetricsLog(out, cfg.steps, d, hooks)
+    heldout = (
+        HeldOut(cfg, verifier, objective, aux, cache_dir)
+        if cfg.eval_every and d.is_main and start < cfg.steps
+        else None
+    )
     status, step = "finished", start
     if hooks.progress and d.is_main:
         hooks.progress(step, cfg.steps, metrics.last)
@@ -116,10 +123,14 @@ def _train(
         if hooks.cancelled is not None and d.any(d.is_main and hooks.cancelled()):
             status = "cancelled"
             break
-        logging = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps
+        last = step + 1 == cfg.steps
+        evaluating = cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or last)
+        logging = (step + 1) % cfg.log_every == 0 or last or evaluating
         lr, batch, loss, grad_norm, step_metrics = stepper.step(step, store, logging)
         step += 1
         metrics.add(batch, loss, grad_norm, step_metrics)
+        if evaluating and heldout is not None:
+            metrics.heldout = heldout.evaluate(model)
         if logging:
             metrics.log(step, lr)
         if d.is_main and hooks.progress:

@@ -574,3 +574,59 @@ def test_a_run_on_the_int8_hidden_store_keeps_int8_files_and_trains(tmp_path, fi
         json.loads((tmp_path / "out-int8" / "train_run.json").read_text())["config"]["hidden_store"]
         == "int8"
     )
+
+
+def test_held_out_evaluation_scores_prompts_no_step_trains_on(tmp_path, fixture_dir):
+    """--eval-every: heldout_* metrics in metrics.jsonl at each evaluation step, from the prompt
+    set's held-out split only, the same samples and anchors every time."""
+    import json
+    import random
+
+    from specui.data.prompts import load_prompts
+    from specui.training.config import TrainConfig
+    from specui.training.heldout import HeldOut
+    from specui.training.hooks import TrainHooks
+    from specui.training.loop import train
+    from specui.verifier.model import Verifier
+
+    rng = random.Random(1)
+    prompts = tmp_path / "prompts.jsonl"
+    ids = [[rng.randrange(500) for _ in range(8)] for _ in range(30)]
+    prompts.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in ids))
+    cfg = TrainConfig.from_dict(
+        dict(
+            algorithm="dflash",
+            verifier=str(fixture_dir / "verifier"),
+            prompts=str(prompts),
+            max_new_tokens=16,
+            aux_layer_ids=[1, 3, 4],
+            steps=4,
+            batch_size=2,
+            block_size=4,
+            warmup_steps=0,
+            log_every=3,
+            eval_every=2,
+            eval_samples=4,
+            threads=1,
+            out=str(tmp_path / "out"),
+        )
+    )
+    result = train(cfg, TrainHooks())
+    assert result.status == "finished"
+    lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    held = {x["step"]: x for x in lines if "heldout_accept_len_expected" in x}
+    assert sorted(held) == [2, 4]  # every 2 steps (a logging line each), and the last
+    assert 3 in {x["step"] for x in lines}  # the log_every lines stay
+    assert all(
+        x["heldout_loss"] > 0 and x["heldout_accept_len_expected"] >= 1 for x in held.values()
+    )
+
+    verifier = Verifier.load(cfg.verifier)
+    from specui.algorithms.objective import objective_for
+
+    train_ids = {tuple(p.token_ids) for p in load_prompts(str(prompts), split="train")}
+    objective = objective_for(cfg, verifier)
+    h = HeldOut(cfg, verifier, objective, [1, 3, 4], tmp_path / "out" / "cache")
+    assert h.samples and not {s.prompt_ids for s in h.samples} & train_ids
+    model = result.model
+    assert h.evaluate(model) == h.evaluate(model)  # deterministic: the drafter alone moves it
