@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 
 import pytest
@@ -309,3 +310,53 @@ def test_materialized_rows_bring_the_responses_training_would_look_up(
     monkeypatch.setattr("specui.data.sets.CAMPAIGN_LONG_TOKENS", 60)
     held = load_prompts("campaign", split="eval", limit=12)
     assert [p.meta["prompt_tokens"] > 60 for p in held] == [True, False] * 6
+
+
+def test_every_training_stage_is_a_train_command_the_cli_accepts(tmp_path):
+    """The campaign's stages as `specui train` parses them: the settings the plan gives, the
+    budget in steps, the learning rate the check chose, the int8 store and held-out evaluation."""
+    from specui.cli import build_parser
+    from specui.commands.train import build_config
+    from specui.training import campaign_train as ct
+
+    rows = [{"id": str(i), "prompt_tokens": 700, "response_ids": [1] * 100} for i in range(4)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ct.mean_sequence_tokens(tmp_path / "train.jsonl") == 800
+    # Before the check has run: extraction and the three check runs only.
+    early = ct.plan(tmp_path, world=2, lr=None)
+    assert [s.name for s in early] == ["extract", "lr-0.0003", "lr-0.0006", "lr-0.0012"]
+    stages = ct.plan(tmp_path, world=2, lr=6e-4)
+    parser = build_parser()
+    configs = {}
+    for stage in stages:
+        cmd = ct.command(stage, tmp_path / "runs" / stage.name, tmp_path / "cache", world=2)
+        assert cmd[1:5] == ["-m", "torch.distributed.run", "--nproc-per-node", "2"]
+        args = parser.parse_args(cmd[cmd.index("specui") + 1 :])
+        configs[stage.name] = build_config(args)
+    dflash = configs["dflash"]
+    assert dflash.hidden_store == "int8" and dflash.prompts == "campaign"
+    assert dflash.extraction == "offline" and dflash.eval_every > 0 and dflash.resume
+    # 30 M sequence tokens at 4 sequences a process, 2 processes, 800 tokens a sequence.
+    assert dflash.steps == math.ceil(30_000_000 / (4 * 2 * 800))
+    assert dflash.lr == 6e-4 and configs["dspark"].lr == 3e-4
+    assert configs["dspark"].init_from.endswith("runs/dflash")
+    assert configs["peagle"].options.num_depths == 8 and configs["peagle"].options.freeze_embeddings
+    assert configs["eagle3"].options.ttt_steps == 4
+
+
+def test_the_check_picks_the_rate_with_the_best_held_out_acceptance(tmp_path):
+    from specui.training import campaign_train as ct
+
+    runs = tmp_path / "runs"
+    for rate, score in zip(ct.LR_CHECK, (1.5, 1.7, 1.6), strict=True):
+        run = runs / f"lr-{rate:g}"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(
+            json.dumps({"step": 100, ct.HELD_OUT: 9.0})
+            + "\n"  # an earlier, better evaluation
+            + json.dumps({"step": 300, ct.HELD_OUT: score})
+            + "\n"
+        )
+        assert ct.choose_lr(runs) is None  # not finished yet
+        (run / "train_run.json").write_text(json.dumps({"status": "finished"}))
+    assert ct.choose_lr(runs) == ct.LR_CHECK[1]  # by the last evaluation of each
