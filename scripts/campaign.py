@@ -4,6 +4,8 @@
     python scripts/campaign.py status    # where it stands
     bash scripts/campaign.sh             # the same `run`, in the background, at low priority
 
+Stages: prompts, generate (in shards), materialize, then the training stages of
+specui/training/campaign_train.py (extract, lr-check, dflash, dspark, peagle, eagle3).
 State lives in one folder outside the repository (SPECUI_CAMPAIGN_DIR, default
 ~/specui-campaign); see specui/training/campaign.py.  One torch thread unless THREADS says
 otherwise.  The prompts stage needs Debian's text packages (scripts/campaign.sh installs them).
@@ -102,14 +104,19 @@ def _after_generation(verifier, folder: Path) -> None:
             done.total - done.done,
         )
         return
-    m = campaign.materialize(verifier, folder)
-    logging.info(
-        "materialize: %s, %d rows (%d of the general corpus), %d missing",
-        m.path,
-        m.rows,
-        m.general,
-        m.missing,
-    )
+    from specui.training import campaign_train
+
+    if not (folder / campaign.TRAIN_FILE).is_file():
+        m = campaign.materialize(verifier, folder)
+        logging.info(
+            "materialize: %s, %d rows (%d of the general corpus), %d missing",
+            m.path,
+            m.rows,
+            m.general,
+            m.missing,
+        )
+    # One training process a core (torchrun, DDP) unless WORLD says otherwise.
+    campaign_train.run(folder, world=int(os.environ.get("WORLD", "2")))
 
 
 def status(folder: Path) -> None:

@@ -4,7 +4,10 @@
 # campaign that is still running keeps the lock and the new one exits at once.
 # SHARDS processes (default 2, one a core; nice 19, so foreground work comes first) share the
 # prompts by key hash and append to one cache.
-#   Pause it for a benchmark:  kill -STOP $(cat "$STATE"/lock*)   ...   kill -CONT $(cat "$STATE"/lock*)
+# Each shard runs in a process group of its own (setsid), its pid the group's id, so the training
+# stages' torchrun workers pause with it:
+#   Pause it for a benchmark:  for p in $(cat "$STATE"/lock*); do kill -STOP -- -$p; done
+#   ... and resume:            for p in $(cat "$STATE"/lock*); do kill -CONT -- -$p; done
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${SPECUI_CAMPAIGN_DIR:-$HOME/specui-campaign}
@@ -29,7 +32,7 @@ SHARDS=${SHARDS:-2}
 for ((i = 0; i < SHARDS; i++)); do
   log="$STATE/campaign.log"
   [ "$i" -gt 0 ] && log="$STATE/campaign-$i.log"
-  THREADS=${THREADS:-1} SPECUI_CAMPAIGN_DIR="$STATE" nohup nice -n 19 .venv/bin/python \
+  THREADS=${THREADS:-1} SPECUI_CAMPAIGN_DIR="$STATE" nohup setsid nice -n 19 .venv/bin/python \
     scripts/campaign.py run --shard "$i/$SHARDS" >> "$log" 2>&1 &
   echo "campaign: shard $i/$SHARDS started (pid $!), log: $log"
 done
