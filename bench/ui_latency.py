@@ -48,6 +48,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument(
+        "--drafter", help="a speculator to pick (default: the one the Playground opens with)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     from playwright.sync_api import sync_playwright
@@ -66,6 +69,9 @@ def main() -> None:
         page.locator("#prompt textarea").fill(PROMPT)
         page.locator("#max-new input[type=number]").fill(str(args.max_new_tokens))
         page.locator("#max-new input[type=number]").press("Enter")
+        if args.drafter:
+            page.locator("#drafter-a input").first.fill(args.drafter)
+            page.locator("#drafter-a input").first.press("Enter")
         for rep in range(args.repeats + 1):  # the first round warms the app's model cache up
             t0 = time.perf_counter()
             page.locator("#generate").click()

@@ -176,6 +176,13 @@ class Workbench:
             except Exception as e:  # noqa: BLE001 - any load error, reported on first use
                 log.warning("preloading verifier %r failed: %s", choice, e)
                 return
+            # The chat template compiles on its first use (tens of ms): here, not in the first
+            # visitor's Generate.
+            if getattr(verifier.tokenizer, "chat_template", None):
+                try:
+                    verifier.encode("warm-up", chat=True)
+                except Exception as e:  # noqa: BLE001 - the first Generate reports a bad template
+                    log.warning("encoding a chat turn with %r failed: %s", choice, e)
             key = (choice, precision or default_precision())
             with self._lock:
                 self._measuring.add(key)
