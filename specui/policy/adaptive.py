@@ -286,8 +286,9 @@ class AdaptivePolicy:
             if pays or probe:
                 priors = priors or rates.conditional(k)
                 self._since_probe = 0
-                if pays:
+                if pays:  # probes are for a drafter that does not pay: they earn anew after
                     self._probe_interval = FIRST_PROBE_INTERVAL
+                    self._probe_credit = 0.0
                 else:
                     self._probe_credit -= self._probe_cost(name, proposer, ctx)
                     self._probe_interval = min(2 * self._probe_interval, MAX_PROBE_INTERVAL)
