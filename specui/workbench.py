@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -21,7 +22,6 @@ import torch
 
 from specui.algorithms.base import Drafter
 from specui.algorithms.resolve import BUILTIN, resolve_drafter, shipped_drafters
-from specui.algorithms.spec import algorithm_specs
 from specui.paths import data_dir
 from specui.policy.adaptive import MAX_MEASURED_ROWS, split
 from specui.policy.cost import CostModel, cost_model
@@ -35,14 +35,18 @@ def trained_drafters_dir() -> Path:
     return data_dir() / "speculators"
 
 
+# The speculator the Playground opens with (and the soak bench decodes with): the fastest mode
+# measured on Spec-Bench, docs/results.md "Issues 48 and 52" (n-gram lookup, 1.11x plain with
+# the adaptive policy, ahead of every hybrid and every shipped learned drafter), so a
+# newcomer's first Generate shows speculation winning.  Change it here when a bench says
+# another mode is faster.
+PLAYGROUND_SPECULATOR = "ngram"
+
+
 def default_drafter(choices: list[str]) -> str:
-    """The speculator a Playground opens with: the first shipped drafter of the algorithms by
-    their playground_rank, else ngram (it needs no training), else none."""
-    ranked = sorted(
-        (s for s in algorithm_specs() if s.playground_rank is not None),
-        key=lambda s: s.playground_rank,
-    )
-    return next((c for c in [*(s.name for s in ranked), "ngram"] if c in choices), "none")
+    """The speculator a Playground opens with: ``PLAYGROUND_SPECULATOR`` where it is offered,
+    else none."""
+    return PLAYGROUND_SPECULATOR if PLAYGROUND_SPECULATOR in choices else "none"
 
 
 def drafter_choices() -> list[str]:
@@ -166,11 +170,19 @@ class Workbench:
         the visitor the error."""
 
         def load() -> None:
+            start = time.perf_counter()
             try:
                 verifier = self.verifier(choice, precision)
             except Exception as e:  # noqa: BLE001 - any load error, reported on first use
                 log.warning("preloading verifier %r failed: %s", choice, e)
                 return
+            # The chat template compiles on its first use (tens of ms): here, not in the first
+            # visitor's Generate.
+            if getattr(verifier.tokenizer, "chat_template", None):
+                try:
+                    verifier.encode("warm-up", chat=True)
+                except Exception as e:  # noqa: BLE001 - the first Generate reports a bad template
+                    log.warning("encoding a chat turn with %r failed: %s", choice, e)
             key = (choice, precision or default_precision())
             with self._lock:
                 self._measuring.add(key)
@@ -181,6 +193,8 @@ class Workbench:
             finally:
                 with self._lock:
                     self._measuring.discard(key)
+            # bench/ui_latency.py waits for this line: a first visitor comes after start-up.
+            log.info("preloaded %s in %.1f s", choice, time.perf_counter() - start)
 
         thread = threading.Thread(target=load, daemon=True, name=f"specui-preload-{choice}")
         thread.start()

@@ -55,8 +55,6 @@ class AlgorithmSpec:
     # ("module:function"): DSpark's {"confidence_policy": ...policy:policy_label}.
     drafter_options: Mapping[str, str] = field(default_factory=dict)
     rank: int = 100  # where it stands in lists (lower first; ties: registration order)
-    # Its shipped drafter as the Playground's default speculator: lower first, None: never.
-    playground_rank: int | None = None
     speculators_rank: int = (
         100  # where speculators' --speculator-type lists it (the CLI's messages follow)
     )

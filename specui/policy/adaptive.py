@@ -14,9 +14,17 @@ What it reads, and when (the sampled output stays the verifier's; docs/decoding.
   step's drafts;
 * the throughput so far, on the cost model's clock (so a seeded run decides alike each time).
 
-A drafter whose acceptance does not pay is still drafted now and then (a probe, at intervals
-that double up to ``MAX_PROBE_INTERVAL`` steps while it keeps not paying), so a run that turns
-predictable can win it back.
+Whether a learned drafter drafts at all is decided before its draft runs (a step it does not
+draft costs no draft forward), on two things: the gain its running rates expect, less its
+steady-state draft time; and what its drafting steps actually gained against a plain step of
+the same time (``Rates.payoff``, a running mean).  The second catches what the first cannot
+see: per-slot estimates that pick which slots to send make the running rates of the sent slots
+look better than drafting is, and a draft the estimates then cut to nothing still cost its
+forward.  A drafter that does not pay is still drafted now and then (a probe), so a run that
+turns predictable can win it back; probes come at intervals that double up to
+``MAX_PROBE_INTERVAL`` steps and spend at most ``PROBE_BUDGET`` of the run's time, a probe's
+price including the drafter's catch-up on every position committed since it last drafted (a
+prompt's first draft reads the whole prompt).
 """
 
 from __future__ import annotations
@@ -35,7 +43,10 @@ from specui.trace import Proposal
 MAX_MEASURED_ROWS = 17  # longer blocks extrapolate the curve (a 25-row measure costs seconds)
 FIRST_PROBE_INTERVAL = 8
 MAX_PROBE_INTERVAL = 128
+PROBE_BUDGET = 0.01  # the share of a run's time probes of a drafter that does not pay may take
 RATE_MEMORY = 512  # steps of a position's history that count fully (older halve)
+PAYOFF_MEMORY = 8  # drafting steps the realized payoff averages over (older fade)
+PAYOFF_EVIDENCE = 4  # drafting steps before the realized payoff may veto the expected gain
 PRIOR_WEIGHT = 2.0  # samples' worth of belief in a position's prior (see Rates.conditional)
 
 
@@ -125,6 +136,18 @@ class Rates:
 
     reached: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    # What its drafting steps gained over a plain step of the same (model) time, in tokens: a
+    # running mean over about the last ``PAYOFF_MEMORY`` of them, and how many it holds.
+    payoff: float = 0.0
+    payoff_steps: int = 0
+
+    def pays(self) -> bool:
+        """Whether drafting has paid so far (or too few drafting steps have been seen to say)."""
+        return self.payoff_steps < PAYOFF_EVIDENCE or self.payoff > 0
+
+    def record_payoff(self, gain: float) -> None:
+        self.payoff_steps = min(self.payoff_steps + 1, PAYOFF_MEMORY)
+        self.payoff += (gain - self.payoff) / self.payoff_steps
 
     def conditional(self, n: int) -> list[float]:
         """P(slot j accepted | slots before it accepted), j = 1..n.  Each position starts from
@@ -186,7 +209,9 @@ class AdaptivePolicy:
         self.seconds = 0.0
         self._since_probe = 0
         self._probe_interval = FIRST_PROBE_INTERVAL
+        self._probe_credit = 0.0  # seconds of probing earned (PROBE_BUDGET of each step's)
         self._keys: dict[str, str] = {}  # proposer name -> its entry in the cost model's drafts
+        self._learned: str | None = None  # the learned proposer's name, if any
 
     def start(self, verifier: Any, drafter: Drafter) -> None:
         """Measure (or read) the cost model this run's choices need, and read the fitted
@@ -198,6 +223,7 @@ class AdaptivePolicy:
         named = [p for p in (lookup, learned) if p is not None]
         parts = tuple(d for _, d in named)
         self._keys = {name: drafter_key(d) for name, d in named}
+        self._learned = learned[0] if learned is not None else None
         if self.shared is not None:
             for name, key in self._keys.items():
                 self.rates[name] = self.shared.setdefault(key, Rates())
@@ -249,16 +275,22 @@ class AdaptivePolicy:
         if learned is not None:
             name, proposer = learned
             k = min(proposer.num_speculative_tokens, max_k)
-            priors = self._rates(name).conditional(k)
-            draft_s = self.cost.draft_s.get(self._keys.get(name, ""), 0.0)
-            gain = draft_gain(priors, verify, rate, draft_s)
+            rates = self._rates(name)
             self._since_probe += 1
-            probe = self._since_probe >= self._probe_interval and best_lookup is None
-            if gain > gain_lookup or probe:
+            pays, priors = False, []
+            # Cheapest test first: on a run of plain steps this is all a step pays for.
+            if rates.pays():
+                priors = rates.conditional(k)
+                pays = draft_gain(priors, verify, rate, self._draft_s(name)) > gain_lookup
+            probe = not pays and best_lookup is None and self._probe_due(name, proposer, ctx)
+            if pays or probe:
+                priors = priors or rates.conditional(k)
                 self._since_probe = 0
-                if gain > 0:
+                if pays:  # probes are for a drafter that does not pay: they earn anew after
                     self._probe_interval = FIRST_PROBE_INTERVAL
-                elif probe:
+                    self._probe_credit = 0.0
+                else:
+                    self._probe_credit -= self._probe_cost(name, proposer, ctx)
                     self._probe_interval = min(2 * self._probe_interval, MAX_PROBE_INTERVAL)
                 ctx = replace(ctx, estimates=True)
                 found, _ = truncate(proposer.propose(ctx), max_k)
@@ -274,14 +306,45 @@ class AdaptivePolicy:
             return best_lookup
         return Decision(Proposal(token_ids=[]), None, [], tuple(drafted))
 
+    def _draft_s(self, name: str) -> float:
+        assert self.cost is not None
+        return self.cost.draft_s.get(self._keys.get(name, ""), 0.0)
+
+    def _probe_cost(self, name: str, proposer: Drafter, ctx: DraftContext) -> float:
+        """Seconds a probe adds to a plain step: the draft, its catch-up on the positions
+        committed since the drafter last read, and a verify row."""
+        assert self.cost is not None
+        cached = getattr(proposer, "cached_positions", None)
+        behind = max(0, len(ctx.token_ids) - 1 - cached()) if cached is not None else 0
+        per_position = self.cost.catchup_s.get(self._keys.get(name, ""), 0.0)
+        extra_row = self.cost.verify(2) - self.cost.verify(1)
+        return self._draft_s(name) + per_position * behind + extra_row
+
+    def _probe_due(self, name: str, proposer: Drafter, ctx: DraftContext) -> bool:
+        """A probe of a drafter that does not pay: at the doubling interval, once the run has
+        earned its price (``PROBE_BUDGET`` of each step's time)."""
+        if self._since_probe < self._probe_interval:
+            return False
+        return self._probe_credit >= self._probe_cost(name, proposer, ctx)
+
     def observe(self, decision: Decision, num_accepted: int, num_emitted: int) -> None:
         if self.cost is None:  # a plain run: nothing to learn
             return
         if decision.proposer is not None:
             self._rates(decision.proposer).update(len(decision.proposal), num_accepted)
-        seconds = self.cost.verify(len(decision.proposal) + 1)
+        one = self.cost.verify(1)
+        verify = self.cost.verify(len(decision.proposal) + 1)
+        seconds = verify
         for name in decision.drafted:
-            seconds += self.cost.draft_s.get(self._keys.get(name, ""), 0.0)
+            seconds += self._draft_s(name)
+        learned = self._learned
+        if learned is not None and learned in decision.drafted:
+            # Its drafting step against a plain step of the same time, in tokens: what it
+            # added beyond the one token, less the time it took at plain decoding's rate.
+            added = num_accepted if decision.proposer == learned else 0
+            spent = self._draft_s(learned) + (verify - one if decision.proposer == learned else 0)
+            self._rates(learned).record_payoff(added - spent / one)
+        self._probe_credit += PROBE_BUDGET * seconds
         self.tokens += num_emitted
         self.seconds += seconds
 

@@ -42,11 +42,15 @@ COST_MODEL_VERSION = 1  # bump when what is measured changes
 
 @dataclass
 class CostModel:
-    """Seconds for a verify of 1..R rows (``verify_s[r - 1]``) and each drafter's draft."""
+    """Seconds for a verify of 1..R rows (``verify_s[r - 1]``), each drafter's steady-state
+    draft, and what a learned drafter's draft costs more for each committed position it has not
+    read yet (``catchup_s``: its first draft of a prompt reads the whole prompt; a draft after
+    plain steps reads each position they committed)."""
 
     verify_s: list[float]
     draft_s: dict[str, float] = field(default_factory=dict)  # drafter key -> seconds a draft
     key: dict[str, Any] = field(default_factory=dict)  # what the figures were measured on
+    catchup_s: dict[str, float] = field(default_factory=dict)  # drafter key -> s a position
 
     def verify(self, rows: int) -> float:
         """A block of ``rows``; past the measured ones, the last slope carried on."""
@@ -64,6 +68,7 @@ class CostModel:
             "version": COST_MODEL_VERSION,
             "verify_ms": [round(s * 1e3, 6) for s in self.verify_s],
             "draft_ms": {k: round(s * 1e3, 6) for k, s in self.draft_s.items()},
+            "catchup_ms": {k: round(s * 1e3, 6) for k, s in self.catchup_s.items()},
             "key": self.key,
         }
 
@@ -73,6 +78,7 @@ class CostModel:
             verify_s=[float(x) / 1e3 for x in d["verify_ms"]],
             draft_s={k: float(x) / 1e3 for k, x in d.get("draft_ms", {}).items()},
             key=dict(d.get("key", {})),
+            catchup_s={k: float(x) / 1e3 for k, x in d.get("catchup_ms", {}).items()},
         )
 
     def summary(self) -> str:
@@ -82,7 +88,12 @@ class CostModel:
             f"{r + 1}: {s * 1e3:.1f} ({s / one:.2f}x)" for r, s in enumerate(self.verify_s)
         )
         drafts = ", ".join(f"{k.split('|')[0]} {s * 1e3:.2f}" for k, s in self.draft_s.items())
-        return f"verify ms by rows {rows}" + (f"; draft ms {drafts}" if drafts else "")
+        catchup = ", ".join(f"{k.split('|')[0]} {s * 1e6:.1f}" for k, s in self.catchup_s.items())
+        return (
+            f"verify ms by rows {rows}"
+            + (f"; draft ms {drafts}" if drafts else "")
+            + (f"; catch-up us a position {catchup}" if catchup else "")
+        )
 
 
 def kernel_version() -> str:
@@ -188,6 +199,41 @@ def measure_draft(verifier: Any, drafter: Drafter, repeats: int = REPEATS) -> fl
     return statistics.median(times)
 
 
+CATCHUP_GAP = 48  # positions committed between the timed drafts of ``measure_catchup``
+
+
+@torch.inference_mode()
+def measure_catchup(verifier: Any, drafter: Drafter, draft_s: float, repeats: int = 3) -> float:
+    """Seconds a learned drafter's draft costs more for each committed position it has not read
+    (median over drafts made ``CATCHUP_GAP`` positions apart, less the steady draft ``draft_s``):
+    what a probe after a run of plain steps pays, and a prompt's first draft."""
+    base = max(2, min(VERIFY_CONTEXT // 2, verifier.max_context - CATCHUP_GAP * (repeats + 1) - 8))
+    total = base + CATCHUP_GAP * (repeats + 1)
+    if total >= verifier.max_context:
+        return 0.0
+    ids = _tokens(verifier, total)
+    feats = verifier.forward(ids[:-1], verifier.new_cache(), drafter.aux_layer_ids, logits=False)
+    sampling, gen = SamplingParams(), torch.Generator().manual_seed(0)
+    drafter.reset()
+    times = []
+    try:
+        for i in range(repeats + 1):
+            n = base + CATCHUP_GAP * i
+            ctx = DraftContext(ids[:n], feats.aux_hidden[: n - 1], sampling, gen)
+            t0 = time.perf_counter()
+            drafter.propose(ctx)
+            if i:  # the first read the base context from nothing
+                times.append(time.perf_counter() - t0)
+    finally:
+        drafter.reset()
+    return max(0.0, (statistics.median(times) - draft_s) / (CATCHUP_GAP - 2))
+
+
+def catches_up(drafter: Drafter) -> bool:
+    """Whether the drafter keeps a cache over the committed positions (a learned one)."""
+    return bool(drafter.aux_layer_ids) and hasattr(drafter, "cached_positions")
+
+
 def _path(key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return data_dir() / "cost_models" / f"{digest}.json"
@@ -230,8 +276,12 @@ def cost_model(verifier: Any, max_rows: int = 9, drafters: tuple[Drafter, ...] =
             model = CostModel(measure_verify(verifier, max_rows), drafts, key)
             changed = True
         for d in drafters:
+            key = drafter_key(d)
             if model.draft(d) is None:
-                model.draft_s[drafter_key(d)] = measure_draft(verifier, d)
+                model.draft_s[key] = measure_draft(verifier, d)
+                changed = True
+            if catches_up(d) and key not in model.catchup_s:
+                model.catchup_s[key] = measure_catchup(verifier, d, model.draft_s[key])
                 changed = True
         _MEMO[verifier] = model
         if changed:

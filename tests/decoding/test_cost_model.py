@@ -56,3 +56,21 @@ def test_the_summary_names_each_row_count_and_its_ratio_to_one_row():
     line = model.summary()
     assert "1: 5.0 (1.00x)" in line and "3: 10.0 (2.00x)" in line and "dflash 2.00" in line
     assert cost.CostModel.from_dict(model.to_dict()).verify_s == pytest.approx(model.verify_s)
+
+
+def test_a_learned_drafter_gets_a_catch_up_price_kept_with_the_model(data_dir, fixture_verifier):
+    """What a draft costs more for each position it has not read: measured for a drafter that
+    keeps a cache (not for a lookup), saved, and read back without measuring."""
+    from specui.algorithms import create_drafter
+
+    v = fixture_verifier
+    learned = create_drafter("dflash", v, seed=0, num_layers=1)
+    lookup = NgramDrafter(3)
+    model = cost.cost_model(v, 3, (learned, lookup))
+    key = cost.drafter_key(learned)
+    assert key in model.catchup_s and model.catchup_s[key] >= 0  # a time: never below 0
+    assert cost.drafter_key(lookup) not in model.catchup_s
+    assert "catch-up us a position dflash" in model.summary()
+    cost._MEMO.clear()
+    again = cost.cost_model(v, 3, (learned,))
+    assert again.catchup_s[key] == pytest.approx(model.catchup_s[key], rel=1e-3)

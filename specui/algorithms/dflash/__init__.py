@@ -14,7 +14,6 @@ SPEC = register_algorithm(
         label="DFlash",
         rank=10,
         speculators_rank=1,
-        playground_rank=1,
         default_layers=2,
     )
 )

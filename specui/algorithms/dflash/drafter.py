@@ -35,6 +35,11 @@ class DFlashDrafter(LearnedDrafter):
         self._mask_rows: torch.Tensor | None = None  # the block's mask-token rows (one-call path)
         self._greedy_tokens: torch.Tensor | None = None  # the call's argmax of the last block
 
+    def cached_positions(self) -> int:
+        """Committed positions this drafter's cache covers: its next draft catches up on the
+        rest (the adaptive policy prices that, ``specui.policy.cost``)."""
+        return self._cached
+
     @property
     def block_size(self) -> int:
         return self.num_speculative_tokens + self.model.config.first_draft_slot

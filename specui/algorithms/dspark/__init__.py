@@ -15,7 +15,6 @@ SPEC = register_algorithm(
         label="DSpark",
         rank=20,
         speculators_rank=2,
-        playground_rank=0,
         default_layers=2,
         drafter_options={"confidence_policy": f"{__name__}.policy:policy_label"},
         vllm_cpu=False,

@@ -79,6 +79,11 @@ class Eagle3Drafter(LearnedDrafter):
     def reset(self) -> None:
         self._cache = EagleRowCache(self.in_place)
 
+    def cached_positions(self) -> int:
+        """Committed positions this drafter's cache covers: its next draft catches up on the
+        rest (the adaptive policy prices that, ``specui.policy.cost``)."""
+        return self._cache.rows
+
     @torch.inference_mode()
     def draft_steps(
         self, ctx: DraftContext, forced_tokens: list[int] | None = None
