@@ -32,6 +32,7 @@ from torch import nn
 from specui.algorithms.checkpoint import _model_class, _read_config
 from specui.algorithms.layers import MLP, Attention
 from specui.verifier.admission import Weights, folder_weights
+from specui.verifier.fingerprint import model_fingerprint
 
 
 def _linears(drafter: Any) -> list[nn.Module]:
@@ -89,7 +90,12 @@ def share_verifier_embedding(drafter: Any, verifier: Any) -> int:
 
 def drop_load_copies(drafter: Any, verifier: Any) -> int:
     """Both of the above, for a learned drafter whose matmuls run on the kernels
-    (``matmuls_in_bf16`` done); returns the bytes let go."""
+    (``matmuls_in_bf16`` done); returns the bytes let go.
+
+    The weights' fingerprint (what the cost model files a drafter's draft time under:
+    ``specui.policy.cost.drafter_key``) is taken first and kept on the drafter: it reads the
+    float32 values, and is the same one the drafter had with them."""
+    drafter.weights_fingerprint = model_fingerprint(drafter.model)
     return drop_float_weights(drafter) + share_verifier_embedding(drafter, verifier)
 
 

@@ -12,6 +12,7 @@ from specui.algorithms.resolve import resolve_drafter, shipped_drafters
 from specui.algorithms.serving import _linears
 from specui.data import load_prompts
 from specui.engine import Decoding
+from specui.policy.cost import drafter_key
 from specui.verifier.batch_invariant import BF16Linear
 from specui.verifier.model import Verifier
 from specui.workbench import held_bytes
@@ -76,6 +77,8 @@ def test_a_serving_drafter_drafts_the_same_and_holds_less(q8_verifier, name):
         dropped += embed.weight.numel() * 4
         assert embed.weight.data_ptr() == q8_verifier.embed_tokens.weight.data_ptr()
     assert held_bytes(served, q8_verifier) <= held_bytes(kept, q8_verifier) - dropped
+    # The adaptive policy files draft times under the weights' fingerprint: the same one.
+    assert drafter_key(served) == drafter_key(kept)
     # The output: the same draft tokens and draft probabilities at every step of a decode.
     both = _Both(served, kept)
     prompt = load_prompts("gsm-symbolic", split="eval", limit=1)[0]
