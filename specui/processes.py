@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 from pathlib import Path
 
@@ -29,8 +30,11 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+@functools.cache
 def libc() -> ctypes.CDLL | None:
-    """glibc, where it has ``mallopt`` and ``malloc_trim`` (None: macOS, musl)."""
+    """glibc, where it has ``mallopt`` and ``malloc_trim`` (None: macOS, musl); looked up once:
+    ``find_library`` runs ``ldconfig`` in a child process, a fork of the whole app (its
+    resident size counted twice while it runs) each time it is asked."""
     name = ctypes.util.find_library("c")
     try:
         lib = ctypes.CDLL(name) if name else None

@@ -212,5 +212,8 @@ def _send(
     for i in range(pieces):
         if spread_s > 0:
             time.sleep(spread_s / pieces)
-        h.wfile.write(body[i * step : (i + 1) * step])
-        h.wfile.flush()
+        try:
+            h.wfile.write(body[i * step : (i + 1) * step])
+            h.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the client went away mid-download (an app stopped while a load pends)
