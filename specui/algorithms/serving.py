@@ -102,12 +102,13 @@ def drop_load_copies(drafter: Any, verifier: Any) -> int:
 # Bytes a linear's element costs a drafter serving beside a kernel verifier (bf16, int8, GGUF):
 # two bf16 copies (oneDNN's and the kernel's, 4), the stacked q/k/v and gate/up ones (their
 # share, about 2) and beside gguf-q8 its Q8_0 blocks (about 1).  Measured on the shipped
-# drafters (docs/space.md): the estimate is within 15% of what they hold, DSpark's less
-# (its Markov chain's own bf16 table).
+# drafters beside gguf-q8 (bench/drafter_memory.py, docs/space.md): within 10% of what they
+# hold, DSpark's 11% under its resident size (its Markov chain keeps a bf16 table of its own).
 SERVING_BYTES = 7
 # ...and at the worst moment of such a load: the float32 weights and the conversions' copies
-# and temporaries side by side before the float32 ones go.
-CONVERTING_BYTES = 12
+# and temporaries side by side before the float32 ones go (measured: the shipped drafters'
+# peaks 6% under to 20% over this estimate).
+CONVERTING_BYTES = 14
 
 
 def load_weights(folder: Path, verifier: Any) -> Weights:
