@@ -491,7 +491,7 @@ class LearnedDrafter:
 
     def inputs(self, ctx: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Validated (token_ids [L], features [L-1, F]) on the model's device, float32."""
-        device = next(self.model.parameters()).device
+        device = next(p.device for p in self.model.parameters() if not p.is_meta)  # see serving
         ids = ctx.token_ids.reshape(-1).to(device)
         if ids.numel() == 0:
             raise SpecUIError("a drafter needs at least one committed token")

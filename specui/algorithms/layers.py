@@ -287,11 +287,11 @@ def stacked_linear(parts: list[nn.Linear], convert: Callable[[nn.Linear], None])
     """One ``nn.Linear`` whose outputs are those of ``parts`` side by side (one matmul call
     where there were several), switched by ``convert`` (e.g. to the bf16 kernels)."""
     weight = torch.cat([m.weight.detach().float() for m in parts])
-    out = nn.Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None)
-    with torch.no_grad():
-        out.weight.copy_(weight)
-        if out.bias is not None:
-            out.bias.copy_(torch.cat([m.bias.detach().float() for m in parts]))
+    # made on the meta device and given the stacked tensors: no random init to allocate
+    out = nn.Linear(weight.shape[1], weight.shape[0], bias=parts[0].bias is not None, device="meta")
+    out.weight = nn.Parameter(weight)
+    if out.bias is not None:
+        out.bias = nn.Parameter(torch.cat([m.bias.detach().float() for m in parts]))
     convert(out)
     return out.requires_grad_(False)
 

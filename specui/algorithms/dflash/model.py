@@ -152,14 +152,25 @@ class DFlashModel(DraftModel):
     def bind_verifier(self, verifier: Any) -> None:
         lm_head = verifier.lm_head
         if self.d2t is not None:  # reduced vocabulary: the verifier head's rows for kept tokens
-            lm_head = nn.Linear(
-                self.config.layer.hidden_size, self.config.draft_vocab_size, bias=False
+            lm_head = nn.Linear(  # on meta: no random init, the rows replace its weight
+                self.config.layer.hidden_size,
+                self.config.draft_vocab_size,
+                bias=False,
+                device="meta",
             )
             lm_head.weight = nn.Parameter(
                 draft_vocab_rows(verifier.lm_head.weight, self.d2t).detach().clone(),
                 requires_grad=False,
             )
         self.borrowed = Borrowed(embed_tokens=verifier.embed_tokens, lm_head=lm_head)
+
+    @classmethod
+    def bound_elements(cls, config: DFlashConfig) -> int:
+        """Elements ``bind_verifier`` adds to the model's own (the draft vocabulary's head rows),
+        for a load's memory estimate (``specui.algorithms.serving.load_bytes``)."""
+        if config.draft_vocab_size >= config.layer.vocab_size:
+            return 0  # the verifier's head itself, not a copy
+        return config.draft_vocab_size * config.layer.hidden_size
 
     def head_module(self) -> nn.Module | None:
         return None if self.borrowed is None else self.borrowed.lm_head
@@ -208,7 +219,7 @@ class DFlashModel(DraftModel):
             self.config.layer.window(layer_idx) is not None
             and not self.config.sliding_window_non_causal
         )
-        full = torch.ones(B, B, dtype=torch.bool, device=self.fc.weight.device)
+        full = torch.ones(B, B, dtype=torch.bool, device=self.hidden_norm.weight.device)
         return full.tril() if causal else full
 
     def run_block(
