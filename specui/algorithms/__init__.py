@@ -14,8 +14,8 @@
 Adding an algorithm is one folder: a package here (or anywhere, named in
 ``$SPECUI_ALGORITHMS``) whose ``__init__`` calls ``register_algorithm``.
 
-Importing this package is cheap (no torch); the names below that need torch are
-imported on first use.
+Importing this package is cheap (no torch): it holds the registry (spec.py); import the
+rest from its module (``from specui.algorithms.base import Drafter``).
 """
 
 from specui.algorithms.spec import (
@@ -25,40 +25,15 @@ from specui.algorithms.spec import (
     algorithm_names,
     algorithm_specs,
     create_drafter,
-    lazy_exports,
     register_algorithm,
-)
-
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "DraftContext": "base",
-        "Drafter": "base",
-        "DraftConfig": "base",
-        "DraftModel": "base",
-        "LearnedDrafter": "base",
-        "load_drafter": "checkpoint",
-        "load_model": "checkpoint",
-        "save_drafter": "checkpoint",
-        "validate_checkpoint": "checkpoint",
-    },
 )
 
 __all__ = [
     "ALGORITHMS",
     "AlgorithmSpec",
-    "DraftConfig",
-    "DraftContext",
-    "DraftModel",
-    "Drafter",
-    "LearnedDrafter",
     "algorithm",
     "algorithm_names",
     "algorithm_specs",
     "create_drafter",
-    "load_drafter",
-    "load_model",
     "register_algorithm",
-    "save_drafter",
-    "validate_checkpoint",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 
 
 def arg_values(args: argparse.Namespace, *names: str) -> dict:
@@ -91,3 +92,18 @@ def add_policy_argument(p: argparse.ArgumentParser) -> None:
         "expected tokens per second under the cost model measured at load; fixed: every draft, "
         "the raw drafter at its K",
     )
+
+
+def local_time(ts: float | None) -> str:
+    """A stored timestamp as local time for a listing ("-" when unset)."""
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    """Rows under a header in left-aligned columns as wide as their widest cell."""
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from specui.commands import add_worker_arguments
-from specui.commands.runs import _table, _when, add_db_option
+from specui.commands import add_worker_arguments, local_time, text_table
+from specui.commands.runs import add_db_option
 from specui.jobs import queue
 from specui.store import JobStatus, Store
 
@@ -56,12 +56,12 @@ def cmd_list(args: argparse.Namespace) -> int:
             str(j.status)
             + (" (cancelling)" if j.cancel_requested_at and j.status == JobStatus.RUNNING else ""),
             f"{100 * j.progress:.0f}%",
-            _when(j.created_at),
+            local_time(j.created_at),
             (j.error or j.message or "")[:60],
         ]
         for j in jobs
     ]
-    print(_table(["ID", "KIND", "STATUS", "PROGRESS", "CREATED", "MESSAGE"], rows))
+    print(text_table(["ID", "KIND", "STATUS", "PROGRESS", "CREATED", "MESSAGE"], rows))
     return 0
 
 
@@ -72,9 +72,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"job {job.id}: {job.kind}  [{job.status}]  {100 * job.progress:.0f}%")
     print(f"  params   {job.params_json}")
     for key, value in (
-        ("created", _when(job.created_at)),
-        ("started", _when(job.started_at)),
-        ("ended", _when(job.ended_at)),
+        ("created", local_time(job.created_at)),
+        ("started", local_time(job.started_at)),
+        ("ended", local_time(job.ended_at)),
         ("message", job.message),
         ("error", job.error),
         ("result", job.result_json),

@@ -7,10 +7,11 @@ import argparse
 import json
 import math
 import sys
-import time
 from typing import Any
 
-from specui.metrics import compare, write_steps_csv
+from specui.commands import local_time, text_table
+from specui.metrics.comparison import compare
+from specui.metrics.csv import write_steps_csv
 from specui.store import RunStatus, Store
 
 
@@ -121,25 +122,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     ca.set_defaults(func=cmd_calibrate)
 
 
-def _when(ts: float | None) -> str:
-    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
-
-
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
-    ]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -165,13 +153,13 @@ def cmd_list(args: argparse.Namespace) -> int:
                 r.prompt_set,
                 str(counts[r.id][0]),
                 str(counts[r.id][1]),
-                _when(r.started_at),
+                local_time(r.started_at),
             ]
             for r in runs
             if r.id is not None
         ]
     print(
-        _table(
+        text_table(
             [
                 "ID",
                 "STATUS",
@@ -201,8 +189,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         ("backend", run.backend),
         ("prompt set", run.prompt_set),
         ("seed", run.seed),
-        ("started", _when(run.started_at)),
-        ("ended", _when(run.ended_at)),
+        ("started", local_time(run.started_at)),
+        ("ended", local_time(run.ended_at)),
         ("error", run.error),
     ):
         if value is not None:

@@ -49,7 +49,7 @@ from specui.algorithms.ngram import NgramConfig
 from specui.algorithms.spec import algorithm_for_vllm
 from specui.data import Prompt, load_prompts
 from specui.errors import SpecUIError
-from specui.metrics import Comparison, compare
+from specui.metrics.comparison import Comparison, compare
 from specui.store import Backend, Run, RunRecorder, Store, collect_versions
 from specui.trace import (
     FinalTokenKind,

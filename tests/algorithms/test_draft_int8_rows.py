@@ -30,9 +30,7 @@ def _call_types(drafter) -> set[int]:
 
 
 @pytest.mark.parametrize("name", algorithm_names())
-def test_the_one_call_reads_q8_0_blocks_with_int8_rows_and_the_modules_stay_bf16(
-    q8_verifier, name
-):
+def test_the_one_call_reads_q8_0_blocks_with_int8_rows_and_the_modules_stay_bf16(q8_verifier, name):
     drafter = resolve_drafter(name, q8_verifier)
     assert drafter.layer_call is not None
     assert _call_types(drafter) == {GGUF_TYPES["Q8_0"] | GGUF_INT8_ROWS}

@@ -14,15 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specui.algorithms import (
-    algorithm_names,
-    create_drafter,
-    load_drafter,
-    save_drafter,
-    validate_checkpoint,
-)
+from specui.algorithms import algorithm_names, create_drafter
 from specui.algorithms.base import DraftContext
-from specui.algorithms.dspark import ConfidencePolicy
+from specui.algorithms.checkpoint import load_drafter, save_drafter, validate_checkpoint
+from specui.algorithms.dspark.drafter import ConfidencePolicy
 from specui.errors import SpecUIError
 from specui.trace import SamplingParams
 from specui.verifier.model import Verifier
@@ -628,7 +623,8 @@ def test_saved_checkpoint_files_are_readable_by_others(tmp_path, fixture_verifie
     import os
     import stat
 
-    from specui.algorithms import create_drafter, save_drafter
+    from specui.algorithms import create_drafter
+    from specui.algorithms.checkpoint import save_drafter
 
     folder = save_drafter(
         create_drafter("dflash", fixture_verifier, num_layers=1).model, tmp_path / "d"

@@ -20,14 +20,8 @@ import gradio as gr
 import pytest
 import torch
 
-from specui.algorithms import (
-    ALGORITHMS,
-    algorithm_names,
-    create_drafter,
-    load_drafter,
-    save_drafter,
-    validate_checkpoint,
-)
+from specui.algorithms import ALGORITHMS, algorithm_names, create_drafter
+from specui.algorithms.checkpoint import load_drafter, save_drafter, validate_checkpoint
 from specui.cli import build_parser
 from specui.commands.train import build_config
 from specui.errors import SpecUIError

@@ -141,7 +141,8 @@ def data_dir(tmp_path, monkeypatch) -> Path:
 def test_a_pickle_only_speculator_is_refused_on_every_load_path(
     data_dir, tmp_path, embedded_verifier
 ) -> None:
-    from specui.algorithms import create_drafter, save_drafter, validate_checkpoint
+    from specui.algorithms import create_drafter
+    from specui.algorithms.checkpoint import save_drafter, validate_checkpoint
     from specui.algorithms.resolve import resolve_drafter
     from specui.ui.speculators import import_folder
     from specui.vllm.server import build_speculative_config
@@ -553,7 +554,7 @@ def test_no_vllm_api_key_in_logs_db_csv_or_process_list(tmp_path, monkeypatch) -
     """A real vLLM server protected by an API key: benchmarked when launched here and
     when attached; the key is needed (401 without it) and written nowhere."""
     from specui.data import load_prompts
-    from specui.metrics import compare
+    from specui.metrics.comparison import compare
     from specui.store import Store
     from specui.vllm.bench import BenchSettings, run_benchmark
     from specui.vllm.server import ServerConfig, VLLMServer

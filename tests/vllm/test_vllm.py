@@ -262,7 +262,8 @@ def plain_server(request, work):
 
 @pytest.fixture(scope="module")
 def dflash_dir(work, embedded_verifier) -> Path:
-    from specui.algorithms import create_drafter, save_drafter
+    from specui.algorithms import create_drafter
+    from specui.algorithms.checkpoint import save_drafter
 
     # mask id 16 (<empty_output>): unused, inside the vocabulary, not pad/eos (REFERENCE.md 4).
     d = create_drafter(
@@ -320,7 +321,7 @@ def test_plain_vllm_greedy_matches_the_local_engine_token_for_token(
 def test_random_dflash_is_lossless_and_its_run_is_stored_comparably(
     store, runs, dflash_server, prompts
 ) -> None:
-    from specui.metrics import compare
+    from specui.metrics.comparison import compare
     from specui.store import Backend, RunStatus
 
     run = bench(store, dflash_server, prompts, "demo", max_new_tokens=MAX_NEW)
@@ -380,7 +381,7 @@ def test_server_and_all_its_processes_are_gone_after_stop(dflash_server) -> None
 def test_accepted_drafts_are_reconstructed_exactly(request, work, store, runs, prompts) -> None:
     """The verifier as its own draft model: (nearly) every draft is accepted,
     so the stored steps carry multi-token emissions the counters must agree with."""
-    from specui.metrics import compare
+    from specui.metrics.comparison import compare
     from specui.verifier.embedded import embedded_folder
 
     server = launch(
@@ -412,7 +413,8 @@ def test_accepted_drafts_are_reconstructed_exactly(request, work, store, runs, p
 @needs_vllm
 @pytest.mark.vllm
 def test_dspark_on_vllm_cpu_is_refused_in_one_plain_message(work, embedded_verifier) -> None:
-    from specui.algorithms import create_drafter, save_drafter
+    from specui.algorithms import create_drafter
+    from specui.algorithms.checkpoint import save_drafter
     from specui.vllm.server import is_cpu_build
 
     if not is_cpu_build(vllm_python()):
