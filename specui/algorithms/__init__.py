@@ -1,8 +1,9 @@
 """The drafting algorithms: one package each, in the speculators layout, plus what they share.
 
-    base.py        Drafter / DraftContext (what the engine calls), DraftConfig, DraftModel,
-    LearnedDrafter
-    layers.py      decoder layer config, RMSNorm, RoPE, MLP, attention, draft-vocabulary maps
+    base.py        Drafter / DraftContext (what the engine calls), DraftModel, LearnedDrafter
+    draft_config.py  DraftConfig: the fields every speculators config.json has
+    layer_config.py  LayerConfig: the draft decoder layers' transformers config
+    layers.py      RMSNorm, RoPE, MLP, attention, decoder layer, draft-vocabulary maps
     checkpoint.py  speculators-format folders: validate, load, save
     spec.py        AlgorithmSpec and the registry every list of algorithms is read from
     simple.py      the drafters that need no training: none (plain decoding) and ngram

@@ -38,14 +38,8 @@ from specui.data.distill import TokenSample, verifier_fingerprint
 from specui.data.hidden import HiddenStateExtractor, TargetFn, topk_targets, write_sample
 from specui.errors import SpecUIError
 from specui.paths import REPO_ROOT
-from specui.vllm.server import (
-    ServerConfig,
-    VLLMServer,
-    is_cpu_build,
-    redact_url,
-    resolve_model,
-    vllm_python,
-)
+from specui.vllm.launch_plan import ServerConfig, resolve_model
+from specui.vllm.server import VLLMServer, is_cpu_build, redact_url, vllm_python
 
 CPU_CONNECTOR = "SpecUICPUHiddenStatesConnector"
 CPU_CONNECTOR_MODULE = "specui.vllm.connector"

@@ -198,7 +198,7 @@ def test_a_toy_checkpoint_loads_trains_and_exports_to_vllm(
     from specui.algorithms.objective import objective_for
     from specui.export import speculative_config, vllm_serve_command
     from specui.training.config import TrainConfig
-    from specui.vllm.server import speculator_algorithm
+    from specui.vllm.launch_plan import speculator_algorithm
 
     drafter = create_drafter(toy, fixture_verifier, num_layers=1, seed=0)
     folder = save_drafter(drafter, tmp_path / "toy")

@@ -18,7 +18,7 @@ from specui.acceptance import (
 from specui.metrics.comparison import compare
 from specui.store import DecodingSettings, Store
 from specui.trace import FinalTokenKind, GenerationResult, StepTrace
-from specui.vllm.bench import SpecCounters
+from specui.vllm.counters import SpecCounters
 from tests.support.store_helpers import record
 
 

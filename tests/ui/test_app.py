@@ -487,7 +487,7 @@ def test_bench_endpoint_rejects_bad_input_with_the_library_message(app_url):
 
 def _embedded_texts():
     from specui.verifier.embedded import cache_dir
-    from specui.vllm.bench import TokenTexts
+    from specui.vllm.request_steps import TokenTexts
 
     return TokenTexts(str(cache_dir() / "models" / "smollm2-135m-instruct"))
 
@@ -571,7 +571,7 @@ def test_browser_replay_a_stored_vllm_histogram_run(page, app_url):
 
 def test_browser_stop_ends_a_replay(page, app_url):
     from specui.store import Store
-    from specui.vllm.bench import RequestResult
+    from specui.vllm.client import RequestResult
     from tests.support.replay_helpers import store_vllm_style_run
 
     # No acceptance data ("tokens"): 300 one-token steps at 1 step/s, so Stop comes mid-replay

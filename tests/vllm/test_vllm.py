@@ -26,14 +26,11 @@ import pytest
 import torch
 
 from specui.errors import SpecUIError
-from specui.vllm.bench import (
-    BenchSettings,
-    RequestResult,
-    SpecCounters,
-    TokenTexts,
-    steps_from_request,
-)
-from specui.vllm.server import ServerConfig, plan_launch, redact_url, vllm_python
+from specui.vllm.client import BenchSettings, RequestResult
+from specui.vllm.counters import SpecCounters
+from specui.vllm.launch_plan import ServerConfig, plan_launch
+from specui.vllm.request_steps import TokenTexts, steps_from_request
+from specui.vllm.server import redact_url, vllm_python
 from specui.vllm.watchdog import group_alive
 from tests.support.hidden_files import load_matching
 from tests.support.vllm_servers import bench, launch
@@ -172,7 +169,7 @@ def test_remote_bind_is_refused_unless_allowed_and_credentials_are_redacted() ->
     with pytest.raises(SpecUIError, match="refusing to bind"):
         plan_launch(ServerConfig(host="0.0.0.0"))
     assert redact_url("http://user:secret@host:8000/v1") == "http://host:8000/v1"
-    from specui.vllm.server import LaunchPlan
+    from specui.vllm.launch_plan import LaunchPlan
 
     plan = LaunchPlan(
         argv=["python", "-m", "x", "--api-key", "s3cret"],
@@ -232,20 +229,6 @@ def test_vllm_tab_builds_and_reports_an_empty_slot(tmp_path) -> None:
 
 PROMPTS = 3
 MAX_NEW = 32
-
-
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("vllm")
-
-
-@pytest.fixture(scope="module")
-def store(work):
-    from specui.store import Store
-
-    s = Store(work / "specui.db")
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")

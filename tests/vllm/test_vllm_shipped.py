@@ -53,20 +53,6 @@ MIN_STEP_AGREEMENT = {"peagle": 0.95, "eagle3": 0.95, "dflash": 0.95}
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("vllm-shipped")
-
-
-@pytest.fixture(scope="module")
-def store(work):
-    from specui.store import Store
-
-    s = Store(work / "specui.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
 def prompts():
     from specui.data import load_prompts
 

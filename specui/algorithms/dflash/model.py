@@ -26,13 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specui.algorithms.base import Borrowed, DraftConfig, DraftModel, verifier_identity
+from specui.algorithms.base import Borrowed, DraftModel, verifier_identity
 from specui.algorithms.dflash.config import DFlashConfig
+from specui.algorithms.draft_config import DraftConfig
+from specui.algorithms.layer_config import LayerConfig
 from specui.algorithms.layers import (
     KV,
     CacheWrite,
     DecoderLayer,
-    LayerConfig,
     RMSNorm,
     Rotary,
     draft_vocab_rows,
