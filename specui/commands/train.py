@@ -353,11 +353,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="padded tokens per batched extraction forward (local extractor)",
     )
+    # --precision elsewhere (decode, bench, serve) is the verifier's precision; here it is kept
+    # as the old spelling of --matmul-precision, so existing command lines still run.
     d.add_argument(
+        "--matmul-precision",
         "--precision",
+        dest="precision",
         choices=PRECISIONS,
         help="training matmuls: bf16 autocast with float32 master weights, fp32, or auto "
-        "(bf16 where the CPU has AMX / AVX512-BF16, or on a GPU)",
+        "(bf16 where the CPU has AMX / AVX512-BF16, or on a GPU); --precision is its old "
+        "spelling (not the verifier's precision of specui decode / bench)",
     )
     d.add_argument("--cache-dir", help="responses and hidden states (default OUT/cache)")
     d.add_argument(
