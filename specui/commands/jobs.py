@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from specui.commands import add_worker_arguments, local_time, text_table
+from specui.commands import add_id_command, add_worker_arguments, local_time, text_table
 from specui.commands.runs import add_db_option
 from specui.jobs import queue
 from specui.store import JobStatus, Store
@@ -24,18 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--limit", type=int, default=50)
     ls.set_defaults(func=cmd_list)
 
-    show = js.add_parser(
-        "show", parents=[common], help="one job: parameters, log tail, latest metrics"
-    )
-    show.add_argument("job_id", type=int)
-    show.set_defaults(func=cmd_show)
-
-    ca = js.add_parser("cancel", parents=[common], help="cancel a queued or running job")
-    ca.add_argument("job_id", type=int)
-    ca.add_argument(
-        "--force", action="store_true", help="also cancel a job that a dashboard session owns"
-    )
-    ca.set_defaults(func=cmd_cancel)
+    show_help = "one job: parameters, log tail, latest metrics"
+    add_id_command(js, common, "show", show_help, "job_id", cmd_show)
+    cancel_help = "cancel a queued or running job"
+    add_id_command(js, common, "cancel", cancel_help, "job_id", cmd_cancel, force="cancel a job")
 
     wk = js.add_parser("worker", parents=[common], help="run queued jobs (each in its own process)")
     wk.add_argument("--max-jobs", type=int, help="jobs at once (default: $SPECUI_MAX_JOBS or 1)")

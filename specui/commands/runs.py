@@ -9,7 +9,7 @@ import math
 import sys
 from typing import Any
 
-from specui.commands import local_time, text_table
+from specui.commands import add_id_command, local_time, text_table
 from specui.metrics.comparison import compare
 from specui.metrics.csv import write_steps_csv
 from specui.store import RunStatus, Store
@@ -51,9 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--limit", type=int, default=50)
     ls.set_defaults(func=cmd_list)
 
-    show = rs.add_parser("show", parents=[common], help="one run: settings, versions and metrics")
-    show.add_argument("run_id", type=int)
-    show.set_defaults(func=cmd_show)
+    show_help = "one run: settings, versions and metrics"
+    add_id_command(rs, common, "show", show_help, "run_id", cmd_show)
 
     rp = rs.add_parser(
         "replay",
@@ -106,12 +105,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     flag("--excel", action="store_true", help=excel_help)
     ex.set_defaults(func=cmd_export)
 
-    de = rs.add_parser("delete", parents=[common], help="delete a run with its results and steps")
-    de.add_argument("run_id", type=int)
-    de.add_argument(
-        "--force", action="store_true", help="also delete a run that a dashboard session owns"
-    )
-    de.set_defaults(func=cmd_delete)
+    delete_help = "delete a run with its results and steps"
+    add_id_command(rs, common, "delete", delete_help, "run_id", cmd_delete, force="delete a run")
 
     ca = rs.add_parser(
         "calibrate",
