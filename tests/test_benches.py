@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
 LLAMACPP_PYTHON = REPO / ".venv-llamacpp" / "bin" / "python"
 
-# bench file -> its quickest command line (after the file name); {tmp} is a scratch folder.
+# bench file -> its quickest command line (after the file name); {tmp} is a scratch folder,
+# {python} this interpreter.
 QUICK: dict[str, str] = {
     # a sample scores only past the block: 24-token responses
     "confidence_probe.py": "--train-samples 4 --heldout-prompts 2 --max-new-tokens 24 "
@@ -45,8 +46,9 @@ QUICK: dict[str, str] = {
     "pending_load.py": "--pending-s 1 --repeats 1 --max-new-tokens 4",
     "pipeline_throughput.py": "--smoke --stages train --algorithms dflash",
     "prefetch.py": "--repeats 1 --context 8",
+    # the app in this interpreter, not the Space's requirements-only virtualenv
     "soak.py": "--minutes 0.1 --sessions 1 --warmup-minutes 0 "
-    "--churn 1 --max-new-tokens 4 --sample-s 2",
+    "--churn 1 --max-new-tokens 4 --sample-s 2 --python '{python}'",
     "speedup_model.py": "--threads 1 --repeats 1 --context 8 --ks 3 "
     "--draft-k 3 --vocabs 4096 --algorithms dflash --layers dflash:1",
     "step_compile.py": "--repeats 1 --context 8",
@@ -86,7 +88,7 @@ def test_the_bench_runs_in_its_quickest_mode(name: str, tmp_path: Path) -> None:
     why = _needs(name)
     if why:
         pytest.skip(why)
-    argv = shlex.split(QUICK[name].replace("{tmp}", str(tmp_path)))
+    argv = shlex.split(QUICK[name].format(tmp=tmp_path, python=sys.executable))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, str(BENCH / name), *argv],
