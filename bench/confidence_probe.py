@@ -67,6 +67,7 @@ import torch.nn.functional as F
 from specui.algorithms.checkpoint import load_model
 from specui.algorithms.dspark.model import DSparkModel
 from specui.algorithms.dspark.objective import DSparkObjective
+from specui.algorithms.dspark.options import DSparkOptions
 from specui.algorithms.layers import draft_target_ids
 from specui.algorithms.resolve import shipped_drafters
 from specui.data import load_prompts
@@ -87,7 +88,8 @@ def slot_features(
 
     DSpark's own training objective lays out the blocks (``DSparkObjective.blocks``), with
     more anchors allowed than any sample has positions: every response position anchors."""
-    cfg = TrainConfig(algorithm="dspark", block_size=model.config.block_size, max_anchors=1 << 30)
+    options = DSparkOptions(block_size=model.config.block_size, max_anchors=1 << 30)
+    cfg = TrainConfig(algorithm="dspark", options=options)
     objective = DSparkObjective(cfg, verifier)
     objective.draft_vocab = draft_target_ids(model.d2t)
     store = HiddenStateStore(

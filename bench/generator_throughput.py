@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/generator_throughput.py [--prompts 64]
         [--batch-sizes 1,16,64] [--max-new-tokens 128] [--vllm]
 
-The local batched generator (``specui.data.distill.generate_greedy``: transformers'
+The local batched generator (``specui.verifier.batched.reference_greedy``: transformers'
 ``generate``, left padding, greedy) on the first ``--prompts`` prompts of the general
 corpus's training split, chat template, in float32 and in the bf16 copy that
 ``self_distill(generation_dtype=torch.bfloat16)`` makes, at each batch size, one thread.
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from specui.data import load_prompts
-from specui.data.distill import generate_greedy
+from specui.verifier.batched import reference_greedy
 from specui.verifier.model import Verifier
 
 
@@ -39,7 +39,7 @@ def local(
     tokens, t0 = 0, time.perf_counter()
     for start in range(0, len(prompts), batch):
         tokens += sum(
-            len(r) for r in generate_greedy(verifier, prompts[start : start + batch], max_new)
+            len(r) for r in reference_greedy(verifier, prompts[start : start + batch], max_new)
         )
         print(f"  {start + batch}/{len(prompts)}", end="\r", file=sys.stderr, flush=True)
     return time.perf_counter() - t0, tokens
@@ -90,7 +90,7 @@ def main() -> None:
     rows = []
     for batch in (int(b) for b in a.batch_sizes.split(",")):
         for name, gen in (("float32", v), ("bf16", bf16)):
-            generate_greedy(gen, prompts[:1], 4)  # first calls pick kernels
+            reference_greedy(gen, prompts[:1], 4)  # first calls pick kernels
             seconds, tokens = local(gen, prompts, batch, a.max_new_tokens)
             rows.append((f"local {name}", f"batch {batch}", seconds, tokens))
             print(

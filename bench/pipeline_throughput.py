@@ -198,9 +198,11 @@ def new_train(
     from specui.algorithms.objective import objective_for
     from specui.data.hidden import read_sample
     from specui.training.config import TrainConfig
-    from specui.training.loop import make_optimizer
+    from specui.training.step import make_optimizer
 
-    cfg = TrainConfig(algorithm=algo, draft_vocab_size=len(kept), markov_rank=256)
+    cfg = TrainConfig.from_dict(
+        {"algorithm": algo, "draft_vocab_size": len(kept), "markov_rank": 256}
+    )
     obj = objective_for(cfg, verifier)
     obj.draft_vocab = kept
     model = obj.build().train()

@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specui.algorithms.dflash.objective import select_anchors  # noqa: E402
+from specui.algorithms.dflash.options import DFlashOptions  # noqa: E402
 from specui.algorithms.objective import objective_for  # noqa: E402
 from specui.algorithms.objective import pack as pack_batch  # noqa: E402
 from specui.data.distill import self_distill  # noqa: E402
@@ -92,8 +93,8 @@ def main() -> int:
         algorithm="dflash",
         verifier=args.verifier,
         layers=args.layers,
-        block_size=args.block_size,
         draft_vocab_size=args.draft_vocab_size,
+        options=DFlashOptions(block_size=args.block_size),
     )
     kept = None
     if args.draft_vocab_size:
@@ -117,7 +118,7 @@ def main() -> int:
     results = []
     settings = [int(a) for a in args.anchors.split(",")] + [10**9]
     for max_anchors in settings:
-        objective.cfg.max_anchors = max_anchors
+        objective.cfg.options.max_anchors = max_anchors
         model.zero_grad(set_to_none=True)
         before = reset_peak(device)
         t0 = time.perf_counter()

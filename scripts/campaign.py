@@ -87,6 +87,29 @@ def run(folder: Path, shard: tuple[int, int]) -> None:
         )
         bar.close()
         logging.info("generate: done")
+        if shard[0] == 0:  # the other shards stop here; shard 0 goes on once all are done
+            _after_generation(verifier, folder)
+
+
+def _after_generation(verifier, folder: Path) -> None:
+    from specui.training import campaign
+
+    done = campaign.status(verifier, folder)
+    if done.done < done.total:
+        logging.info(
+            "generate: %d prompts still without a response (another shard at work); run again"
+            " once it ends",
+            done.total - done.done,
+        )
+        return
+    m = campaign.materialize(verifier, folder)
+    logging.info(
+        "materialize: %s, %d rows (%d of the general corpus), %d missing",
+        m.path,
+        m.rows,
+        m.general,
+        m.missing,
+    )
 
 
 def status(folder: Path) -> None:

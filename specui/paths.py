@@ -28,6 +28,12 @@ def data_dir() -> Path:
     return Path(os.environ.get("SPECUI_DATA_DIR", Path.home() / ".local" / "share" / "specui"))
 
 
+def campaign_dir() -> Path:
+    """The drafters' training campaign's state folder, outside the repository
+    (``SPECUI_CAMPAIGN_DIR``; specui.training.campaign)."""
+    return Path(os.environ.get("SPECUI_CAMPAIGN_DIR", Path.home() / "specui-campaign"))
+
+
 def app_roots() -> list[Path]:
     """The folders visitors may name: the data dir, the shipped ``data/``, and the operator's
     extras."""

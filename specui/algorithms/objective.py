@@ -191,7 +191,7 @@ LOSSES: dict[str, Callable[[torch.Tensor, Targets], torch.Tensor]] = {"ce": hard
 
 
 def slot_loss_fn(cfg: Any, default: str) -> Callable[[torch.Tensor, Targets], torch.Tensor]:
-    name = cfg.extra.get("loss", default)
+    name = cfg.loss or default
     if name not in LOSSES:
         raise SpecUIError(f"unknown loss {name!r}; use one of {', '.join(LOSSES)}")
     return LOSSES[name]

@@ -22,7 +22,7 @@ from specui.algorithms.spec import algorithm_names, algorithm_specs, labels, tra
 from specui.commands import int_list
 from specui.data import prompt_sets, training_prompt_sets
 from specui.errors import SpecUIError
-from specui.training.config import DEFAULT_PROMPTS, PRECISIONS, TrainConfig
+from specui.training.config import DEFAULT_PROMPTS, GROUPS, PRECISIONS, TrainConfig
 
 # --- speculators' flag names -----------------------------------------------------------
 #
@@ -174,9 +174,17 @@ SPECULATORS_LOSSES: dict[str, str] = {"ce": "ce", "kl_div": "kl"}
 SPECULATORS_POSITION_WEIGHTS: dict[str, bool] = {"fixed-exp-decay": False, "dpace": True}
 
 
+# SpecUI's own older flag -> its flag now, kept so that existing command lines still run.
+# --precision was the training matmul precision here and is the verifier's precision on every
+# other command (decode, bench, doctor): train's is --matmul-precision now.
+OLD_SPELLINGS: dict[str, str] = {"--precision": "--matmul-precision"}
+
+
 def _spellings(flag: str) -> list[str]:
-    """SpecUI's flag and the speculators spellings that alias it (SPECULATORS_FLAG_ALIASES)."""
-    return [flag, *(theirs for theirs, ours in SPECULATORS_FLAG_ALIASES.items() if ours == flag)]
+    """SpecUI's flag, then its older spelling (OLD_SPELLINGS) and the speculators spellings
+    that alias it (SPECULATORS_FLAG_ALIASES)."""
+    aliases = {**OLD_SPELLINGS, **SPECULATORS_FLAG_ALIASES}
+    return [flag, *(old for old, ours in aliases.items() if ours == flag)]
 
 
 class _IntsAction(argparse.Action):
@@ -263,6 +271,49 @@ def _add_knobs(groups: dict[str, argparse._ArgumentGroup]) -> None:
         groups[f.metadata["group"]].add_argument(*_spellings(flag_of(f)), **kw)
 
 
+def _flag_overrides() -> dict[str, dict[str, Any]]:
+    """Where a setting's flag is more than its field says (a parser of speculators' values, a
+    list's form, a help made from the registries); every other setting's flag is generated."""
+    return {
+        # Not argparse choices: the config reports an unknown algorithm with the list, as the
+        # job API does.
+        "algorithm": {
+            "type": _algorithm,
+            "required": True,
+            "help": " | ".join(algorithm_names(trainable=True)),
+        },
+        "prompts": {"help": _prompts_help()},
+        "out": {"required": True},
+        "schedule": {"type": _schedule},
+        "precision": {"choices": PRECISIONS},
+        "layers": {"help": f"draft decoder layers (default: {_default_layers()})"},
+        "aux_layer_ids": {
+            "type": int_list,
+            "nargs": "+",
+            "action": _IntsAction,
+            "metavar": "IDS",
+            "help": "verifier layer ids, e.g. 2,15,27 (or 2 15 27)",
+        },
+        "loss": {"type": _loss, "default": None},
+    }
+
+
+def _add_settings(groups: dict[str, Any]) -> None:
+    """A flag for every shared setting (TrainConfig's fields), in its group, from its field:
+    ``--`` + its name (or its ``flag``), its help, its type."""
+    overrides = _flag_overrides()
+    for f in TrainConfig.settings():
+        kw: dict[str, Any] = {"dest": f.name, "help": f.metadata["help"]}
+        kind = TrainConfig.setting_type(f)
+        if kind is bool:
+            kw["action"] = "store_true" if f.default is False else argparse.BooleanOptionalAction
+        else:
+            kw["type"] = kind
+        kw.update(overrides.get(f.name, {}))
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        groups[f.metadata["group"]].add_argument(*_spellings(flag), **kw)
+
+
 def _config_defaults(p: argparse.ArgumentParser) -> None:
     """Each shared flag's default is TrainConfig's, read from its field (written there only);
     a dest that a speculators spelling also writes keeps its own (SUPPRESS: never overrides)."""
@@ -281,30 +332,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "train",
         help="train a drafter (DFlash, DSpark, P-EAGLE, EAGLE-3) on the verifier's own outputs",
     )
-    # Not argparse choices: the config reports an unknown algorithm with the list, as the job API
-    # does.
-    p.add_argument(
-        *_spellings("--algorithm"),
-        dest="algorithm",
-        type=_algorithm,
-        required=True,
-        help=" | ".join(algorithm_names(trainable=True)),
-    )
-    p.add_argument(
-        *_spellings("--verifier"),
-        dest="verifier",
-        help="embedded | HF folder | .gguf file | hub id",
-    )
-    p.add_argument("--prompts", help=_prompts_help())
-    p.add_argument(
-        *_spellings("--out"),
-        dest="out",
-        required=True,
-        help="output folder (final drafter, checkpoints/, metrics.jsonl)",
-    )
-    p.add_argument(
-        "--resume", action="store_true", help="continue from the last checkpoint in --out"
-    )
+    groups = {
+        "run": p,
+        **{g: p.add_argument_group(g) for g in GROUPS if g != "run"},
+    }
+    _add_settings(groups)
+    _add_knobs(groups)
     p.add_argument(
         "--no-resume-from-checkpoint",
         dest="resume",
@@ -314,122 +347,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="speculators' spelling of the default: start afresh (without --resume)",
     )
 
-    o = p.add_argument_group("optimisation")
-    o.add_argument(*_spellings("--steps"), dest="steps", type=int, help="optimizer steps")
-    o.add_argument("--batch-size", type=int, help="sequences per step (per process)")
-    o.add_argument("--lr", type=float)
-    o.add_argument("--min-lr-ratio", type=float)
-    o.add_argument(*_spellings("--warmup-steps"), dest="warmup_steps", type=int)
-    o.add_argument(
-        *_spellings("--schedule"),
-        dest="schedule",
-        type=_schedule,
-        help="cosine | linear | constant (speculators' none = constant; the warmup still applies)",
-    )
-    o.add_argument("--weight-decay", type=float)
-    o.add_argument("--grad-clip", type=float)
-    o.add_argument("--seed", type=int)
-    o.add_argument("--threads", type=int, help="torch CPU threads")
-    o.add_argument("--device", help="auto | cpu | cuda")
-
-    d = p.add_argument_group("data")
-    d.add_argument("--num-prompts", type=int, help="use the first N training prompts")
-    d.add_argument(
-        "--max-new-tokens",
-        type=int,
-        help="length of the self-distilled responses (default: that of the shipped "
-        "general responses; a longer one generates again every response that "
-        "reached it: hours on a CPU)",
-    )
-    d.add_argument("--gen-batch-size", type=int, help="rows the generator decodes at once")
-    d.add_argument("--max-seq-len", type=int)
-    d.add_argument(
-        "--extraction",
-        help="hidden states and targets: mixed (each extracted once when first needed, then read "
-        "from disk) | offline (all first: long runs) | online (never kept)",
-    )
-    d.add_argument(
-        "--extract-batch-tokens",
-        type=int,
-        help="padded tokens per batched extraction forward (local extractor)",
-    )
-    # --precision elsewhere (decode, bench, serve) is the verifier's precision; here it is kept
-    # as the old spelling of --matmul-precision, so existing command lines still run.
-    d.add_argument(
-        "--matmul-precision",
-        "--precision",
-        dest="precision",
-        choices=PRECISIONS,
-        help="training matmuls: bf16 autocast with float32 master weights, fp32, or auto "
-        "(bf16 where the CPU has AMX / AVX512-BF16, or on a GPU); --precision is its old "
-        "spelling (not the verifier's precision of specui decode / bench)",
-    )
-    d.add_argument("--cache-dir", help="responses and hidden states (default OUT/cache)")
-    d.add_argument(
-        "--extractor",
-        help=(
-            "hidden states from the verifier in this process (local) or from a vLLM server the run"
-            " launches, extracting offline and stopping it before training (vllm); both fill the"
-            " same cache"
-        ),
-    )
-    d.add_argument(
-        "--vllm-python",
-        help="with --extractor vllm: vLLM's Python "
-        "(default $SPECUI_VLLM_PYTHON or .venv-vllm/bin/python)",
-    )
-    d.add_argument(
-        "--vllm-gpu-memory-utilization",
-        type=float,
-        help=(
-            "with --extractor vllm on a GPU: vLLM's share of its memory (the trainer holds the"
-            " verifier there too)"
-        ),
-    )
-
-    m = p.add_argument_group("drafter")
-    m.add_argument(
-        *_spellings("--layers"),
-        dest="layers",
-        type=int,
-        help=f"draft decoder layers (default: {_default_layers()})",
-    )
-    m.add_argument(
-        *_spellings("--aux-layers"),
-        dest="aux_layer_ids",
-        type=int_list,
-        nargs="+",
-        action=_IntsAction,
-        metavar="IDS",
-        help="verifier layer ids, e.g. 2,15,27 (or 2 15 27)",
-    )
-    m.add_argument(
-        "--draft-vocab-size", type=int, help="reduced draft vocabulary (most frequent tokens)"
-    )
-    m.add_argument("--mask-token-id", type=int)
-    m.add_argument(
-        *_spellings("--init-from"),
-        dest="init_from",
-        help="warm start from a checkpoint (DSpark from DFlash)",
-    )
-
-    loss = p.add_argument_group("loss")
-    _add_knobs({"drafter": m, "loss": loss})
     # speculators' spellings of two knobs, in another form (SPECULATORS_FLAG_REWRITES)
     freeze = {"dest": "freeze_embeddings", "action": "store_const", "default": argparse.SUPPRESS}
-    m.add_argument(
+    groups["drafter"].add_argument(
         "--no-embed-requires-grad",
         const=True,
         help="speculators' spelling of --freeze-embeddings",
         **freeze,
     )
-    m.add_argument(
+    groups["drafter"].add_argument(
         "--embed-requires-grad",
         const=False,
         help="speculators' spelling of the default: train the embedding",
         **freeze,
     )
-    loss.add_argument(
+    groups["loss"].add_argument(
         "--per-position-loss-weight",
         dest="dpace",
         type=_position_weights,
@@ -437,19 +369,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="{fixed-exp-decay,dpace}",
         help="speculators' spelling: dpace = --dpace",
     )
-    loss.add_argument(
-        *_spellings("--loss"),
-        dest="loss",
-        type=_loss,
-        default=None,
-        help="override the per-slot loss: ce | kl (speculators' kl_div = kl)",
+    groups["bookkeeping"].add_argument(
+        "--no-progress", action="store_true", help="no progress bar (log lines only)"
     )
-
-    b = p.add_argument_group("bookkeeping")
-    b.add_argument(*_spellings("--log-every"), dest="log_every", type=int, help="steps")
-    b.add_argument("--checkpoint-every", type=int)
-    b.add_argument("--keep-checkpoints", type=int)
-    b.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
     _config_defaults(p)
     p.set_defaults(func=run)
 
@@ -458,10 +380,8 @@ def build_config(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig of parsed ``specui train`` arguments (SpecUIError for a bad value)."""
     # Every key TrainConfig reads (a knob added to an algorithm's options has its flag): the
     # parser's dest of each is its name.
-    values = {
-        k: getattr(args, k) for k in TrainConfig.config_keys() if k != "extra" and hasattr(args, k)
-    }
-    return TrainConfig(**values, extra={"loss": args.loss} if args.loss else {})
+    names = [f.name for f in TrainConfig.settings()] + list(train_knobs())
+    return TrainConfig.from_dict({k: getattr(args, k) for k in names if hasattr(args, k)})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -471,7 +391,8 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from specui.training.loop import TrainHooks, train
+    from specui.training.hooks import TrainHooks
+    from specui.training.loop import train
     from specui.training.progress import stage_unit
 
     main = int(os.environ.get("RANK", "0")) == 0

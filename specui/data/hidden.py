@@ -25,6 +25,15 @@ Three ways to feed a trainer (``HiddenStateStore``):
 Files are content-addressed (verifier, layers, token ids), so a cache is shared
 by runs and a stale file is never used for another verifier.
 
+Two stored forms (``StoreFormat``), read alike:
+
+* ``bf16`` -- the layout above, ~4.8 KB a sequence token for the embedded verifier;
+* ``int8`` -- for corpora that would not fit the disk in bf16 (the training campaign's 18 M
+  sequence tokens: ~85 GB): the aux taps only (targets are stored, so ``tap[N]`` is not
+  needed), each row of each tap int8 with a float32 scale (``hidden_scale`` ``[T, n_aux]``),
+  the targets' ids int32 and log-probabilities float16: ~1.8 KB a token.  What this costs in
+  accuracy is measured by ``bench/hidden_store.py``.
+
 ``HiddenStateExtractor`` is the interface; ``LocalExtractor`` runs the verifier
 with ``transformers`` in this process, in bf16, many samples per forward.  A vLLM extractor
 (batched, on a server)
@@ -57,6 +66,11 @@ TOPK = 16  # targets kept per position (specui.algorithms.objective.Targets)
 TargetFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+class StoreFormat(StrEnum):
+    BF16 = "bf16"
+    INT8 = "int8"
+
+
 class ExtractionMode(StrEnum):
     OFFLINE = "offline"
     ONLINE = "online"
@@ -83,6 +97,7 @@ class HiddenStateExtractor(ABC):
     aux_layer_ids: list[int]
     num_layers: int  # the verifier's; tap[num_layers] is the pre-norm last layer
     fingerprint: str  # identifies the verifier (cache keys)
+    store: StoreFormat = StoreFormat.BF16
 
     @property
     def layer_ids(self) -> list[int]:
@@ -117,8 +132,10 @@ class LocalExtractor(HiddenStateExtractor):
         dtype: torch.dtype | None = None,
         batch_tokens: int = 4096,
         topk: int = TOPK,
+        store: str | StoreFormat = StoreFormat.BF16,
     ) -> None:
         verifier.check_aux_layer_ids(list(aux_layer_ids))
+        self.store = store_format(store)
         self.verifier = verifier
         self.aux_layer_ids = list(aux_layer_ids)
         self.num_layers = verifier.num_layers
@@ -186,9 +203,33 @@ class LocalExtractor(HiddenStateExtractor):
                     {"verifier": self.fingerprint, "layer_ids": str(self.layer_ids)},
                     target_ids=target_ids,
                     target_logprobs=target_logprobs,
+                    store=self.store,
                 )
                 paths[i] = path
         return [paths[i] for i in range(len(samples))]
+
+
+def store_format(value: str | StoreFormat) -> StoreFormat:
+    try:
+        return StoreFormat(value)
+    except ValueError:
+        raise SpecUIError(
+            f"unknown hidden-state store {value!r}; use {' or '.join(f.value for f in StoreFormat)}"
+        ) from None
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 rows with a float32 scale each (symmetric, the largest magnitude at 127).  A tap's
+    row has a few large channels (the residual stream's outliers); a scale per row keeps the
+    others' error at about 0.4% of that row's largest value."""
+    x = x.float()
+    scale = x.abs().amax(-1).clamp_min(1e-12) / 127.0
+    q = torch.round(x / scale.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale.float().unsqueeze(-1)
 
 
 def fast_matmul_dtype() -> torch.dtype:
@@ -261,16 +302,35 @@ def write_sample(
     *,
     target_ids: torch.Tensor | None = None,
     target_logprobs: torch.Tensor | None = None,
+    store: str | StoreFormat = StoreFormat.BF16,
 ) -> None:
-    """Write one sample file atomically (a reader never sees half a file)."""
-    tensors = {
-        "hidden_states": hidden_states.to("cpu", STORE_DTYPE).contiguous(),
-        "token_ids": token_ids.to("cpu", torch.long).contiguous(),
-        "loss_mask": loss_mask.to("cpu", torch.long).contiguous(),
-    }
-    if target_ids is not None and target_logprobs is not None:
-        tensors["target_ids"] = target_ids.to("cpu", torch.long).contiguous()
-        tensors["target_logprobs"] = target_logprobs.to("cpu", torch.float32).contiguous()
+    """Write one sample file atomically (a reader never sees half a file).
+
+    ``hidden_states`` is ``[T, n_aux + 1, H]`` (the aux taps, then tap[N]).  The ``int8`` store
+    needs the targets (it keeps the aux taps only) and writes the compact form."""
+    store = store_format(store)
+    has_targets = target_ids is not None and target_logprobs is not None
+    if store == StoreFormat.INT8:
+        if not has_targets:
+            raise SpecUIError("the int8 hidden-state store keeps no tap[N]: it needs the targets")
+        q, scale = quantize_rows(hidden_states[:, :-1].to("cpu"))
+        tensors = {
+            "hidden_states": q.contiguous(),  # [T, n_aux, H] int8
+            "hidden_scale": scale.contiguous(),  # [T, n_aux] float32
+            "token_ids": token_ids.to("cpu", torch.int32).contiguous(),
+            "loss_mask": loss_mask.to("cpu", torch.uint8).contiguous(),
+            "target_ids": target_ids.to("cpu", torch.int32).contiguous(),
+            "target_logprobs": target_logprobs.to("cpu", torch.float16).contiguous(),
+        }
+    else:
+        tensors = {
+            "hidden_states": hidden_states.to("cpu", STORE_DTYPE).contiguous(),
+            "token_ids": token_ids.to("cpu", torch.long).contiguous(),
+            "loss_mask": loss_mask.to("cpu", torch.long).contiguous(),
+        }
+        if has_targets:
+            tensors["target_ids"] = target_ids.to("cpu", torch.long).contiguous()
+            tensors["target_logprobs"] = target_logprobs.to("cpu", torch.float32).contiguous()
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=path.parent)
     os.close(fd)
     try:
@@ -293,12 +353,19 @@ def read_sample(path: Path, n_aux: int, targets: TargetFn | None = None) -> Samp
             metadata = f.metadata()
             hs = f.get_slice("hidden_states")
             shape = hs.get_shape()
-            if len(shape) != 3 or shape[1] != n_aux + 1:
+            compact = "hidden_scale" in names  # the int8 store: aux taps only
+            want = n_aux if compact else n_aux + 1
+            if len(shape) != 3 or shape[1] != want:
                 raise SpecUIError(
-                    f"hidden-state file {path} holds {tuple(shape)}; expected [T, {n_aux + 1}, H]"
+                    f"hidden-state file {path} holds {tuple(shape)}; expected [T, {want}, H]"
                 )
             stored = "target_ids" in names and "target_logprobs" in names
-            taps = hs[:, :n_aux] if stored else f.get_tensor("hidden_states")
+            if compact:
+                if not stored:
+                    raise SpecUIError(f"hidden-state file {path}: int8 taps without targets")
+                taps = dequantize_rows(f.get_tensor("hidden_states"), f.get_tensor("hidden_scale"))
+            else:
+                taps = hs[:, :n_aux] if stored else f.get_tensor("hidden_states")
             t = {
                 k: f.get_tensor(k)
                 for k in ("token_ids", "loss_mask", "target_ids", "target_logprobs")
@@ -331,8 +398,13 @@ def read_sample(path: Path, n_aux: int, targets: TargetFn | None = None) -> Samp
     )
 
 
-def bytes_per_token(n_taps: int, hidden_size: int, topk: int = TOPK) -> int:
-    """Disk one sequence token takes in a layout file (taps, targets, ids and mask)."""
+def bytes_per_token(
+    n_taps: int, hidden_size: int, topk: int = TOPK, store: str | StoreFormat = StoreFormat.BF16
+) -> int:
+    """Disk one sequence token takes in a layout file (taps, targets, ids and mask);
+    ``n_taps`` counts tap[N], which the int8 store leaves out."""
+    if store_format(store) == StoreFormat.INT8:
+        return (n_taps - 1) * (hidden_size + 4) + topk * (4 + 2) + 5
     return n_taps * hidden_size * STORE_DTYPE.itemsize + topk * (8 + 4) + 16
 
 
@@ -372,7 +444,9 @@ class HiddenStateStore:
 
     def bytes_needed(self, indices: Sequence[int], hidden_size: int) -> int:
         """Disk the missing samples of ``indices`` will take once extracted."""
-        per = bytes_per_token(len(self.extractor.layer_ids), hidden_size)
+        per = bytes_per_token(
+            len(self.extractor.layer_ids), hidden_size, store=self.extractor.store
+        )
         return per * sum(len(self.samples[i]) for i in self.missing(indices))
 
     def check_disk(self, indices: Sequence[int], hidden_size: int) -> int:

@@ -7,6 +7,8 @@ the sets costs nothing.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from itertools import zip_longest
 
 from specui.data.prompts import (
     Prompt,
@@ -16,7 +18,7 @@ from specui.data.prompts import (
     split_prompts,
 )
 from specui.errors import SpecUIError
-from specui.paths import shipped_data_dir
+from specui.paths import campaign_dir, shipped_data_dir
 
 HUMANEVAL_TEMPLATE = (
     "Complete the following Python function. Reply with the code only.\n\n```python\n{prompt}```"
@@ -253,4 +255,46 @@ def general(split: str, limit: int | None) -> list[Prompt]:
         for r in rows
     ]
     prompts = split_prompts(prompts, split, eval_fraction=GENERAL_EVAL_FRACTION)
+    return prompts[:limit] if limit is not None else prompts
+
+
+CAMPAIGN_EVAL_FRACTION = 0.02  # ~600 of ~30k rows: enough to evaluate, little generation unused
+CAMPAIGN_LONG_TOKENS = 480  # a "long" prompt (the campaign's long-document and long-code kinds)
+
+
+@register_prompt_set(
+    "campaign",
+    "the drafters' training campaign's corpus with its responses (general, long documents and "
+    "code, translation, second turns); $SPECUI_CAMPAIGN_DIR/train.jsonl",
+)
+def campaign(split: str, limit: int | None) -> list[Prompt]:
+    path = campaign_dir() / "train.jsonl"
+    if not path.is_file():
+        raise SpecUIError(
+            f"{path} not found: the training campaign writes it once generation is done"
+            " (bash scripts/campaign.sh)"
+        )
+    rows = {
+        json.loads(line)["id"]: json.loads(line)
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    }
+    prompts = []
+    for p in read_prompt_file(path, source="campaign"):
+        row = rows[p.id]
+        meta = {"kind": row.get("kind", ""), "prompt_tokens": row.get("prompt_tokens", 0)}
+        prompts.append(replace(p, meta=meta))
+    if split != "all":
+        # Salted: the general corpus's rows here all sit in its own training split, which the
+        # unsalted hash decides; a key of their own spreads the held-out rows over every kind.
+        prompts = [
+            p
+            for p in prompts
+            if split_of(f"campaign:{p.content_hash}", CAMPAIGN_EVAL_FRACTION) == split
+        ]
+    if split == "eval":
+        # Long and short prompts alternate, so a bench's first 12 hold both.
+        longs = [p for p in prompts if p.meta["prompt_tokens"] > CAMPAIGN_LONG_TOKENS]
+        shorts = [p for p in prompts if p.meta["prompt_tokens"] <= CAMPAIGN_LONG_TOKENS]
+        prompts = [p for pair in zip_longest(longs, shorts) for p in pair if p is not None]
     return prompts[:limit] if limit is not None else prompts

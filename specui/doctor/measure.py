@@ -18,6 +18,7 @@ import torch
 
 from specui.algorithms.base import DraftContext, Drafter
 from specui.trace import SamplingParams, StepTrace
+from specui.verifier.batched import reference_greedy
 from specui.verifier.model import Verifier
 
 
@@ -78,12 +79,10 @@ def continuations(
 ) -> list[list[int]]:
     """The verifier's greedy continuations (batched; remembered for this process: the
     counterfactuals, the CLI's --vllm and a test suite all reuse them)."""
-    from specui.data.distill import generate_greedy
-
     keys = [(verifier.fingerprint, tuple(p), max_new_tokens) for p in prompts]
     todo = [p for p, key in zip(prompts, keys, strict=True) if key not in _CACHE]
     if todo:
-        for p, cont in zip(todo, generate_greedy(verifier, todo, max_new_tokens), strict=True):
+        for p, cont in zip(todo, reference_greedy(verifier, todo, max_new_tokens), strict=True):
             _CACHE[(verifier.fingerprint, tuple(p), max_new_tokens)] = list(cont)
     return [_CACHE[key] for key in keys]
 

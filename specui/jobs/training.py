@@ -24,7 +24,8 @@ LOG_EVERY_S = 60.0
 def train_job(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     # Imported here: registering the kind (the UI, `specui jobs`) must not import torch.
     from specui.training.config import TrainConfig
-    from specui.training.loop import TrainHooks, train
+    from specui.training.hooks import TrainHooks
+    from specui.training.loop import train
     from specui.training.progress import StageClock
 
     p = dict(params)

@@ -9,12 +9,14 @@ the campaign keeps all its state in one folder (``SPECUI_CAMPAIGN_DIR``, default
     STATE/prompts*.jsonl      the broad corpus's new prompts (``specui.data.broad``), each part
                               built once (PARTS)
     STATE/cache/              the verifier's greedy responses, one line appended per response
+    STATE/train.jsonl         every training row with its response (``materialize``): the file
+                              the drafters train on; its held-out split is the campaign's
     STATE/campaign.log        what each stage did, with rates
     STATE/lock                held while a campaign runs (a second one exits at once)
 
 If the folder is gone, the campaign starts again from the committed corpus (``data/corpus/``),
-losing only what had not been committed.  Stages: ``prompts`` then ``generate``; hidden-state
-extraction and the drafters' training come next, in the same folder.
+losing only what had not been committed.  Stages: ``prompts``, ``generate``, ``materialize``;
+hidden-state extraction and the drafters' training come next, in the same folder.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from specui.data.distill import (
 )
 from specui.data.prompts import Prompt, check_training_prompts, load_prompts, normalize_text
 from specui.errors import SpecUIError
-from specui.paths import shipped_data_dir
+from specui.paths import campaign_dir, shipped_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ CHUNK = 512  # prompts per self_distill call: a kill loses at most the responses
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("SPECUI_CAMPAIGN_DIR", Path.home() / "specui-campaign"))
+    return campaign_dir()
 
 
 @contextmanager
@@ -298,3 +300,70 @@ def generate(
 
 def cache_file(verifier, folder: Path) -> Path:
     return folder / "cache" / cache_name(verifier, MAX_NEW_TOKENS)
+
+
+TRAIN_FILE = "train.jsonl"
+
+
+@dataclass(frozen=True)
+class Materialized:
+    path: Path
+    rows: int
+    general: int  # of them the general corpus's training prompts (128-token responses)
+    missing: int  # campaign prompts without a response yet (left out)
+
+
+def materialize(verifier, folder: Path, seed: int = SEED, partial: bool = False) -> Materialized:
+    """STATE/train.jsonl: the general corpus's training prompts with their shipped responses
+    (capped at 128 tokens) and every campaign prompt with its response (256), one JSON row each
+    (``prompt`` or ``messages``, and ``response_ids``), in one seeded shuffle so that any prefix
+    (a short learning-rate check's ``--num-prompts``) holds every kind.  Training reads it as a
+    prompt file: the rows bring their responses, so nothing is generated again, and the file's
+    own held-out split (the ``campaign`` prompt set's, by content hash) is the campaign's
+    evaluation split.  Refused while
+    prompts still lack a response, unless ``partial`` (tests, a look at a running campaign)."""
+    fingerprint = verifier_fingerprint(verifier)
+    eos = verifier.eos_token_ids
+    shipped = [shipped_data_dir() / "corpus"]
+    general_cache = cached_responses(fingerprint, 128, eos, shipped)
+    campaign_cache = cached_responses(
+        fingerprint, MAX_NEW_TOKENS, eos, [*shipped, folder / "cache"]
+    )
+    out: list[dict] = []
+    for p in load_prompts("general", split="train"):
+        ids = p.encode(verifier)
+        resp = general_cache.get(prompt_key(ids))
+        if resp is not None:
+            out.append(_train_row(p, resp, p.meta.get("kind", "general"), len(ids)))
+    general = len(out)
+    missing = 0
+    for r in campaign_rows(folder):
+        p = row_prompt(r)
+        ids = p.encode(verifier)
+        resp = campaign_cache.get(prompt_key(ids))
+        if resp is None:
+            missing += 1
+        else:
+            out.append(_train_row(p, resp, r["kind"], len(ids)))
+    if missing and not partial:
+        raise SpecUIError(
+            f"{missing} campaign prompts have no response yet: generation is not done"
+        )
+    random.Random(seed).shuffle(out)
+    path = folder / TRAIN_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out), "utf-8")
+    tmp.replace(path)
+    return Materialized(path, len(out), general, missing)
+
+
+def _train_row(p: Prompt, response: Sequence[int], kind: str, prompt_tokens: int) -> dict:
+    row: dict = {"id": p.id, "kind": kind, "prompt_tokens": prompt_tokens}
+    if p.messages is not None:
+        row["messages"] = list(p.messages)
+    elif p.text is not None:
+        row["prompt"] = p.text
+    else:
+        row["prompt_ids"] = list(p.token_ids or ())
+    row["response_ids"] = list(response)
+    return row

@@ -1,34 +1,35 @@
-"""Everything one training run needs, in one dataclass (what the CLI and the job fill in).
+"""Everything one training run needs, in one plain dataclass (what the CLI and the job fill in).
 
-The fields every algorithm shares are declared here; an algorithm's own knobs in its package's
-options class (specui.algorithms.options), held in ``TrainConfig.options`` and read and written
-flat, as if they were fields: ``TrainConfig(algorithm="dflash", block_size=4).block_size``."""
+Each shared setting is one field, declared with :func:`setting`: its default, its help, its
+group.  The train CLI's flag (``specui.commands.train``), the Train tab's widget
+(``specui.ui.train``) and the key in a job's params and a saved ``train_run.json``
+(:meth:`TrainConfig.to_dict` / :meth:`TrainConfig.from_dict`) are all read from the fields, so a
+new setting is its field here and the code that uses it.
+
+An algorithm's own knobs are its package's options dataclass (``<algo>/options.py``, a
+``TrainOptions``), held typed in ``TrainConfig.options`` (``cfg.options.block_size``); a saved
+config and a job's params hold them flat beside the shared fields.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+import types
+import typing
+from dataclasses import dataclass
 from typing import Any
 
-from specui.algorithms.options import check_positive
-from specui.algorithms.spec import (
-    ALGORITHMS,
-    algorithm_names,
-    algorithm_specs,
-    train_defaults,
-    train_knobs,
-)
+from specui.algorithms.options import TrainOptions, check_positive
+from specui.algorithms.spec import ALGORITHMS, algorithm_names, train_knobs
 from specui.data.prompts import mix_sources, refuse_evaluation_sets
 from specui.errors import SpecUIError
-from specui.vllm.install import vllm_python
+from specui.training.vllm_extraction import find_python
 
 SCHEDULES = ("cosine", "linear", "constant")
 EXTRACTION_MODES = ("offline", "online", "mixed")
 PRECISIONS = ("auto", "bf16", "fp32")
-EXTRACTORS = (
-    "local",
-    "vllm",
-)  # who computes the verifier's hidden states (see specui.training.loop)
+EXTRACTORS = ("local", "vllm")  # who computes the verifier's hidden states (training.targets)
+LOSSES = ("ce", "kl")
 
 # What a run trains on unless told otherwise: the corpus the shipped drafters train on,
 # with the response length its shipped responses have (data/corpus/responses-*-n128.jsonl.gz).
@@ -38,110 +39,170 @@ EXTRACTORS = (
 DEFAULT_PROMPTS = "general"
 DEFAULT_MAX_NEW_TOKENS = 128
 
-# The algorithms and their default draft depth (AlgorithmSpec.default_layers: one that
-# trains in minutes on two CPU cores; the papers use 1 (EAGLE-3), 2-4 (P-EAGLE) and 5
-# (DFlash) layers on GPUs) come from the registry, specui.algorithms.spec.
+# How an unknown value's message names a setting (others: by name).
+_WHAT = {"precision": "training precision", "extraction": "extraction mode"}
+
+# The groups of the train CLI's help (and the order the Train tab lists its settings in).
+GROUPS = ("run", "optimisation", "data", "drafter", "loss", "bookkeeping")
 
 
-@dataclass(init=False)
+def setting(
+    default: Any,
+    help: str,
+    *,
+    group: str,
+    flag: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    tab: bool = True,
+) -> Any:
+    """A shared training setting: ``help`` is its CLI help and Train tab label, ``flag`` its
+    CLI flag when not ``--`` + its name, ``choices`` the values it takes; ``tab=False`` keeps
+    it off the Train tab (paths on the server, settings the tab fixes)."""
+    if group not in GROUPS:
+        raise ValueError(f"setting group must be one of {', '.join(GROUPS)}, got {group!r}")
+    meta = {"help": help, "group": group, "flag": flag, "choices": choices, "tab": tab}
+    return dataclasses.field(default=default, metadata=meta)  # MISSING: a required field
+
+
+@dataclass
 class TrainConfig:
-    algorithm: str
-    verifier: str = "embedded"
-    prompts: str = DEFAULT_PROMPTS  # a registered prompt set or a JSONL file
-    out: str = "drafter"  # output folder: final drafter, checkpoints/, metrics.jsonl
+    algorithm: str = setting(dataclasses.MISSING, "the algorithm to train", group="run", tab=False)
+    verifier: str = setting(
+        "embedded", "embedded | HF folder | .gguf file | hub id", group="run", tab=False
+    )
+    prompts: str = setting(
+        DEFAULT_PROMPTS, "a registered prompt set or a JSONL file", group="run", tab=False
+    )
+    out: str = setting(
+        "drafter",
+        "output folder (final drafter, checkpoints/, metrics.jsonl)",
+        group="run",
+        tab=False,
+    )
+    resume: bool = setting(
+        False, "continue from the last checkpoint in --out", group="run", tab=False
+    )
 
     # --- optimisation
-    steps: int = 200
-    batch_size: int = 4  # sequences per step per process
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1  # the schedule decays to lr * min_lr_ratio
-    warmup_steps: int = 20
-    schedule: str = "cosine"
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    seed: int = 0
-    threads: int | None = None  # torch CPU threads (None: torch's default)
-    device: str = "auto"  # auto | cpu | cuda
-    # Matmuls of a training step: bf16 autocast (float32 master weights, softmax and losses),
-    # fp32, or auto: bf16 where the device multiplies it fast (specui.training.loop.compute_dtype).
-    precision: str = "auto"
+    steps: int = setting(200, "optimizer steps", group="optimisation", tab=False)
+    batch_size: int = setting(4, "sequences per step (per process)", group="optimisation")
+    lr: float = setting(6e-4, "learning rate", group="optimisation", tab=False)
+    min_lr_ratio: float = setting(
+        0.1, "the schedule decays to lr * min-lr-ratio", group="optimisation"
+    )
+    warmup_steps: int = setting(20, "steps of linear warmup", group="optimisation")
+    schedule: str = setting(
+        "cosine",
+        "cosine | linear | constant (speculators' none = constant; the warmup still applies)",
+        group="optimisation",
+        choices=SCHEDULES,
+    )
+    weight_decay: float = setting(0.01, "AdamW weight decay", group="optimisation")
+    grad_clip: float = setting(1.0, "gradient norm clip", group="optimisation")
+    seed: int = setting(0, "seed of everything random", group="optimisation")
+    threads: int | None = setting(
+        None, "torch CPU threads (default: torch's)", group="optimisation", tab=False
+    )
+    device: str = setting("auto", "auto | cpu | cuda", group="optimisation", tab=False)
+    # bf16 autocast (float32 master weights, softmax and losses), fp32, or auto: bf16 where the
+    # device multiplies it fast (specui.training.step.compute_dtype).
+    precision: str = setting(
+        "auto",
+        "training matmuls: bf16 autocast with float32 master weights, fp32, or auto "
+        "(bf16 where the CPU has AMX / AVX512-BF16, or on a GPU)",
+        group="data",
+        flag="--matmul-precision",  # --precision elsewhere is the verifier's (specui decode)
+        choices=PRECISIONS,
+    )
 
     # --- data
-    num_prompts: int | None = None  # first N prompts of the train split (None: all)
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # self-distilled response length
-    gen_batch_size: int = 64  # rows the generator decodes at once (continuous batching)
-    max_seq_len: int = 1024  # longer samples are cut (the loss needs the start of the response)
+    num_prompts: int | None = setting(None, "use the first N training prompts", group="data")
+    max_new_tokens: int = setting(
+        DEFAULT_MAX_NEW_TOKENS,
+        "length of the self-distilled responses (default: that of the shipped general "
+        "responses; a longer one generates again every response that reached it: hours on a CPU)",
+        group="data",
+    )
+    gen_batch_size: int = setting(64, "rows the generator decodes at once", group="data")
+    max_seq_len: int = setting(
+        1024, "longer samples are cut (the loss needs the start of the response)", group="data"
+    )
     # mixed: each sample's hidden states and targets extracted once, when first needed, and
     # kept, so a run starts at once and later epochs run no verifier; offline: all of them
     # first (long runs: no verifier in any step); online: never kept (specui.data.hidden)
-    extraction: str = "mixed"
-    extract_batch_tokens: int = 4096  # padded tokens per extraction forward (local extractor)
-    cache_dir: str | None = None  # responses + hidden states (default: OUT/cache)
-    # Hidden states from the verifier in this process ("local") or from a vLLM server the
-    # run launches and stops ("vllm"; it extracts offline, see specui.training.loop).
-    extractor: str = "local"
-    vllm_python: str | None = None  # vLLM's interpreter (default: $SPECUI_VLLM_PYTHON, .venv-vllm)
-    # GPU builds: the share of GPU memory vLLM may take.  The trainer holds the verifier on
-    # the same GPU meanwhile, so vLLM's default (0.9) may not fit.
-    vllm_gpu_memory_utilization: float | None = None
+    extraction: str = setting(
+        "mixed",
+        "hidden states and targets: mixed (each extracted once when first needed, then read "
+        "from disk) | offline (all first: long runs) | online (never kept)",
+        group="data",
+        choices=EXTRACTION_MODES,
+    )
+    extract_batch_tokens: int = setting(
+        4096, "padded tokens per batched extraction forward (local extractor)", group="data"
+    )
+    hidden_store: str = setting(
+        "bf16",
+        "how extracted hidden states are kept on disk: bf16 (vLLM's layout) | int8 (aux taps"
+        " int8 per row: 2.6x smaller, for corpora that would not fit the disk)",
+        group="data",
+        choices=("bf16", "int8"),
+    )
+    cache_dir: str | None = setting(
+        None, "responses and hidden states (default OUT/cache)", group="data", tab=False
+    )
+    extractor: str = setting(
+        "local",
+        "hidden states from the verifier in this process (local) or from a vLLM server the run"
+        " launches, extracting offline and stopping it before training (vllm); both fill the"
+        " same cache",
+        group="data",
+        tab=False,
+    )
+    vllm_python: str | None = setting(
+        None,
+        "with --extractor vllm: vLLM's Python (default $SPECUI_VLLM_PYTHON or "
+        ".venv-vllm/bin/python)",
+        group="data",
+        tab=False,
+    )
+    # GPU builds: the trainer holds the verifier on the same GPU meanwhile, so vLLM's default
+    # (0.9) may not fit.
+    vllm_gpu_memory_utilization: float | None = setting(
+        None,
+        "with --extractor vllm on a GPU: vLLM's share of its memory (the trainer holds the"
+        " verifier there too)",
+        group="data",
+        tab=False,
+    )
 
-    # --- drafter shape (each algorithm's own knobs, block_size ... ttt_steps, live in its
-    # package's options.py: the `options` below, read as attributes, cfg.block_size)
-    layers: int | None = None  # draft decoder layers (default per algorithm)
-    aux_layer_ids: list[int] | None = None  # default: the verifier's [2, n//2, n-3]
-    draft_vocab_size: int | None = None  # reduced draft vocabulary (most frequent tokens)
-    mask_token_id: int | None = None
-    init_from: str | None = None  # warm start from a checkpoint (DSpark from DFlash)
+    # --- drafter shape (each algorithm's own knobs live in its package's options.py)
+    layers: int | None = setting(None, "draft decoder layers", group="drafter", tab=False)
+    aux_layer_ids: list[int] | None = setting(
+        None,
+        "verifier layer ids, e.g. 2,15,27 (or 2 15 27); default the verifier's [2, n//2, n-3]",
+        group="drafter",
+        flag="--aux-layers",
+        tab=False,
+    )
+    draft_vocab_size: int | None = setting(
+        None, "reduced draft vocabulary (most frequent tokens)", group="drafter"
+    )
+    mask_token_id: int | None = setting(None, "the mask token's id", group="drafter")
+    init_from: str | None = setting(
+        None, "warm start from a checkpoint (DSpark from DFlash)", group="drafter", tab=False
+    )
+    loss: str | None = setting(
+        None, "override the per-slot loss: ce | kl (speculators' kl_div = kl)", group="loss",
+        choices=LOSSES,
+    )  # fmt: skip
 
     # --- bookkeeping
-    log_every: int = 10
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
-    resume: bool = False
+    log_every: int = setting(10, "steps between metrics lines", group="bookkeeping")
+    checkpoint_every: int = setting(50, "steps between checkpoints", group="bookkeeping")
+    keep_checkpoints: int = setting(2, "checkpoints kept", group="bookkeeping")
 
-    extra: dict[str, Any] = field(default_factory=dict)  # algorithm-specific knobs
-    # Every registered algorithm's training options (specui.algorithms.spec.train_knobs), flat,
-    # by name, a value for each: what a job's params and a saved run hold, keyword and attribute
-    # alike.  Not only this algorithm's: the CLI passes them all, and each is checked by the
-    # options class that declares it.
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def __init__(self, algorithm: str, **kw: Any) -> None:
-        """The generated __init__ plus the options as keywords: ``TrainConfig(algorithm="dflash",
-        block_size=4)`` (an ``options`` dict, as dataclasses.replace passes it, merges too)."""
-        knobs = train_knobs()
-        options = dict(kw.pop("options", None) or {})
-        options.update({k: kw.pop(k) for k in list(kw) if k in knobs})
-        for f in dataclasses.fields(self):
-            if f.name in ("algorithm", "options"):
-                continue
-            if f.name in kw:
-                value = kw.pop(f.name)
-            elif f.default_factory is not dataclasses.MISSING:
-                value = f.default_factory()
-            else:
-                value = f.default
-            object.__setattr__(self, f.name, value)
-        if kw:
-            unexpected = ", ".join(sorted(kw))
-            raise TypeError(f"TrainConfig() got unexpected keyword arguments: {unexpected}")
-        self.algorithm = algorithm
-        self.options = options
-        self.__post_init__()
-
-    def __getattr__(self, name: str) -> Any:
-        # Only called when normal lookup fails: an algorithm's option, cfg.block_size.
-        options = self.__dict__.get("options")
-        if options is not None and name in options:
-            return options[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        options = self.__dict__.get("options")
-        if options is not None and name in options:
-            options[name] = value
-        else:
-            object.__setattr__(self, name, value)
+    # This algorithm's own knobs (its package's TrainOptions; None: its defaults).
+    options: TrainOptions | None = None
 
     def __post_init__(self) -> None:
         self.algorithm = str(self.algorithm).lower()
@@ -151,20 +212,18 @@ class TrainConfig:
                 f"unknown algorithm {self.algorithm!r}; use one of"
                 f" {', '.join(algorithm_names(trainable=True))}"
             )
-        self._check_options()
-        if self.schedule not in SCHEDULES:
-            raise SpecUIError(
-                f"unknown schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}"
-            )
-        if self.precision not in PRECISIONS:
-            raise SpecUIError(
-                f"unknown training precision {self.precision!r}; use one of {', '.join(PRECISIONS)}"
-            )
-        if self.extraction not in EXTRACTION_MODES:
-            raise SpecUIError(
-                f"unknown extraction mode {self.extraction!r}; use one of"
-                f" {', '.join(EXTRACTION_MODES)}"
-            )
+        cls = spec.train_options_class
+        if self.options is None and cls is not None:
+            self.options = cls()
+        elif cls is not None and not isinstance(self.options, cls):
+            got = type(self.options).__name__
+            raise SpecUIError(f"{self.algorithm}'s options are a {cls.__name__}, got {got}")
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if choices and value is not None and value not in choices:
+                what = _WHAT.get(f.name, f.name.replace("_", " "))
+                raise SpecUIError(f"unknown {what} {value!r}; use one of {', '.join(choices)}")
         check_positive(
             {
                 "steps": self.steps,
@@ -192,34 +251,9 @@ class TrainConfig:
         refuse_evaluation_sets(mix_sources(str(self.prompts)))
         if self.threads is not None and self.threads < 1:
             raise SpecUIError(f"threads must be >= 1, got {self.threads}")
-        if self.extra.get("loss", "ce") not in ("ce", "kl"):
-            raise SpecUIError(f"unknown loss {self.extra['loss']!r}; use ce or kl")
         if self.device not in ("auto", "cpu", "cuda"):
             raise SpecUIError(f"device must be auto, cpu or cuda, got {self.device!r}")
         self._check_extractor()
-
-    def _check_options(self) -> None:
-        """Fill in the defaults (this algorithm's own where it declares a knob) and check every
-        value with the options class that declares it."""
-        knobs = train_knobs()
-        unknown = sorted(set(self.options) - set(knobs))
-        if unknown:
-            raise SpecUIError(f"unknown training options: {', '.join(unknown)}")
-        defaults = train_defaults(self.algorithm)
-        self.__dict__["options"] = {name: self.options.get(name, defaults[name]) for name in knobs}
-        for spec in algorithm_specs():
-            cls = spec.train_options_class if spec.trainable else None
-            if cls is not None:
-                self._options_of(cls)  # its __post_init__ checks the values
-
-    def _options_of(self, cls: type) -> Any:
-        return cls(**{f.name: self.options[f.name] for f in dataclasses.fields(cls)})
-
-    @property
-    def algorithm_options(self) -> Any:
-        """This algorithm's options as its own TrainOptions (None: it declares none)."""
-        cls = ALGORITHMS[self.algorithm].train_options_class
-        return None if cls is None else self._options_of(cls)
 
     def _check_extractor(self) -> None:
         self.extractor = str(self.extractor).lower()
@@ -238,30 +272,58 @@ class TrainConfig:
             raise SpecUIError(f"vllm-gpu-memory-utilization must be in (0, 1], got {u}")
         # Found now, not after the self-distillation (which can take hours): the same
         # look-up the vLLM server launch does.
-        vllm_python(self.vllm_python)
+        find_python(self.vllm_python)
 
     @property
     def num_layers(self) -> int:
         return self.layers or ALGORITHMS[self.algorithm].default_layers
 
-    def to_dict(self) -> dict[str, Any]:
-        """Flat, the options beside the shared fields: a job's params, a saved run's config."""
-        d = dataclasses.asdict(self)
-        return d | d.pop("options")
+    @classmethod
+    def settings(cls) -> list[dataclasses.Field]:
+        """The shared settings (every field but ``options``), in declaration order."""
+        return [f for f in dataclasses.fields(cls) if f.name != "options"]
 
     @classmethod
-    def config_keys(cls) -> list[str]:
-        """Every key of to_dict and from_dict: the shared fields, then the options by name."""
-        shared = [f.name for f in dataclasses.fields(cls) if f.name != "options"]
-        return shared + list(train_knobs())
+    def setting_type(cls, f: dataclasses.Field) -> type:
+        """The type a setting's value has when set: ``int`` for ``int | None``, ``list`` for
+        ``list[int] | None``."""
+        hint = typing.get_type_hints(cls)[f.name]
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            kinds = [a for a in typing.get_args(hint) if a is not type(None)]
+            hint = kinds[0] if len(kinds) == 1 else hint
+        return typing.get_origin(hint) or hint  # list for list[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat, this algorithm's options beside the shared fields: a job's params, a saved
+        run's config."""
+        d = {f.name: getattr(self, f.name) for f in self.settings()}
+        if d["aux_layer_ids"] is not None:
+            d["aux_layer_ids"] = list(d["aux_layer_ids"])
+        return d | (dataclasses.asdict(self.options) if self.options is not None else {})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """From a job's params or a saved run: unknown keys are an error, not ignored."""
-        names = set(cls.config_keys())
-        unknown = sorted(set(d) - names)
+        """From a job's params, a saved run or parsed flags, flat: unknown keys are an error.
+
+        Another algorithm's knobs are known names, and ignored (a saved run of an older SpecUI
+        holds every algorithm's; speculators' CLI takes any).  ``extra``: an older run's
+        ``{"loss": ...}``."""
+        d = dict(d)
+        if "algorithm" not in d or d["algorithm"] is None:
+            raise SpecUIError("training options need an 'algorithm'")
+        legacy = d.pop("extra", None) or {}
+        if set(legacy) - {"loss"}:
+            raise SpecUIError(f"unknown training options: {', '.join(sorted(legacy))}")
+        if "loss" in legacy and d.get("loss") is None:
+            d["loss"] = legacy["loss"]
+        shared = {f.name for f in cls.settings()}
+        knobs = train_knobs()
+        unknown = sorted(set(d) - shared - set(knobs))
         if unknown:
             raise SpecUIError(f"unknown training options: {', '.join(unknown)}")
-        if "algorithm" not in d:
-            raise SpecUIError("training options need an 'algorithm'")
-        return cls(**d)
+        spec = ALGORITHMS.get(str(d["algorithm"]).lower())
+        options = None
+        if spec is not None and spec.trainable and spec.train_options_class is not None:
+            own = spec.train_options_class
+            options = own(**{f.name: d[f.name] for f in dataclasses.fields(own) if f.name in d})
+        return cls(**{k: v for k, v in d.items() if k in shared}, options=options)

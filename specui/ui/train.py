@@ -66,6 +66,39 @@ def shown_options(name: str, widgets: list[str]) -> list[dict[str, Any]]:
     return [{"visible": w in reads, "value": defaults[w]} for w in widgets]
 
 
+def setting_widgets() -> dict[str, Any]:
+    """A widget per shared training setting (TrainConfig's fields) the tab does not show by
+    hand (``tab=False``: those, and the server's paths), by name: its default, its help."""
+    widgets: dict[str, Any] = {}
+    for f in TrainConfig.settings():
+        if not f.metadata.get("tab", True):
+            continue
+        help_text = f.metadata["help"]
+        kw = {
+            "label": f"{help_text[:1].upper()}{help_text[1:]}",
+            "elem_id": f"train-setting-{f.name}",
+        }
+        kind, choices = TrainConfig.setting_type(f), f.metadata.get("choices")
+        if kind is bool:
+            widgets[f.name] = gr.Checkbox(f.default, **kw)
+        elif choices:
+            widgets[f.name] = gr.Dropdown(list(choices), value=f.default, **kw)
+        elif kind in (int, float):
+            widgets[f.name] = gr.Number(f.default, precision=0 if kind is int else None, **kw)
+        else:
+            widgets[f.name] = gr.Textbox(f.default or "", **kw)
+    return widgets
+
+
+def _setting_value(name: str, value: Any) -> Any:
+    """A setting widget's value as its field's type (None: left unset)."""
+    f = next(f for f in TrainConfig.settings() if f.name == name)
+    if value is None or value == "":
+        return None
+    kind = TrainConfig.setting_type(f)
+    return kind(value) if kind in (int, float, str, bool) else value
+
+
 # Where the verifier's hidden states come from (TrainConfig.extractor): (label, value).
 EXTRACTORS = [
     ("local (the training process)", "local"),
@@ -120,8 +153,9 @@ def start_training(
     extractor: str = "local",
     options: Mapping[str, Any] | None = None,
 ) -> int:
-    """Queue a train job; ``options``: more algorithm options by name (option_widgets'), those
-    at the algorithm's default left out of the job's params."""
+    """Queue a train job; ``options``: more algorithm options and shared settings by name
+    (option_widgets' and setting_widgets'), those at their default left out of the job's
+    params."""
     if algorithm not in algorithm_choices():
         raise SpecUIError(f"unknown algorithm {algorithm!r}")
     name = name.strip() or f"{algorithm}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -157,7 +191,13 @@ def start_training(
     if extractor != "local":
         params["extractor"] = extractor
     knobs, defaults = train_knobs(), train_defaults(algorithm)
+    settings = {f.name: f for f in TrainConfig.settings() if f.metadata.get("tab", True)}
     for key, value in (options or {}).items():
+        if key in settings:
+            value = _setting_value(key, value)
+            if value is not None and value != settings[key].default:
+                params[key] = value
+            continue
         if key not in knobs:
             raise SpecUIError(f"unknown training option {key!r}")
         value = type(knobs[key].default)(value)  # a Number widget's float for an int option
@@ -223,6 +263,8 @@ def build(store: Store) -> None:
             )
             with gr.Accordion("More algorithm options", open=False):
                 options = option_widgets()
+            with gr.Accordion("More training settings", open=False):
+                settings = setting_widgets()
             name = gr.Textbox(label="Name (the speculator's folder)", elem_id="train-name")
             start = gr.Button("Start training", variant="primary", elem_id="train-start")
             started = gr.Markdown(elem_id="train-started")
@@ -238,6 +280,8 @@ def build(store: Store) -> None:
                 acc = gr.Plot()
             log = gr.Textbox(label="Log tail", lines=10, max_lines=20, autoscroll=True)
     timer = gr.Timer(2.0)
+
+    generated = {**options, **settings}  # the /train API's inputs after the hand-wired ones
 
     # The request first: gradio passes it only among the positional parameters, before *values.
     def on_start(request: gr.Request, a, v, p, s, b, an, ly, lr_, n, ex, *values):
@@ -256,7 +300,7 @@ def build(store: Store) -> None:
                 n,
                 owner,
                 ex or "local",
-                dict(zip(options, values, strict=True)),
+                dict(zip(generated, values, strict=True)),
             )
         except SpecUIError as e:
             return f"❌ {e}", gr.update()
@@ -277,10 +321,10 @@ def build(store: Store) -> None:
         [anchors, *options.values()],
     )
 
-    # The extractor and the generated options last: /train callers that pass the first nine
-    # inputs keep working.
+    # The extractor, the generated options and settings last: /train callers that pass the first
+    # nine inputs keep working.
     inputs = [algorithm, verifier, prompts, steps, block, anchors, layers, lr, name, extractor]
-    start.click(on_start, [*inputs, *options.values()], [started, pick], api_name="train")
+    start.click(on_start, [*inputs, *generated.values()], [started, pick], api_name="train")
     refresh.click(lambda: gr.update(choices=job_choices(store)), None, pick)
     pick.change(lambda c: job_view(store, c), pick, [head, loss, acc, log])
     timer.tick(lambda c: job_view(store, c), pick, [head, loss, acc, log])

@@ -7,7 +7,8 @@
 - ``fingerprint``: the weights fingerprint stored with every run (``model_fingerprint``,
   ``folder_fingerprint``, ``weights_fingerprint``).
 - ``batch_invariant``: the bf16 / int8 / gguf verifiers whose block and one-token logits are
-  bit-identical; ``decoder``: their step as plain torch ops over a preallocated KV cache.
+  bit-identical; ``decoder``: their step as plain torch ops over a preallocated KV cache;
+  ``batched``: greedy generation on those ops, continuously batched (self-distillation).
 - ``gguf_weights``: a GGUF file's own blocks for the gguf precision; ``gguf_layers``: the gguf
   verifier's layers in one C call.  The CPU kernels they run on (matmuls, row-wise attention,
   the one-call layers) are ``specui.kernels``.

@@ -76,21 +76,22 @@ class KVBuffer:
         self.data = grown
 
 
-def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # transformers' LlamaRMSNorm on a float32 stream, op for op (same bits).
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm on a float32 stream, op for op (same bits)."""
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
 def signed_sin(sin: torch.Tensor) -> torch.Tensor:
     """A rotary sin table ``[..., d]`` with rotate_half's signs (the first half negated): what
-    ``_rotate`` takes."""
+    :func:`rotate` takes."""
     half = sin.shape[-1] // 2
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    # [n, heads, d] with cos/sin [n, 1, d]; transformers' apply_rotary_pos_emb, same bits in fewer
-    # ops: its cat(-x2, x1) * sin is x.roll(d/2) * cat(-sin1, sin2), as (-a) b == a (-b) exactly.
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` [n, heads, d] with cos / signed sin [n, 1, d]."""
+    # transformers' apply_rotary_pos_emb, same bits in fewer ops: its cat(-x2, x1) * sin is
+    # x.roll(d/2) * cat(-sin1, sin2), as (-a) b == a (-b) exactly.
     return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
@@ -105,10 +106,10 @@ class _Layer:
             layer.post_attention_layernorm.variance_epsilon,
         )
         self.q, self.k, self.v, self.o = (
-            _packed(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+            packed_weights(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
         )
         self.gate, self.up, self.down = (
-            _packed(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+            packed_weights(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         )
         # int8: q/k/v and gate/up fused (batch_invariant._fuse_int8_layers); bf16 keeps them
         # apart (fused bf16 measured no faster, and the separate ones are transformers' bits).
@@ -121,7 +122,8 @@ class _Layer:
         self.scaling = attn.scaling
 
 
-def _packed(m: nn.Module) -> object:
+def packed_weights(m: nn.Module) -> object:
+    """What :func:`packed_matmul` (or the int8 / gguf matmul) reads of a batch-invariant linear."""
     if isinstance(m, Int8Linear):
         return m.weight_q8
     if isinstance(m, GGUFLinear):
@@ -130,14 +132,15 @@ def _packed(m: nn.Module) -> object:
     return m.weight_packed, bias, m.weight_kernel, m.bias_f32
 
 
-def _mm(xb: torch.Tensor, w: tuple, n: int) -> torch.Tensor:
+def packed_matmul(xb: torch.Tensor, w: tuple, n: int) -> torch.Tensor:
     """``BF16Linear`` on an already cast (and, for oneDNN, padded) input: float32 ``[n, out]``."""
     if w[2] is not None:  # AMX, every row count
         return kernels.bf16_matmul(xb, w[2], w[3])
     return _linear(xb, w[0], w[1], "none", [], "")[:n].float()
 
 
-def _bf16_rows(x: torch.Tensor) -> torch.Tensor:
+def bf16_rows(x: torch.Tensor) -> torch.Tensor:
+    """Float rows cast for oneDNN's packed bf16 linear (:func:`packed_matmul`)."""
     # One row is padded to two: oneDNN's 1-row kernel sums in another order (BF16Linear).
     return (
         x.to(torch.bfloat16).expand(2, -1).contiguous() if x.shape[0] == 1 else x.to(torch.bfloat16)
@@ -205,10 +208,10 @@ class FastDecoder:
             self.rows, self.mm = _float_rows, gguf_matmul
         else:  # on AMX (specui.kernels) unpadded rows, else padded for oneDNN
             kernel = model.get_output_embeddings().weight_kernel is not None
-            self.rows, self.mm = (_bf16_rows_kernel if kernel else _bf16_rows), _mm
+            self.rows, self.mm = (_bf16_rows_kernel if kernel else bf16_rows), packed_matmul
         self.config = cfg
         self.embed = model.get_input_embeddings().weight
-        self.head = _packed(model.get_output_embeddings())
+        self.head = packed_weights(model.get_output_embeddings())
         self.final_norm = (model.model.norm.weight, model.model.norm.variance_epsilon)
         self.layers = [_Layer(layer) for layer in model.model.layers]
         self.heads = cfg.num_attention_heads
@@ -265,7 +268,7 @@ class FastDecoder:
             h = self._layers(h, cos, sin, kv, start, taps, out)
         cache.length = end
         last = h if keep == 0 else h[-keep:]
-        logits = self.mm(self.rows(_norm(last, *self.final_norm)), self.head, last.shape[0])
+        logits = self.mm(self.rows(rms_norm(last, *self.final_norm)), self.head, last.shape[0])
         return logits, out
 
     def _layers(
@@ -285,7 +288,7 @@ class FastDecoder:
         nh, kvh, d = self.heads, self.kv_heads, self.head_dim
         rows, mm = self.rows, self.mm
         for i, layer in enumerate(self.layers):
-            xb = rows(_norm(h, layer.ln1, layer.eps1))
+            xb = rows(rms_norm(h, layer.ln1, layer.eps1))
             if layer.qkv is not None:
                 q, k, v = mm(xb, layer.qkv, n).split((nh * d, kvh * d, kvh * d), dim=-1)
                 q, k, v = q.reshape(n, nh, d), k.reshape(n, kvh, d), v.reshape(n, kvh, d)
@@ -294,14 +297,14 @@ class FastDecoder:
                 k = mm(xb, layer.k, n).view(n, kvh, d)
                 v = mm(xb, layer.v, n).view(n, kvh, d)
             if layer.q_norm is not None:
-                q = _norm(q, *layer.q_norm)
-                k = _norm(k, *layer.k_norm)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+                q = rms_norm(q, *layer.q_norm)
+                k = rms_norm(k, *layer.k_norm)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             kv[i, 0, :, start:end] = k.transpose(0, 1)
             kv[i, 1, :, start:end] = v.transpose(0, 1)
             attn = self._attention(q, kv[i, 0, :, :end], kv[i, 1, :, :end], layer.scaling, start)
             h = h + mm(rows(attn), layer.o, n)
-            xb = rows(_norm(h, layer.ln2, layer.eps2))
+            xb = rows(rms_norm(h, layer.ln2, layer.eps2))
             if layer.gate_up is not None:
                 gate, up = mm(xb, layer.gate_up, n).chunk(2, dim=-1)
                 gated = F.silu(gate) * up

@@ -46,17 +46,10 @@ import httpx
 from specui.errors import SpecUIError
 from specui.paths import REPO_ROOT, data_dir
 from specui.vllm.install import check_installed
-from specui.vllm.install import is_cpu_build as is_cpu_build
-from specui.vllm.install import vllm_python as vllm_python
 from specui.vllm.launch_plan import LaunchPlan, ServerConfig, plan_launch
-from specui.vllm.launch_plan import resolve_model as resolve_model
 from specui.vllm.watchdog import group_alive
 
 log = logging.getLogger(__name__)
-
-# is_cpu_build, vllm_python and resolve_model are imported above only for specui/training/
-# loop.py's vLLM extraction, which still reaches them through this module; their homes are
-# install.py and launch_plan.py.
 
 
 class ServerState(StrEnum):

@@ -169,8 +169,8 @@ def test_the_toys_own_knob_reaches_the_cli_the_train_tab_and_the_saved_config(
     assert "--toy-wobble TOY_WOBBLE ToyFlash wobble of the toy's blocks" in help_text
     argv = ["train", "--algorithm", toy, "--out", str(tmp_path / "out"), "--toy-wobble", "0.25"]
     cfg = build_config(build_parser().parse_args(argv))
-    assert cfg.toy_wobble == 0.25 and cfg.algorithm_options.toy_wobble == 0.25
-    assert build_config(build_parser().parse_args(argv[:5])).toy_wobble == 0.5  # its default
+    assert cfg.options.toy_wobble == 0.25
+    assert build_config(build_parser().parse_args(argv[:5])).options.toy_wobble == 0.5  # default
     with pytest.raises(SpecUIError, match=r"toy-wobble must be in \[0, 1\], got 2.0"):
         build_config(build_parser().parse_args([*argv[:5], "--toy-wobble", "2"]))
 
@@ -188,7 +188,7 @@ def test_the_toys_own_knob_reaches_the_cli_the_train_tab_and_the_saved_config(
     job_id = train_tab.start_training(
         store, toy, *TRAIN_TAB_INPUTS, "wobbly", None, options={"toy_wobble": 0.25}
     )
-    assert TrainConfig.from_dict(store.get_job(job_id).params).toy_wobble == 0.25
+    assert TrainConfig.from_dict(store.get_job(job_id).params).options.toy_wobble == 0.25
     store.close()
 
 
@@ -208,7 +208,7 @@ def test_a_toy_checkpoint_loads_trains_and_exports_to_vllm(
     assert type(loaded).__name__ == "ToyDrafter" and loaded.algorithm == toy
     assert torch.equal(loaded.model.fc.weight, drafter.model.fc.weight)
 
-    cfg = TrainConfig(algorithm=toy, out=str(tmp_path / "run"), block_size=4)
+    cfg = TrainConfig.from_dict({"algorithm": toy, "out": str(tmp_path / "run"), "block_size": 4})
     model = objective_for(cfg, fixture_verifier).build()
     assert type(model).__name__ == "ToyModel" and len(model.layers) == 1  # the spec's default depth
 

@@ -10,10 +10,17 @@ import torch
 from safetensors.torch import load_file
 
 from specui.data import load_prompts, prompt_sets, read_prompt_file
-from specui.data.distill import TokenSample, generate_greedy, self_distill, synthetic_prompts
-from specui.data.hidden import HiddenStateStore, LocalExtractor, read_sample, write_sample
+from specui.data.distill import TokenSample, self_distill, synthetic_prompts
+from specui.data.hidden import (
+    HiddenStateStore,
+    LocalExtractor,
+    bytes_per_token,
+    read_sample,
+    write_sample,
+)
 from specui.data.prompts import Prompt, split_of, write_prompt_file
 from specui.errors import SpecUIError
+from specui.verifier.batched import reference_greedy
 
 # --- prompt sets -----------------------------------------------------------------------------
 
@@ -162,26 +169,26 @@ def id_prompts(fixture_verifier):
 
 
 def test_batched_greedy_generation_equals_one_by_one(fixture_verifier, id_prompts):
-    batched = generate_greedy(fixture_verifier, [p.token_ids for p in id_prompts], 12)
-    single = [generate_greedy(fixture_verifier, [p.token_ids], 12)[0] for p in id_prompts]
+    batched = reference_greedy(fixture_verifier, [p.token_ids for p in id_prompts], 12)
+    single = [reference_greedy(fixture_verifier, [p.token_ids], 12)[0] for p in id_prompts]
     assert batched == single
     assert all(len(r) == 12 for r in batched)  # the fixture has no EOS: full length
 
 
 def test_greedy_response_is_the_verifier_argmax(fixture_verifier, id_prompts):
     p = id_prompts[0]
-    (resp,) = generate_greedy(fixture_verifier, [p.token_ids], 6)
+    (resp,) = reference_greedy(fixture_verifier, [p.token_ids], 6)
     ids = torch.tensor([*p.token_ids, *resp])
     logits = fixture_verifier.forward(ids).logits
     assert logits[len(p.token_ids) - 1 : -1].argmax(-1).tolist() == list(resp)
 
 
 def test_generation_stops_after_eos(fixture_verifier, id_prompts):
-    (free,) = generate_greedy(fixture_verifier, [id_prompts[0].token_ids], 10)
+    (free,) = reference_greedy(fixture_verifier, [id_prompts[0].token_ids], 10)
     eos = free[3]
     fixture_verifier.model.generation_config.eos_token_id = eos
     try:
-        (cut,) = generate_greedy(fixture_verifier, [id_prompts[0].token_ids], 10)
+        (cut,) = reference_greedy(fixture_verifier, [id_prompts[0].token_ids], 10)
     finally:
         fixture_verifier.model.generation_config.eos_token_id = None
     assert cut == free[: free.index(eos) + 1]
@@ -199,7 +206,7 @@ def test_responses_are_cached_on_disk(fixture_verifier, id_prompts, tmp_path, mo
     def no_generation(*a, **k):
         raise AssertionError("generated although cached")
 
-    monkeypatch.setattr("specui.data.distill.generate_greedy", no_generation)
+    monkeypatch.setattr("specui.data.generate.reference_greedy", no_generation)
     monkeypatch.setattr("specui.data.generate.generate_responses", no_generation)
     assert (
         self_distill(
@@ -419,6 +426,43 @@ def test_a_file_without_targets_gets_them_once(fixture_verifier, samples, tmp_pa
     )
     again = read_sample(path, len(AUX), head)
     assert torch.equal(again.target_ids, s.target_ids) and len(calls) == 1  # stored, not recomputed
+
+
+def test_int8_store_is_the_bf16_store_in_under_half_the_bytes(fixture_verifier, samples, tmp_path):
+    """The campaign's compact store: aux taps int8 per row, no tap[N], targets kept."""
+    bf16 = LocalExtractor(fixture_verifier, AUX, dtype=torch.float32)
+    int8 = LocalExtractor(fixture_verifier, AUX, dtype=torch.float32, store="int8")
+    a = [read_sample(p, len(AUX)) for p in bf16.extract(samples, tmp_path / "bf16")]
+    paths = int8.extract(samples, tmp_path / "int8")
+    b = [read_sample(p, len(AUX)) for p in paths]
+    H = fixture_verifier.hidden_size
+    for sa, sb, s in zip(a, b, samples, strict=True):
+        assert torch.equal(sa.input_ids, sb.input_ids) and torch.equal(sa.loss_mask, sb.loss_mask)
+        assert torch.equal(sa.target_ids, sb.target_ids)
+        finite = sa.target_logprobs.isfinite()
+        assert torch.equal(finite, sb.target_logprobs.isfinite())
+        torch.testing.assert_close(  # float16 log-probs
+            sb.target_logprobs[finite], sa.target_logprobs[finite], atol=1e-2, rtol=1e-3
+        )
+        # Per row, the int8 error is at most half a step of that row's scale (plus bf16's).
+        exact = fixture_verifier.taps(torch.tensor(s.input_ids), AUX)  # [T, n_aux, H]
+        step = exact.abs().amax(-1, keepdim=True) / 127
+        err = (sb.hidden_states.view_as(exact) - exact).abs()
+        assert (err <= 0.5 * step + 1e-6).all()
+    t = load_file(str(paths[0]))
+    assert t["hidden_states"].dtype == torch.int8 and t["hidden_states"].shape[1] == len(AUX)
+    per = bytes_per_token(len(AUX) + 1, H, store="int8")
+    assert per < bytes_per_token(len(AUX) + 1, H) / 2
+    assert paths[0].stat().st_size <= per * len(samples[0]) + 2048  # + the safetensors header
+
+
+def test_int8_store_needs_the_targets(fixture_verifier, samples, tmp_path):
+    taps = torch.randn(5, len(AUX) + 1, 8)
+    ids = torch.arange(5)
+    with pytest.raises(SpecUIError, match="needs the targets"):
+        write_sample(tmp_path / "x.safetensors", taps, ids, ids, store="int8")
+    with pytest.raises(SpecUIError, match="hidden-state store"):
+        write_sample(tmp_path / "x.safetensors", taps, ids, ids, store="int4")
 
 
 def test_extraction_refuses_a_disk_too_small(fixture_verifier, samples, tmp_path, monkeypatch):

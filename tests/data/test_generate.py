@@ -1,4 +1,5 @@
-"""The batched greedy generator (specui.data.generate) and self_distill on top of it."""
+"""The verifier's batched greedy decoder (specui.verifier.batched), held to transformers'
+`generate` (its reference), and self_distill on top of it (specui.data.generate)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import torch
 from specui.data.distill import (
     cache_name,
     distill_in_processes,
-    generate_greedy,
     self_distill,
     synthetic_prompts,
 )
-from specui.data.generate import BatchedGreedy, generate_responses, unsupported_reason
+from specui.data.generate import generate_responses
 from specui.data.prompts import Prompt
 from specui.errors import SpecUIError
+from specui.verifier.batched import BatchedDecoder, reference_greedy, unsupported_reason
 from tests.support.verifiers import make_tiny_verifier
 
 EOS = 3
@@ -38,8 +39,8 @@ def tiny():
 
 def test_batched_fp32_equals_one_prompt_at_a_time(tiny):
     prompts = _prompts(13)
-    alone = [generate_greedy(tiny, [p], 30)[0] for p in prompts]
-    generator = BatchedGreedy(tiny, torch.float32, slots=4)
+    alone = [reference_greedy(tiny, [p], 30)[0] for p in prompts]
+    generator = BatchedDecoder(tiny, torch.float32, slots=4)
     batched = generate_responses(tiny, prompts, 30, batch_size=4, generator=generator)
     assert batched == alone
     lengths = {len(r) for r in alone}
@@ -52,7 +53,7 @@ def test_batched_fp32_equals_one_prompt_at_a_time(tiny):
 def test_slots_are_refilled_as_rows_finish(tiny):
     prompts = _prompts(5, seed=7, lo=3, hi=15)
     assert len({len(p) for p in prompts}) > 2
-    generator = BatchedGreedy(tiny, torch.float32, slots=2)
+    generator = BatchedDecoder(tiny, torch.float32, slots=2)
     finished, progress, live = [], [], []
 
     step = generator.step
@@ -78,12 +79,12 @@ def test_slots_are_refilled_as_rows_finish(tiny):
     # Two rows in flight until the prompts run out, then one: never a step on a finished row.
     assert live[0] == 2 and max(live) == 2 and live[-1] == 1
     assert live == sorted(live, reverse=True)
-    assert out == [generate_greedy(tiny, [p], 12)[0] for p in prompts]
+    assert out == [reference_greedy(tiny, [p], 12)[0] for p in prompts]
 
 
 def test_bf16_batched_matches_fp32_greedy_on_the_tiny_model(tiny):
     prompts = _prompts(6, seed=3)
-    fp32 = [generate_greedy(tiny, [p], 16)[0] for p in prompts]
+    fp32 = [reference_greedy(tiny, [p], 16)[0] for p in prompts]
     bf16 = generate_responses(tiny, prompts, 16, batch_size=3, dtype=torch.bfloat16)
     # bf16 weights on a random model: most, not necessarily all, tokens agree.
     same = sum(a == b for r, s in zip(fp32, bf16, strict=True) for a, b in zip(r, s, strict=False))
@@ -116,9 +117,11 @@ def test_a_model_the_loop_does_not_cover_falls_back_to_transformers():
     assert "gelu" in unsupported_reason(gelu)
     prompts = _prompts(5, seed=5)
     # The loop computes SiLU: had it run, some tokens would differ from the model's own.
-    assert generate_responses(gelu, prompts, 10, batch_size=2) == generate_greedy(gelu, prompts, 10)
+    assert generate_responses(gelu, prompts, 10, batch_size=2) == reference_greedy(
+        gelu, prompts, 10
+    )
     with pytest.raises(SpecUIError, match="gelu"):
-        BatchedGreedy(gelu)
+        BatchedDecoder(gelu)
 
 
 def test_bad_arguments_are_user_errors(tiny):
@@ -231,13 +234,13 @@ def test_embedded_bf16_batched_agrees_with_fp32_as_well_as_transformers_bf16(emb
 
     v = embedded_verifier
     prompts = [p.encode(v) for p in load_prompts("general", split="train", limit=8)]
-    fp32 = [generate_greedy(v, [p], 24)[0] for p in prompts]
+    fp32 = [reference_greedy(v, [p], 24)[0] for p in prompts]
     bf16_model = copy.copy(v)
     bf16_model.model = copy.deepcopy(v.model).to(torch.bfloat16)
-    hf_bf16 = generate_greedy(bf16_model, prompts, 24)
+    hf_bf16 = reference_greedy(bf16_model, prompts, 24)
     fast = generate_responses(v, prompts, 24, batch_size=3, dtype=torch.bfloat16)
     eos = v.eos_token_ids
-    for r in fast:  # cut as generate_greedy cuts: after the first EOS, kept
+    for r in fast:  # cut as reference_greedy cuts: after the first EOS, kept
         assert len(r) <= 24 and not any(t in eos for t in r[:-1])
         assert len(r) == 24 or r[-1] in eos
     assert _agreement(fp32, fast) >= _agreement(fp32, hf_bf16)

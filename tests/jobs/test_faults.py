@@ -34,13 +34,15 @@ from specui.errors import SpecUIError
 from specui.jobs import Runner, queue, run_job
 from specui.store import JobStatus, RunStatus, Store, pid_alive
 from specui.training.config import TrainConfig
-from specui.training.loop import TrainHooks, make_optimizer, train
+from specui.training.hooks import TrainHooks
+from specui.training.loop import train
 from specui.training.state import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
+from specui.training.step import make_optimizer
 from tests.support.paths import REPO
 from tests.support.store_helpers import make_trace, record
 

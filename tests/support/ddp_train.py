@@ -9,14 +9,14 @@ import sys
 import torch
 from safetensors.torch import save_file
 
-from specui.training import loop
+from specui.training import loop, step
 from specui.training.config import TrainConfig
 
 torch.set_num_threads(1)
 out, verifier, prompts, cache = sys.argv[1:5]
 rank = os.environ["RANK"]
 
-build = loop.StepModule.__init__
+build = step.StepModule.__init__
 
 
 def record_init(self, model, objective):  # the weights every rank starts from
@@ -28,7 +28,7 @@ def record_init(self, model, objective):  # the weights every rank starts from
     build(self, model, objective)
 
 
-loop.StepModule.__init__ = record_init
+step.StepModule.__init__ = record_init
 where = dict(verifier=verifier, prompts=prompts, out=out, cache_dir=cache)
 schedule = dict(steps=4, batch_size=2, lr=3e-3, warmup_steps=1, log_every=2, checkpoint_every=100)
 cfg = TrainConfig(

@@ -92,8 +92,8 @@ def checkpoint_trials(root: Path, verifier_path: str) -> None:
 
     from specui.algorithms import create_drafter
     from specui.training.config import TrainConfig
-    from specui.training.loop import make_optimizer
     from specui.training.state import save_checkpoint
+    from specui.training.step import make_optimizer
     from specui.verifier.model import Verifier
 
     torch.set_num_threads(1)  # no OpenMP pool: forking stays safe
@@ -119,7 +119,8 @@ def checkpoint_trials(root: Path, verifier_path: str) -> None:
 
 def state_trials(root: Path) -> None:
     from specui.atomic import write_json
-    from specui.training.loop import METRICS_FILE, RUN_FILE, _trim_metrics
+    from specui.training.checkpoint import RUN_FILE
+    from specui.training.evaluation import METRICS_FILE, trim_metrics
 
     template = root / "template"
     template.mkdir(parents=True)
@@ -128,7 +129,7 @@ def state_trials(root: Path) -> None:
 
     def write(trial: Path) -> None:
         write_json(trial / RUN_FILE, NEW_RUN)
-        _trim_metrics(trial / METRICS_FILE, 4)
+        trim_metrics(trial / METRICS_FILE, 4)
 
     run_trials(root, write)
 

@@ -237,3 +237,75 @@ def test_shards_split_the_prompts_and_together_answer_all(tmp_path, embedded_ver
     assert 0 < first < 12  # one shard answers its share only (these keys fall to both)
     campaign.generate(embedded_verifier, tmp_path, torch.float32, max_new_tokens=3, shard=(1, 2))
     assert campaign.status(embedded_verifier, tmp_path, max_new_tokens=3).done == 12
+
+
+@pytest.mark.slow
+def test_materialized_rows_bring_the_responses_training_would_look_up(
+    tmp_path, embedded_verifier, monkeypatch
+):
+    """train.jsonl read as a prompt file gives prompts whose cache keys are the campaign's: the
+    response each row brings is the one generation cached for it."""
+    from specui.data.distill import cache_name, prompt_key
+
+    rows = [
+        {
+            "id": "t/0",
+            "prompt": "Name a colour.",
+            "kind": "chat",
+            "source": "t",
+            "prompt_tokens": 9,
+        },
+        {
+            "id": "t/1",
+            "messages": [
+                {"role": "user", "content": "Say hi."},
+                {"role": "assistant", "content": "Hi!"},
+                {"role": "user", "content": "Again, louder."},
+            ],
+            "kind": "second_turn",
+            "source": "t",
+            "prompt_tokens": 30,
+        },
+        {
+            "id": "t/2",
+            "prompt": "Not answered yet.",
+            "kind": "chat",
+            "source": "t",
+            "prompt_tokens": 9,
+        },
+    ]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = tmp_path / "cache" / cache_name(embedded_verifier, campaign.MAX_NEW_TOKENS)
+    cache.parent.mkdir()
+    answers = {}
+    for i, r in enumerate(rows[:2]):
+        key = prompt_key(campaign.row_prompt(r).encode(embedded_verifier))
+        answers[r["id"]] = [100 + i, 200 + i, min(embedded_verifier.eos_token_ids)]
+        cache.open("a").write(json.dumps({"key": key, "response_ids": answers[r["id"]]}) + "\n")
+
+    with pytest.raises(SpecUIError, match="1 campaign prompts have no response"):
+        campaign.materialize(embedded_verifier, tmp_path)
+    m = campaign.materialize(embedded_verifier, tmp_path, partial=True)
+    assert m.missing == 1 and m.rows == m.general + 2 and m.general > 9000
+    loaded = {p.id: p for p in load_prompts(m.path, split="all")}
+    assert "t/2" not in loaded
+    for r in rows[:2]:
+        p = loaded[r["id"]]
+        assert list(p.response_ids) == answers[r["id"]]
+        assert p.encode(embedded_verifier) == campaign.row_prompt(r).encode(embedded_verifier)
+    # Shuffled: the campaign's rows are not all at the end.
+    order = m.path.read_text().splitlines()
+    assert not all('"t/' in line for line in order[-2:])
+    # The `campaign` prompt set reads it: a small held-out split, disjoint from training,
+    # long and short prompts alternating.
+    monkeypatch.setenv("SPECUI_CAMPAIGN_DIR", str(tmp_path))
+    train = load_prompts("campaign", split="train")
+    held = load_prompts("campaign", split="eval")
+    assert len(train) + len(held) == m.rows
+    assert not {p.content_hash for p in train} & {p.content_hash for p in held}
+    assert 0.01 < len(held) / m.rows < 0.04
+    assert all(p.response_ids for p in train)
+    # (the general corpus has no prompt over 480 tokens: here "long" starts lower)
+    monkeypatch.setattr("specui.data.sets.CAMPAIGN_LONG_TOKENS", 60)
+    held = load_prompts("campaign", split="eval", limit=12)
+    assert [p.meta["prompt_tokens"] > 60 for p in held] == [True, False] * 6

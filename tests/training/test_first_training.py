@@ -172,7 +172,8 @@ def test_every_long_stage_shows_a_bar_with_a_rate_and_an_eta(
 
 @pytest.mark.slow
 def test_the_readme_training_command_generates_no_response(tmp_path: Path) -> None:
-    from specui.training.loop import TrainHooks, train
+    from specui.training.hooks import TrainHooks
+    from specui.training.loop import train
 
     # The command as written (every general training prompt, the default cap), a few small
     # steps: only the drafter's size and the step count differ, nothing that picks the data.

@@ -73,10 +73,12 @@ SPECULATORS_ARGV = (
 def test_speculators_spellings_build_the_same_config_as_specui_names() -> None:
     ours, theirs = _config(*SPECUI_ARGV), _config(*SPECULATORS_ARGV)
     assert theirs == ours
+    # Every flag, other algorithms' knobs too (a dflash config keeps only dflash's), parses alike.
+    assert vars(_parse(*SPECULATORS_ARGV)) == vars(_parse(*SPECUI_ARGV))
     # ... and that config is the run asked for, not the defaults both might fall back to.
-    default = TrainConfig(algorithm="dflash", out="runs/x")
-    # Every key, the algorithms' options (TrainConfig.options) as well as the shared fields:
-    changed = {k for k in TrainConfig.config_keys() if getattr(ours, k) != getattr(default, k)}
+    default = TrainConfig(algorithm="dflash", out="runs/x").to_dict()
+    # Every key, dflash's options (TrainConfig.options) as well as the shared fields:
+    changed = {k for k, v in ours.to_dict().items() if v != default[k]}
     assert changed == {
         "verifier",
         "steps",
@@ -84,31 +86,20 @@ def test_speculators_spellings_build_the_same_config_as_specui_names() -> None:
         "schedule",
         "layers",
         "aux_layer_ids",
-        "num_depths",
         "gamma",
-        "confidence_weight",
-        "cod_ratio",
-        "cod_min_ratio",
-        "extra",
+        "loss",
         "log_every",
         "init_from",
         "dpace",
-        "freeze_embeddings",
         "lr",
         "seed",
         "block_size",
         "max_anchors",
         "weight_decay",
-        "ttt_steps",
         "draft_vocab_size",
         "mask_token_id",
-        "markov_rank",
     }
-    assert (
-        ours.aux_layer_ids == [1, 3, 4]
-        and ours.extra == {"loss": "kl"}
-        and ours.schedule == "linear"
-    )
+    assert ours.aux_layer_ids == [1, 3, 4] and ours.loss == "kl" and ours.schedule == "linear"
 
 
 @pytest.mark.parametrize("algorithm", algorithm_names(trainable=True))
@@ -151,25 +142,28 @@ def test_values_map_where_the_two_differ() -> None:
     assert _config(*base).algorithm == "peagle"
     assert _config(*base, "--scheduler-type", "none").schedule == "constant"
     assert _config(*base, "--scheduler-type", "cosine").schedule == "cosine"
-    assert _config(*base, "--loss-fn", "ce").extra == {"loss": "ce"}
-    assert _config(*base, "--loss-fn", "kl_div").extra == {"loss": "kl"}
-    assert _config(*base, "--per-position-loss-weight", "dpace").dpace is True
-    assert _config(*base, "--dpace", "--per-position-loss-weight", "fixed-exp-decay").dpace is False
-    assert _config(*base, "--freeze-embeddings", "--embed-requires-grad").freeze_embeddings is False
+    assert _config(*base, "--loss-fn", "ce").loss == "ce"
+    assert _config(*base, "--loss-fn", "kl_div").loss == "kl"
+    dflash = ["--speculator-type", "dflash", "--save-path", "x"]  # the knobs D-PACE applies to
+    assert _config(*dflash, "--per-position-loss-weight", "dpace").options.dpace is True
+    fixed = ["--dpace", "--per-position-loss-weight", "fixed-exp-decay"]
+    assert _config(*dflash, *fixed).options.dpace is False
+    freeze = ["--freeze-embeddings", "--embed-requires-grad"]
+    assert _config(*base, *freeze).options.freeze_embeddings is False
     assert _config(*base, "--resume", "--no-resume-from-checkpoint").resume is False
     assert _config(*base, "--resume").resume is True
     # Space-separated (theirs), comma-separated (ours), or a mix: the same list.
     assert _config(*base, "--target-layer-ids", "2", "15", "27").aux_layer_ids == [2, 15, 27]
     assert _config(*base, "--aux-layers", "2,15", "27").aux_layer_ids == [2, 15, 27]
     # Not given: SpecUI's defaults, whatever speculators' are.
-    plain = _config(*base)
-    assert (plain.resume, plain.freeze_embeddings, plain.dpace, plain.schedule, plain.extra) == (
-        False,
+    plain, plain_dflash = _config(*base), _config(*dflash)
+    assert (plain.resume, plain.options.freeze_embeddings, plain.schedule, plain.loss) == (
         False,
         False,
         "cosine",
-        {},
+        None,
     )
+    assert plain_dflash.options.dpace is False
 
 
 def test_unsupported_values_are_clear_errors(
@@ -187,7 +181,7 @@ def test_unsupported_values_are_clear_errors(
     with pytest.raises(SystemExit):
         _parse("--algorithm", "dflash", "--out", str(out), "--per-position-loss-weight", "linear")
     assert "expected one of fixed-exp-decay, dpace, got 'linear'" in capsys.readouterr().err
-    with pytest.raises(SpecUIError, match="unknown loss 'jsd'; use ce or kl"):
+    with pytest.raises(SpecUIError, match="unknown loss 'jsd'; use one of ce, kl"):
         _config("--algorithm", "dflash", "--out", str(out), "--loss-fn", "jsd")
     with pytest.raises(SpecUIError, match="unknown schedule 'warmup_stable'"):
         _config("--algorithm", "dflash", "--out", str(out), "--scheduler-type", "warmup_stable")

@@ -21,10 +21,12 @@ import torch
 from safetensors.torch import load_file
 
 from specui.algorithms.checkpoint import load_drafter, load_model, validate_checkpoint
+from specui.algorithms.dspark.options import DSparkOptions
 from specui.cli import main
 from specui.errors import SpecUIError
 from specui.training.config import TrainConfig
-from specui.training.loop import TrainHooks, train
+from specui.training.hooks import TrainHooks
+from specui.training.loop import train
 from specui.training.state import latest_checkpoint, list_checkpoints
 from tests.support.paths import REPO
 
@@ -89,7 +91,9 @@ def config(data, out: Path, **kw) -> TrainConfig:
     """A TrainConfig on the fixture data writing to ``out``, with ``kw`` on top."""
     fixture = dict(verifier=str(data["verifier"]), prompts=str(data["prompts"]))
     at = dict(out=str(out), cache_dir=str(data["cache"]))
-    return TrainConfig(**{**fixture, **at, "max_new_tokens": 40, "aux_layer_ids": [1, 3, 4], **kw})
+    return TrainConfig.from_dict(
+        {**fixture, **at, "max_new_tokens": 40, "aux_layer_ids": [1, 3, 4], **kw}
+    )
 
 
 def logged(out: Path) -> list[dict]:
@@ -136,10 +140,13 @@ def test_train_lowers_the_loss_and_saves_a_loadable_drafter(
 
 def test_dspark_warm_start_copies_the_dflash_backbone(data, fixture_dir, fixture_verifier):
     from specui.algorithms.objective import objective_for
-    from specui.training.loop import warm_start
+    from specui.training.model import warm_start
 
     cfg = TrainConfig(
-        algorithm="dspark", verifier=str(data["verifier"]), aux_layer_ids=[1, 3, 4], markov_rank=16
+        algorithm="dspark",
+        verifier=str(data["verifier"]),
+        aux_layer_ids=[1, 3, 4],
+        options=DSparkOptions(markov_rank=16),
     )
     model = objective_for(cfg, fixture_verifier).build()
     said = []
@@ -163,8 +170,7 @@ def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(
         algorithm="dspark",
         verifier=str(data["verifier"]),
         aux_layer_ids=[1, 3, 4],
-        markov_rank=16,
-        confidence_temperature=temperature,
+        options=DSparkOptions(markov_rank=16, confidence_temperature=temperature),
     )
     objective = DSparkObjective(cfg, fixture_verifier)
     gen = torch.Generator().manual_seed(0)
@@ -192,7 +198,7 @@ def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(
 
 def test_negative_confidence_temperature_is_refused():
     with pytest.raises(SpecUIError, match="confidence-temperature"):
-        TrainConfig(algorithm="dspark", confidence_temperature=-1)
+        TrainConfig.from_dict({"algorithm": "dspark", "confidence_temperature": -1})
 
 
 def test_warm_start_keeps_the_source_draft_vocabulary(data, fixture_verifier, tmp_path):
@@ -230,7 +236,7 @@ def test_warm_start_keeps_the_source_draft_vocabulary(data, fixture_verifier, tm
 def test_warm_start_onto_another_draft_vocabulary_moves_the_shared_tokens_rows():
     """General data after math: a larger draft vocabulary keeps the head rows of the tokens
     both vocabularies hold (at their new slots); the new tokens keep their fresh init."""
-    from specui.training.loop import _remapped_vocab_rows
+    from specui.algorithms.draft_vocab import remap_draft_vocab_rows
 
     def d2t(ids):
         return torch.tensor(ids) - torch.arange(len(ids))
@@ -245,12 +251,12 @@ def test_warm_start_onto_another_draft_vocabulary_moves_the_shared_tokens_rows()
         "lm_head.weight": torch.zeros(4, 2),
         "fc.weight": torch.zeros(3, 2),
     }
-    moved = _remapped_vocab_rows(old, own)
+    moved = remap_draft_vocab_rows(old, own)
     assert set(moved) == {
         "lm_head.weight"
     }  # d2t stays the run's own; fc is not a vocabulary tensor
     assert moved["lm_head.weight"].tolist() == [[5, 5], [7, 7], [0, 0], [0, 0]]
-    same = _remapped_vocab_rows(old, {**own, "d2t": old["d2t"]})
+    same = remap_draft_vocab_rows(old, {**own, "d2t": old["d2t"]})
     assert torch.equal(same["d2t"], old["d2t"])
 
 
@@ -511,3 +517,60 @@ def test_train_on_the_embedded_smollm2(embedded_verifier, tmp_path, capsys):
     drafter = load_drafter(out, embedded_verifier)
     assert drafter.model.config.draft_vocab_size == 512 and drafter.model.d2t is not None
     assert drafter.model.config.mask_token_id == 16
+
+
+def test_a_run_on_the_int8_hidden_store_keeps_int8_files_and_trains(tmp_path, fixture_dir):
+    """--hidden-store int8 (the campaign's): the extracted files are the compact form, the
+    disk estimate is the compact one, and training reads them."""
+    import json
+    import random
+
+    from safetensors import safe_open
+
+    from specui.training.config import TrainConfig
+    from specui.training.hooks import TrainHooks
+    from specui.training.loop import train
+
+    rng = random.Random(0)
+    prompts = tmp_path / "prompts.jsonl"
+    ids = [[rng.randrange(500) for _ in range(8)] for _ in range(6)]
+    prompts.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in ids))
+    base = dict(
+        algorithm="dflash",
+        verifier=str(fixture_dir / "verifier"),
+        prompts=str(prompts),
+        max_new_tokens=16,
+        aux_layer_ids=[1, 3, 4],
+        extraction="offline",
+        steps=2,
+        batch_size=2,
+        block_size=4,
+        warmup_steps=0,
+        log_every=1,
+        threads=1,
+    )
+    said: dict[str, list[str]] = {}  # the extraction lines each run logged
+    for store in ("bf16", "int8"):
+        lines: list[str] = []
+        cfg = TrainConfig.from_dict(
+            {
+                **base,
+                "hidden_store": store,
+                "cache_dir": str(tmp_path / store),
+                "out": str(tmp_path / f"out-{store}"),
+            }
+        )
+        assert train(cfg, TrainHooks(log=lines.append)).status == "finished"
+        said[store] = [x for x in lines if "extracting hidden states" in x]
+        assert said[store], lines  # offline: everything extracted before the first step
+        files = list((tmp_path / store / "hidden").glob("*.safetensors"))
+        assert files
+        with safe_open(str(files[0]), "pt") as f:
+            names = set(f.keys())  # noqa: SIM118 (a safe_open handle has no __contains__)
+        assert ("hidden_scale" in names) == (store == "int8")
+    size = {s: sum(p.stat().st_size for p in (tmp_path / s / "hidden").iterdir()) for s in said}
+    assert size["int8"] < size["bf16"] / 2
+    assert (
+        json.loads((tmp_path / "out-int8" / "train_run.json").read_text())["config"]["hidden_store"]
+        == "int8"
+    )

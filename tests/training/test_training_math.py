@@ -8,11 +8,13 @@ import statistics
 import pytest
 import torch
 
+from specui.algorithms.dflash.options import DFlashOptions
 from specui.algorithms.objective import objective_for
 from specui.data.distill import self_distill, synthetic_prompts
 from specui.data.hidden import HiddenStateStore, LocalExtractor
 from specui.training.config import TrainConfig
-from specui.training.loop import batch_indices, lr_at, make_optimizer, step_seed
+from specui.training.data import batch_indices
+from specui.training.step import lr_at, make_optimizer, step_seed
 
 AUX = [1, 3, 4]
 STEPS = 300
@@ -48,10 +50,9 @@ def run(store, verifier, seed: int, fast: bool) -> tuple[list[float], float]:
         batch_size=4,
         lr=3e-3,
         warmup_steps=20,
-        block_size=4,
-        max_anchors=16,
         layers=1,
         seed=seed,
+        options=DFlashOptions(block_size=4, max_anchors=16),
     )
     obj = objective_for(cfg, verifier)
     obj.packed_attention = not fast

@@ -23,7 +23,8 @@ from specui.algorithms.objective import (
 from specui.data.hidden import SampleTensors, topk_targets
 from specui.errors import SpecUIError
 from specui.training.config import TrainConfig
-from specui.training.loop import batch_indices, lr_at
+from specui.training.data import batch_indices
+from specui.training.step import lr_at
 from tests.support.families import dflash_family, eagle_family
 
 ATOL = 1e-4
@@ -56,7 +57,9 @@ def unshifted_sample(r: dict[str, torch.Tensor], verifier) -> SampleTensors:
 
 
 def objective(algo: str, verifier, **kw):
-    cfg = TrainConfig(algorithm=algo, aux_layer_ids=[1, 3, 4], block_size=8, **kw)
+    cfg = TrainConfig.from_dict(
+        {"algorithm": algo, "aux_layer_ids": [1, 3, 4], "block_size": 8, **kw}
+    )
     return objective_for(cfg, verifier)
 
 
@@ -134,7 +137,7 @@ def test_loss_is_finite_and_reaches_every_trainable_parameter(algo, fixture_dir,
 def test_kl_loss_option_changes_the_loss(fixture_dir, fixture_verifier):
     s = verifier_sample(fixture_dir, fixture_verifier)
     ce = objective("dflash", fixture_verifier, max_anchors=8)
-    kl = objective("dflash", fixture_verifier, max_anchors=8, extra={"loss": "kl"})
+    kl = objective("dflash", fixture_verifier, max_anchors=8, loss="kl")
     model = ce.build()
     g = torch.Generator
     assert not torch.isclose(
@@ -144,7 +147,7 @@ def test_kl_loss_option_changes_the_loss(fixture_dir, fixture_verifier):
 
 def test_unknown_loss_is_refused():
     with pytest.raises(SpecUIError, match="loss"):
-        TrainConfig(algorithm="dflash", extra={"loss": "hinge"})
+        TrainConfig(algorithm="dflash", loss="hinge")
 
 
 # --- pieces ------------------------------------------------------------------------------------

@@ -115,7 +115,8 @@ def test_offline_local_extraction_fills_the_cache_once(tmp_path: Path, fixture_d
     import json
     import random
 
-    from specui.training.loop import TrainHooks, train
+    from specui.training.hooks import TrainHooks
+    from specui.training.loop import train
 
     rng = random.Random(0)
     prompts = tmp_path / "prompts.jsonl"
@@ -124,11 +125,14 @@ def test_offline_local_extraction_fills_the_cache_once(tmp_path: Path, fixture_d
     data = dict(verifier=str(fixture_dir / "verifier"), prompts=str(prompts), max_new_tokens=16)
     offline = dict(extraction="offline", cache_dir=str(tmp_path / "cache"))
     common = dict(algorithm="dflash", aux_layer_ids=[1, 3, 4], **data, **SHORT, **offline)
-    first: list[str] = []
-    assert (
-        train(TrainConfig(**common, out=str(tmp_path / "a")), TrainHooks(log=first.append)).status
-        == "finished"
-    )
+
+    def run(out: str) -> list[str]:
+        lines: list[str] = []
+        cfg = TrainConfig.from_dict({**common, "out": str(tmp_path / out)})
+        assert train(cfg, TrainHooks(log=lines.append)).status == "finished"
+        return lines
+
+    first = run("a")
     files = {
         p.name: p.stat().st_mtime_ns for p in (tmp_path / "cache" / "hidden").glob("*.safetensors")
     }
@@ -136,11 +140,7 @@ def test_offline_local_extraction_fills_the_cache_once(tmp_path: Path, fixture_d
     assert n >= 2 and any(
         f"extracting hidden states of {n} of {n} samples (offline, local)" in x for x in first
     ), first
-    again: list[str] = []
-    assert (
-        train(TrainConfig(**common, out=str(tmp_path / "b")), TrainHooks(log=again.append)).status
-        == "finished"
-    )
+    again = run("b")
     assert any(
         f"extracting hidden states of 0 of {n} samples (offline, local)" in x for x in again
     ), again
@@ -179,8 +179,11 @@ def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(
 ) -> None:
 
     from specui.data.hidden import LocalExtractor
+    from specui.training.data import prepare_samples
     from specui.training.distributed import Dist
-    from specui.training.loop import VLLM_LOG, TrainHooks, prepare_samples, train
+    from specui.training.hooks import TrainHooks
+    from specui.training.loop import train
+    from specui.training.targets import VLLM_LOG
 
     out = tmp_path / "run"
     gen = dict(
@@ -198,7 +201,7 @@ def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(
 
     t0 = time.monotonic()
     r = train(
-        TrainConfig(**common, out=str(out), extractor="vllm"),
+        TrainConfig.from_dict({**common, "out": str(out), "extractor": "vllm"}),
         TrainHooks(log=lines.append, progress=progress),
     )
     print(
@@ -221,7 +224,7 @@ def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(
     # The files vLLM wrote are the local extractor's for the same samples: same names,
     # tensor names, shapes, dtypes, metadata, tokens and masks; values up to bf16 rounding
     # (the tolerance argued in tests/vllm/test_vllm.py).
-    cfg = TrainConfig(**common, out=str(out))
+    cfg = TrainConfig.from_dict({**common, "out": str(out)})
     # the cached responses
     samples = prepare_samples(cfg, embedded_verifier, out / "cache", Dist(), TrainHooks())
     hidden = out / "cache" / "hidden"
@@ -243,7 +246,9 @@ def test_training_with_vllm_hidden_states_fills_a_cache_local_runs_reuse(
     before = {p.name: p.stat().st_mtime_ns for p in hidden.glob("*.safetensors")}
     again: list[str] = []
     r2 = train(
-        TrainConfig(**common, out=str(tmp_path / "local-run"), extraction="offline"),
+        TrainConfig.from_dict(
+            {**common, "out": str(tmp_path / "local-run"), "extraction": "offline"}
+        ),
         TrainHooks(log=again.append),
     )
     assert r2.status == "finished"

@@ -28,9 +28,10 @@ import torch
 from specui.errors import SpecUIError
 from specui.vllm.client import BenchSettings, RequestResult
 from specui.vllm.counters import SpecCounters
+from specui.vllm.install import vllm_python
 from specui.vllm.launch_plan import ServerConfig, plan_launch
 from specui.vllm.request_steps import TokenTexts, steps_from_request
-from specui.vllm.server import redact_url, vllm_python
+from specui.vllm.server import redact_url
 from specui.vllm.watchdog import group_alive
 from tests.support.hidden_files import load_matching
 from tests.support.vllm_servers import bench, launch
@@ -398,7 +399,7 @@ def test_accepted_drafts_are_reconstructed_exactly(request, work, store, runs, p
 def test_dspark_on_vllm_cpu_is_refused_in_one_plain_message(work, embedded_verifier) -> None:
     from specui.algorithms import create_drafter
     from specui.algorithms.checkpoint import save_drafter
-    from specui.vllm.server import is_cpu_build
+    from specui.vllm.install import is_cpu_build
 
     if not is_cpu_build(vllm_python()):
         pytest.skip("a GPU build of vLLM serves DSpark")

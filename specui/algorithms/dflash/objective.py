@@ -10,7 +10,7 @@ Per batch (packed into one sequence):
 3. targets: the verifier's stored top-k at ``model.target_positions`` -- slot k
    predicts x[p+k] (DSpark: x[p+k+1]) -- gathered, not recomputed;
 4. loss: per-slot CE against the verifier's argmax (speculators' DFlash loss;
-   ``extra={"loss": "kl"}`` for the soft KL), weighted ``exp(-(k-1)/gamma)``
+   ``loss="kl"`` for the soft KL), weighted ``exp(-(k-1)/gamma)``
    over drafted slots k = 1.., or by D-PACE.
 """
 
@@ -86,7 +86,7 @@ class DFlashObjective(Objective):
 
     @property
     def num_positions(self) -> int:  # type: ignore[override]
-        return self.cfg.block_size - self.first_slot
+        return self.cfg.options.block_size - self.first_slot
 
     def create_options(self) -> dict:
         return {}
@@ -96,7 +96,7 @@ class DFlashObjective(Objective):
         return self.model_class.create(
             self.verifier,
             num_layers=cfg.num_layers,
-            block_size=cfg.block_size,
+            block_size=cfg.options.block_size,
             aux_layer_ids=cfg.aux_layer_ids,
             mask_token_id=cfg.mask_token_id,
             draft_vocab=self.draft_vocab,
@@ -106,7 +106,7 @@ class DFlashObjective(Objective):
 
     def usable(self, sample) -> bool:
         # The first response token must be able to anchor a whole block.
-        return len(sample.response_ids) > self.cfg.block_size
+        return len(sample.response_ids) > self.cfg.options.block_size
 
     def forward(self, model: DFlashModel, packed: Packed, anchors: torch.Tensor):
         """The model's blocks for ``anchors``: one pass per document (or one packed pass)."""
@@ -137,9 +137,11 @@ class DFlashObjective(Objective):
     def blocks(self, model: DFlashModel, batch, gen: torch.Generator):
         """Shared by DSpark: (packed batch, anchors, model output, targets [A, B], valid [A, B])."""
         packed: Packed = pack(batch)
-        anchors = select_anchors(packed, self.cfg.block_size, self.cfg.max_anchors, gen)
+        anchors = select_anchors(
+            packed, self.cfg.options.block_size, self.cfg.options.max_anchors, gen
+        )
         out = self.forward(model, packed, anchors)
-        T, B = len(packed), self.cfg.block_size
+        T, B = len(packed), self.cfg.options.block_size
         tgt_pos, valid = model.target_positions(anchors, T)
         # The slot predicts the token after tgt_pos: it must lie in the anchor's document.
         nxt = (tgt_pos + 1).clamp(max=T - 1)
@@ -159,10 +161,10 @@ class DFlashObjective(Objective):
         """(weighted mean loss, position weights [A|1, S]) over drafted slots."""
         S = logits.shape[1]
         per_slot = slot_loss_fn(self.cfg, "ce")(logits, targets)  # [A, S]
-        if self.cfg.dpace:
+        if self.cfg.options.dpace:
             w = dpace_weights(per_slot.detach(), valid)
         else:
-            w = decay_weights(S, self.cfg.gamma, logits.device)[None]
+            w = decay_weights(S, self.cfg.options.gamma, logits.device)[None]
         return weighted_mean(per_slot, w, valid), w
 
     def loss(

@@ -28,7 +28,7 @@ class DSparkObjective(DFlashObjective):
     model_class = DSparkModel
 
     def create_options(self) -> dict:
-        return {"markov_rank": self.cfg.markov_rank}
+        return {"markov_rank": self.cfg.options.markov_rank}
 
     def loss(
         self, model: DSparkModel, batch, gen: torch.Generator, metrics: bool = True
@@ -36,7 +36,7 @@ class DSparkObjective(DFlashObjective):
         _, _, out, targets, valid = self.blocks(model, batch, gen)
         logits = out.markov_logits  # [A, B, Vd]; all B slots are drafted
         ce, w = self.slot_loss(logits, targets, valid)
-        tw = self.cfg.tv_weight
+        tw = self.cfg.options.tv_weight
         needs_tv = tw > 0 or metrics or out.confidence_logits is not None
         tv = None
         if needs_tv:
@@ -57,7 +57,7 @@ class DSparkObjective(DFlashObjective):
                 out.confidence_logits.float(), accept, reduction="none"
             )
             conf_loss = weighted_mean(bce, w, valid)
-            loss = loss + self.cfg.confidence_weight * conf_loss
+            loss = loss + self.cfg.options.confidence_weight * conf_loss
             if metrics:
                 with torch.no_grad():
                     m = valid.float()
@@ -74,7 +74,7 @@ class DSparkObjective(DFlashObjective):
         self, logits: torch.Tensor, targets: Targets, tv: torch.Tensor, hit: torch.Tensor
     ) -> torch.Tensor:
         """Each slot's analytic acceptance probability at ``confidence_temperature`` [A, B]."""
-        t = self.cfg.confidence_temperature
+        t = self.cfg.options.confidence_temperature
         if t == 0:
             return hit.float()
         if t == 1:

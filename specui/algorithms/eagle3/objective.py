@@ -6,7 +6,7 @@ features and every later step on the draft's own previous output, teacher-forced
 with the true tokens -- so the drafter learns from the features it will
 actually see at inference.  Step s of row i predicts x[i+s+2]; its target is
 the verifier's distribution there (soft KL, speculators' EAGLE-3 loss;
-``extra={"loss": "ce"}`` for the hard CE).  The loss is the mean over steps of
+``loss="ce"`` for the hard CE).  The loss is the mean over steps of
 each step's mean over its valid rows.
 """
 
@@ -48,14 +48,14 @@ def pack_shifted(batch: list[SampleTensors]) -> Packed:
 class Eagle3Objective(Objective):
     @property
     def num_positions(self) -> int:  # type: ignore[override]
-        return self.cfg.ttt_steps
+        return self.cfg.options.ttt_steps
 
     def build(self) -> Eagle3Model:
         cfg = self.cfg
         return Eagle3Model.create(
             self.verifier,
             num_layers=cfg.num_layers,
-            num_speculative_tokens=cfg.ttt_steps,
+            num_speculative_tokens=cfg.options.ttt_steps,
             aux_layer_ids=cfg.aux_layer_ids,
             draft_vocab=self.draft_vocab,
             seed=cfg.seed,
@@ -80,7 +80,7 @@ class Eagle3Objective(Objective):
         self, model: Eagle3Model, batch, gen: torch.Generator, metrics: bool = True
     ) -> tuple[torch.Tensor, Metrics]:
         p = pack_shifted(batch)
-        T, S = len(p), self.cfg.ttt_steps
+        T, S = len(p), self.cfg.options.ttt_steps
         logits = self.forward(model, p, S)
         i = torch.arange(T, device=p.input_ids.device)
         # Step s of row i is scored against row i+s's target: one gather of all steps' targets.

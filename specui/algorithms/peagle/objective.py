@@ -62,19 +62,19 @@ def cod_rows(
 class PEagleObjective(Objective):
     @property
     def num_positions(self) -> int:  # type: ignore[override]
-        return self.cfg.num_depths
+        return self.cfg.options.num_depths
 
     def build(self) -> PEagleModel:
         cfg = self.cfg
         options: dict = (
             {"mask_token_id": cfg.mask_token_id} if cfg.mask_token_id is not None else {}
         )
-        if cfg.freeze_embeddings:
+        if cfg.options.freeze_embeddings:
             options["embed_requires_grad"] = False
         return PEagleModel.create(
             self.verifier,
             num_layers=cfg.num_layers,
-            num_speculative_tokens=cfg.num_depths,
+            num_speculative_tokens=cfg.options.num_depths,
             aux_layer_ids=cfg.aux_layer_ids,
             draft_vocab=self.draft_vocab,
             seed=cfg.seed,
@@ -85,10 +85,12 @@ class PEagleObjective(Objective):
         self, model: PEagleModel, batch, gen: torch.Generator, metrics: bool = True
     ) -> tuple[torch.Tensor, Metrics]:
         p = pack_shifted(batch)
-        K, dev = self.cfg.num_depths, p.input_ids.device
+        K, dev = self.cfg.options.num_depths, p.input_ids.device
         anchors, depths, outs = [], [], []
         for doc in p.documents():
-            a, d = cod_rows(p.loss_mask[doc], K, self.cfg.cod_ratio, self.cfg.cod_min_ratio, gen)
+            a, d = cod_rows(
+                p.loss_mask[doc], K, self.cfg.options.cod_ratio, self.cfg.options.cod_min_ratio, gen
+            )
             a, d = a.to(dev), d.to(dev)
             if not self.packed_attention:  # each document's rows attend only to its own rows
                 outs.append(model.forward_rows(p.hidden_states[doc], p.input_ids[doc], a, d))
