@@ -57,7 +57,8 @@ QUICK: dict[str, str] = {
     "store_bench.py": "--steps 50 --runs 2 --per-prompt 5",
     "template_gap.py": "--drafter dflash --prompts 1 --tokens 4",
     "train_memory.py": "--num-prompts 1 --max-new-tokens 8 --block-size 4 --layers 1 --anchors 4",
-    "ui_latency.py": "--repeats 1 --max-new-tokens 4",
+    # long enough for the page to show "decoding" before "done" (4 tokens finish first)
+    "ui_latency.py": "--repeats 1 --max-new-tokens 48",
     "verifier_memory.py": "--drafters dflash",
     "verify_curve.py": "--precisions gguf --max-rows 2 --context 8 --repeats 1",
     "verify_dtype.py": "--prompts 1 --tokens 4 --block 2 --repeats 1",
