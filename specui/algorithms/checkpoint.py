@@ -27,7 +27,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from specui.algorithms.base import DTYPES, DraftConfig, DraftModel
+from specui.algorithms.base import DraftModel
+from specui.algorithms.draft_config import DTYPES, DraftConfig
 from specui.algorithms.spec import ALGORITHMS
 from specui.errors import SpecUIError
 

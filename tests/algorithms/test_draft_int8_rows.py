@@ -14,6 +14,7 @@ from specui.engine import Decoding
 from specui.kernels.layers import WEIGHT_BF16
 from specui.kernels.packing import GGUF_INT8_ROWS, GGUF_TYPES
 from specui.verifier.model import Verifier
+from tests.support.families import family_founders
 from tests.support.kernel_marks import needs_kernel
 
 pytestmark = [needs_kernel, pytest.mark.slow]
@@ -61,7 +62,8 @@ class _Both:
         return a
 
 
-@pytest.mark.parametrize("name", ["dflash", "eagle3"])
+# One drafter of each family (their row layouts differ).
+@pytest.mark.parametrize("name", family_founders())
 def test_int8_rows_draft_what_the_bf16_path_drafts(q8_verifier, name):
     int8 = resolve_drafter(name, q8_verifier)
     bf16 = resolve_drafter(name, q8_verifier)

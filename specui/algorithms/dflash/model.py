@@ -26,13 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specui.algorithms.base import Borrowed, DraftConfig, DraftModel, verifier_identity
+from specui.algorithms.base import Borrowed, DraftModel, verifier_identity
 from specui.algorithms.dflash.config import DFlashConfig
+from specui.algorithms.dflash.options import DEFAULT_BLOCK_SIZE
+from specui.algorithms.draft_config import DraftConfig
+from specui.algorithms.layer_config import LayerConfig
 from specui.algorithms.layers import (
     KV,
     CacheWrite,
     DecoderLayer,
-    LayerConfig,
     RMSNorm,
     Rotary,
     draft_vocab_rows,
@@ -92,7 +94,7 @@ class DFlashModel(DraftModel):
     ) -> DFlashModel:
         """A randomly initialised drafter with the verifier's widths, ready to train.
 
-        ``block_size`` (default 8) or ``num_speculative_tokens`` K sets the
+        ``block_size`` (default DEFAULT_BLOCK_SIZE) or ``num_speculative_tokens`` K sets the
         block: K+1 slots (K with sample_from_anchor, DSpark's default).
         ``mask_token_id`` defaults to ``verifier.default_mask_token_id()`` (pick an unused
         special token where the tokenizer has one; never pad/eos).
@@ -116,7 +118,7 @@ class DFlashModel(DraftModel):
                     " tokens"
                 )
             block_size = implied
-        block_size = block_size or 8
+        block_size = block_size or DEFAULT_BLOCK_SIZE
         aux = list(aux_layer_ids) if aux_layer_ids is not None else verifier.default_aux_layer_ids()
         verifier.check_aux_layer_ids(aux)
         mask = verifier.default_mask_token_id() if mask_token_id is None else mask_token_id
