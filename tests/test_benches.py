@@ -1,6 +1,12 @@
 """Every bench under bench/ runs, in its quickest mode, so a move of modules cannot break one
 unseen (a bench is run by hand, for its numbers; this only checks it still runs to the end).
 
+Two tiers.  The default suite starts every bench (``--help``: its module-level imports, its
+flags), a minute in all.  The quickest-mode runs are marked ``bench``, which the default suite
+leaves out (``pyproject.toml``'s addopts): they take 10-15 minutes on a quiet 2-core machine and
+several of them time things on a shared one, which a CI run must not depend on.  Run them with
+``make test-benches`` (``pytest -m bench tests/test_benches.py``) after moving modules.
+
 The sizes below are the smallest each bench takes: the numbers they print mean nothing.  A
 bench that needs what this machine may not have (llama.cpp's virtualenv, vLLM) is skipped with
 the reason; everything else runs.
@@ -29,6 +35,7 @@ QUICK: dict[str, str] = {
     "confidence_probe.py": "--train-samples 4 --heldout-prompts 2 --max-new-tokens 24 "
     "--cache-dir '{tmp}' --l2 1e-2",
     "decode.py": "--repeats 1 --max-new-tokens 4 --drafter ngram",
+    "drafter_memory.py": "",  # the four shipped drafters, once each: its smallest size
     "draft_cost.py": "--repeats 1 --context 8 --algorithms dflash",
     "draft_int8.py": "--prompts 1 --max-new-tokens 4 --algorithms dflash",
     "engine_peer.py": "--prompts 1 --max-new-tokens 4 --drafters none "
@@ -46,6 +53,7 @@ QUICK: dict[str, str] = {
     "ngram_settings.py": "--limit 1 --max-new-tokens 4 --settings 3:1 --db '{tmp}/b.db'",
     "pending_load.py": "--pending-s 1 --repeats 1 --max-new-tokens 4",
     "pipeline_throughput.py": "--smoke --stages train --algorithms dflash",
+    "policy_steps.py": "--limit 1 --max-new-tokens 4 --drafter dflash",
     "prefetch.py": "--repeats 1 --context 8",
     # the app in this interpreter, not the Space's requirements-only virtualenv
     "soak.py": "--minutes 0.1 --sessions 1 --warmup-minutes 0 "
@@ -84,20 +92,34 @@ def test_every_bench_has_a_quick_command_line() -> None:
     assert sorted(QUICK) == sorted(p.name for p in BENCH.glob("*.py"))
 
 
-@pytest.mark.slow
+def _run(name: str, argv: list[str], timeout: int) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, str(BENCH / name), *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(QUICK))
+def test_the_bench_starts(name: str) -> None:
+    """Its imports resolve and its flags parse: what a move of modules breaks first."""
+    if name == "llamacpp_worker.py":
+        pytest.skip("imports xllamacpp, which only llama.cpp's virtualenv has")
+    done = _run(name, ["--help"], timeout=300)
+    assert done.returncode == 0, f"{name} --help:\n{done.stderr[-4000:]}"
+    assert "usage:" in done.stdout
+
+
+@pytest.mark.bench
 @pytest.mark.parametrize("name", sorted(QUICK))
 def test_the_bench_runs_in_its_quickest_mode(name: str, tmp_path: Path) -> None:
     why = _needs(name)
     if why:
         pytest.skip(why)
     argv = shlex.split(QUICK[name].format(tmp=tmp_path, python=sys.executable))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, str(BENCH / name), *argv],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = _run(name, argv, timeout=900)
     assert done.returncode == 0, f"{name} {' '.join(argv)}:\n{done.stderr[-4000:]}"
