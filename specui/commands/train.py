@@ -285,7 +285,7 @@ def _flag_overrides() -> dict[str, dict[str, Any]]:
         "prompts": {"help": _prompts_help()},
         "out": {"required": True},
         "schedule": {"type": _schedule},
-        "precision": {"choices": PRECISIONS},
+        "matmul_precision": {"choices": PRECISIONS},
         "layers": {"help": f"draft decoder layers (default: {_default_layers()})"},
         "aux_layer_ids": {
             "type": int_list,

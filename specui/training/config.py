@@ -40,7 +40,7 @@ DEFAULT_PROMPTS = "general"
 DEFAULT_MAX_NEW_TOKENS = 128
 
 # How an unknown value's message names a setting (others: by name).
-_WHAT = {"precision": "training precision", "extraction": "extraction mode"}
+_WHAT = {"matmul_precision": "training matmul precision", "extraction": "extraction mode"}
 
 # The groups of the train CLI's help (and the order the Train tab lists its settings in).
 GROUPS = ("run", "optimisation", "data", "drafter", "loss", "bookkeeping")
@@ -106,12 +106,13 @@ class TrainConfig:
     device: str = setting("auto", "auto | cpu | cuda", group="optimisation", tab=False)
     # bf16 autocast (float32 master weights, softmax and losses), fp32, or auto: bf16 where the
     # device multiplies it fast (specui.training.step.compute_dtype).
-    precision: str = setting(
+    # Not `precision`: that word is the verifier's precision everywhere else (specui decode,
+    # bench); saved runs and the old --precision flag still read (from_dict, OLD_SPELLINGS).
+    matmul_precision: str = setting(
         "auto",
         "training matmuls: bf16 autocast with float32 master weights, fp32, or auto "
         "(bf16 where the CPU has AMX / AVX512-BF16, or on a GPU)",
         group="data",
-        flag="--matmul-precision",  # --precision elsewhere is the verifier's (specui decode)
         choices=PRECISIONS,
     )
 
@@ -321,7 +322,7 @@ class TrainConfig:
 
         Another algorithm's knobs are known names, and ignored (a saved run of an older SpecUI
         holds every algorithm's; speculators' CLI takes any).  ``extra``: an older run's
-        ``{"loss": ...}``."""
+        ``{"loss": ...}``; ``precision``: an older run's ``matmul_precision``."""
         d = dict(d)
         if "algorithm" not in d or d["algorithm"] is None:
             raise SpecUIError("training options need an 'algorithm'")
@@ -330,6 +331,8 @@ class TrainConfig:
             raise SpecUIError(f"unknown training options: {', '.join(sorted(legacy))}")
         if "loss" in legacy and d.get("loss") is None:
             d["loss"] = legacy["loss"]
+        if "precision" in d:  # its name before matmul_precision
+            d.setdefault("matmul_precision", d.pop("precision"))
         shared = {f.name for f in cls.settings()}
         knobs = train_knobs()
         unknown = sorted(set(d) - shared - set(knobs))

@@ -1,7 +1,7 @@
 """The step stage: one optimizer step of the drafter on a batch, and its schedule.
 
 Compute runs under bf16 autocast where the device has fast bf16 matmuls (AMX or
-AVX512-BF16, a GPU; ``cfg.precision``), with float32 master weights, softmax and losses.
+AVX512-BF16, a GPU; ``cfg.matmul_precision``), with float32 master weights, softmax and losses.
 Everything random is derived from (seed, step, rank) -- batch order, anchors, sparsified
 depths -- so a run resumed from a checkpoint draws exactly what the uninterrupted run would
 have drawn.
@@ -56,9 +56,9 @@ def compute_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
     """The matmul dtype of training steps: bf16 where asked, or under ``auto`` where the
     device multiplies bf16 fast (a GPU; a CPU with AMX or AVX512-BF16, where it is 5-10x
     float32's rate; elsewhere bf16 on a CPU is slower than float32)."""
-    if cfg.precision == "fp32":
+    if cfg.matmul_precision == "fp32":
         return torch.float32
-    if cfg.precision == "bf16" or device.type == "cuda":
+    if cfg.matmul_precision == "bf16" or device.type == "cuda":
         return torch.bfloat16
     return fast_matmul_dtype()
 

@@ -121,6 +121,7 @@ def test_an_older_saved_config_still_loads():
 
     cfg = TrainConfig.from_dict(OLDER_SAVED)
     assert cfg.loss == "kl" and cfg.steps == 8 and cfg.aux_layer_ids == [1, 3, 4]
+    assert cfg.matmul_precision == "fp32"  # its older name, `precision`
     assert cfg.options == DSparkOptions(markov_rank=64)  # its own knobs; P-EAGLE's depths dropped
     again = TrainConfig.from_dict(cfg.to_dict())
     assert again == cfg and "extra" not in cfg.to_dict() and "num_depths" not in cfg.to_dict()

@@ -210,9 +210,14 @@ def test_the_training_matmul_precision_is_its_own_flag_and_keeps_its_old_spellin
     """--matmul-precision sets the training matmuls; --precision (the verifier's precision on
     decode and bench) still works on train as its old spelling."""
     assert (
-        _config("--algorithm", "dflash", "--out", "x", "--matmul-precision", "fp32").precision
+        _config(
+            "--algorithm", "dflash", "--out", "x", "--matmul-precision", "fp32"
+        ).matmul_precision
         == "fp32"
     )
-    assert _config("--algorithm", "dflash", "--out", "x", "--precision", "bf16").precision == "bf16"
-    assert _config("--algorithm", "dflash", "--out", "x").precision == "auto"
+    assert (
+        _config("--algorithm", "dflash", "--out", "x", "--precision", "bf16").matmul_precision
+        == "bf16"
+    )
+    assert _config("--algorithm", "dflash", "--out", "x").matmul_precision == "auto"
     assert "--precision" in _action(_train_parser(), "--matmul-precision").option_strings
