@@ -42,21 +42,28 @@ def prepare_samples(
         hooks.say(
             f"self-distillation: {len(prompts)} prompts, up to {cfg.max_new_tokens} new tokens each"
         )
-        # bf16 matmuls where they are fast (the shipped responses were generated so too); the
-        # cache stays keyed by the verifier as loaded.
-        samples = self_distill(
-            verifier,
-            prompts,
-            cfg.max_new_tokens,
-            cfg.gen_batch_size,
-            cache_dir,
-            progress=progress,
-            generation_dtype=fast_matmul_dtype(),
-        )
+        samples = responses(cfg, verifier, prompts, cache_dir, progress)
     d.barrier()
     if not d.is_main:
         samples = self_distill(verifier, prompts, cfg.max_new_tokens, cfg.gen_batch_size, cache_dir)
     return cut_samples(samples, cfg.max_seq_len)
+
+
+def responses(
+    cfg: TrainConfig, verifier, prompts, cache_dir: Path, progress=None
+) -> list[TokenSample]:
+    """The verifier's responses to ``prompts`` as this run generates them (and caches)."""
+    # bf16 matmuls where they are fast (the shipped responses were generated so too); the
+    # cache stays keyed by the verifier as loaded.
+    return self_distill(
+        verifier,
+        prompts,
+        cfg.max_new_tokens,
+        cfg.gen_batch_size,
+        cache_dir,
+        progress=progress,
+        generation_dtype=fast_matmul_dtype(),
+    )
 
 
 def cut_samples(samples: list[TokenSample], max_seq_len: int) -> list[TokenSample]:

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from specui.data.distill import TokenSample, self_distill
-from specui.data.hidden import HiddenStateStore, LocalExtractor, fast_matmul_dtype
+from specui.data.distill import TokenSample
+from specui.data.hidden import HiddenStateStore, LocalExtractor
 from specui.data.prompts import load_prompts
 from specui.errors import SpecUIError
 from specui.training.config import TrainConfig
-from specui.training.data import cut_samples
+from specui.training.data import cut_samples, responses
 
 PREFIX = "heldout_"
 BATCH = 4
@@ -38,14 +38,7 @@ class HeldOut:
                 " --eval-every 0"
             )
         # Their responses as training's: generated once, cached beside the training ones.
-        samples = self_distill(
-            verifier,
-            prompts,
-            cfg.max_new_tokens,
-            cfg.gen_batch_size,
-            cache_dir,
-            generation_dtype=fast_matmul_dtype(),
-        )
+        samples = responses(cfg, verifier, prompts, cache_dir)
         self.samples: list[TokenSample] = [
             s for s in cut_samples(samples, cfg.max_seq_len) if objective.usable(s)
         ]

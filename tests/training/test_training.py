@@ -519,11 +519,33 @@ def test_train_on_the_embedded_smollm2(embedded_verifier, tmp_path, capsys):
     assert drafter.model.config.mask_token_id == 16
 
 
+def _tiny_run(tmp_path, fixture_dir, prompts: int, **settings) -> dict:
+    """A DFlash run's settings on the fixture verifier over ``prompts`` random token prompts."""
+    import json
+    import random
+
+    rng = random.Random(prompts)
+    path = tmp_path / "prompts.jsonl"
+    ids = [[rng.randrange(500) for _ in range(8)] for _ in range(prompts)]
+    path.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in ids))
+    return dict(
+        algorithm="dflash",
+        verifier=str(fixture_dir / "verifier"),
+        prompts=str(path),
+        max_new_tokens=16,
+        aux_layer_ids=[1, 3, 4],
+        batch_size=2,
+        block_size=4,
+        warmup_steps=0,
+        threads=1,
+        **settings,
+    )
+
+
 def test_a_run_on_the_int8_hidden_store_keeps_int8_files_and_trains(tmp_path, fixture_dir):
     """--hidden-store int8 (the campaign's): the extracted files are the compact form, the
     disk estimate is the compact one, and training reads them."""
     import json
-    import random
 
     from safetensors import safe_open
 
@@ -531,24 +553,7 @@ def test_a_run_on_the_int8_hidden_store_keeps_int8_files_and_trains(tmp_path, fi
     from specui.training.hooks import TrainHooks
     from specui.training.loop import train
 
-    rng = random.Random(0)
-    prompts = tmp_path / "prompts.jsonl"
-    ids = [[rng.randrange(500) for _ in range(8)] for _ in range(6)]
-    prompts.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in ids))
-    base = dict(
-        algorithm="dflash",
-        verifier=str(fixture_dir / "verifier"),
-        prompts=str(prompts),
-        max_new_tokens=16,
-        aux_layer_ids=[1, 3, 4],
-        extraction="offline",
-        steps=2,
-        batch_size=2,
-        block_size=4,
-        warmup_steps=0,
-        log_every=1,
-        threads=1,
-    )
+    base = _tiny_run(tmp_path, fixture_dir, 6, extraction="offline", steps=2, log_every=1)
     said: dict[str, list[str]] = {}  # the extraction lines each run logged
     for store in ("bf16", "int8"):
         lines: list[str] = []
@@ -580,7 +585,6 @@ def test_held_out_evaluation_scores_prompts_no_step_trains_on(tmp_path, fixture_
     """--eval-every: heldout_* metrics in metrics.jsonl at each evaluation step, from the prompt
     set's held-out split only, the same samples and anchors every time."""
     import json
-    import random
 
     from specui.data.prompts import load_prompts
     from specui.training.config import TrainConfig
@@ -589,28 +593,12 @@ def test_held_out_evaluation_scores_prompts_no_step_trains_on(tmp_path, fixture_
     from specui.training.loop import train
     from specui.verifier.model import Verifier
 
-    rng = random.Random(1)
-    prompts = tmp_path / "prompts.jsonl"
-    ids = [[rng.randrange(500) for _ in range(8)] for _ in range(30)]
-    prompts.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in ids))
-    cfg = TrainConfig.from_dict(
-        dict(
-            algorithm="dflash",
-            verifier=str(fixture_dir / "verifier"),
-            prompts=str(prompts),
-            max_new_tokens=16,
-            aux_layer_ids=[1, 3, 4],
-            steps=4,
-            batch_size=2,
-            block_size=4,
-            warmup_steps=0,
-            log_every=3,
-            eval_every=2,
-            eval_samples=4,
-            threads=1,
-            out=str(tmp_path / "out"),
-        )
-    )
+    settings = _tiny_run(
+        tmp_path, fixture_dir, 30, steps=4, log_every=3, eval_every=2, eval_samples=4,
+        out=str(tmp_path / "out"),
+    )  # fmt: skip
+    cfg = TrainConfig.from_dict(settings)
+    prompts = settings["prompts"]
     result = train(cfg, TrainHooks())
     assert result.status == "finished"
     lines = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
