@@ -16,6 +16,7 @@ from specui.kernels.packing import GGUF_INT8_ROWS, GGUF_TYPES
 from specui.verifier.model import Verifier
 from tests.support.families import family_founders
 from tests.support.kernel_marks import needs_kernel
+from tests.support.scripted_drafters import PairedDrafter
 
 pytestmark = [needs_kernel, pytest.mark.slow]
 
@@ -43,25 +44,6 @@ def test_the_one_call_reads_q8_0_blocks_with_int8_rows_and_the_modules_stay_bf16
         assert markov.w2.type_id == WEIGHT_BF16
 
 
-class _Both:
-    """Drafts with ``sent`` and, from the same context, with ``other``."""
-
-    def __init__(self, sent, other) -> None:
-        self.sent, self.other, self.pairs = sent, other, []
-
-    def __getattr__(self, name):
-        return getattr(self.sent, name)
-
-    def reset(self) -> None:
-        self.sent.reset()
-        self.other.reset()
-
-    def propose(self, ctx):
-        a, b = self.sent.propose(ctx), self.other.propose(ctx)
-        self.pairs += list(zip(a.token_ids, b.token_ids, strict=False))
-        return a
-
-
 # One drafter of each family (their row layouts differ).
 @pytest.mark.parametrize("name", family_founders())
 def test_int8_rows_draft_what_the_bf16_path_drafts(q8_verifier, name):
@@ -71,10 +53,11 @@ def test_int8_rows_draft_what_the_bf16_path_drafts(q8_verifier, name):
         linear.__dict__.pop("weight_q8", None)
     bf16.layer_call = DraftLayerCall.build(bf16.model, bf16.model.head_module())
     assert _call_types(bf16) == {WEIGHT_BF16}
-    both = _Both(int8, bf16)
+    both = PairedDrafter(int8, bf16)
     for p in load_prompts("gsm-symbolic", split="eval", limit=2):
         for _ in Decoding(q8_verifier, both, p.encode(q8_verifier), max_new_tokens=48):
             pass
-    same = sum(a == b for a, b in both.pairs) / len(both.pairs)
+    pairs = both.token_pairs()
+    same = sum(a == b for a, b in pairs) / len(pairs)
     # Int8 rows move a draft logit by ~1%: a slot flips only at a near tie.
-    assert len(both.pairs) > 100 and same >= 0.9, same
+    assert len(pairs) > 100 and same >= 0.9, same

@@ -17,6 +17,7 @@ from specui.verifier.batch_invariant import BF16Linear
 from specui.verifier.model import Verifier
 from specui.workbench import held_bytes
 from tests.support.kernel_marks import needs_kernel
+from tests.support.scripted_drafters import PairedDrafter
 
 pytestmark = needs_kernel
 
@@ -34,25 +35,6 @@ def with_every_copy(name: str, verifier: Verifier):
     drafter = load_drafter(shipped_drafters()[name], verifier)
     drafter.matmuls_in_bf16(int8_rows=True)
     return drafter
-
-
-class _Both:
-    """Drafts with ``sent`` and, from the same context, with ``other``; keeps both proposals."""
-
-    def __init__(self, sent, other) -> None:
-        self.sent, self.other, self.pairs = sent, other, []
-
-    def __getattr__(self, name):
-        return getattr(self.sent, name)
-
-    def reset(self) -> None:
-        self.sent.reset()
-        self.other.reset()
-
-    def propose(self, ctx):
-        a, b = self.sent.propose(ctx), self.other.propose(ctx)
-        self.pairs.append((a, b))
-        return a
 
 
 def _float32_linear_bytes(drafter) -> int:
@@ -80,7 +62,7 @@ def test_a_serving_drafter_drafts_the_same_and_holds_less(q8_verifier, name):
     # The adaptive policy files draft times under the weights' fingerprint: the same one.
     assert drafter_key(served) == drafter_key(kept)
     # The output: the same draft tokens and draft probabilities at every step of a decode.
-    both = _Both(served, kept)
+    both = PairedDrafter(served, kept)
     prompt = load_prompts("gsm-symbolic", split="eval", limit=1)[0]
     run = Decoding(q8_verifier, both, prompt.encode(q8_verifier), max_new_tokens=32)
     for _ in run:

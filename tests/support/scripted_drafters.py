@@ -60,3 +60,27 @@ class ScriptedDrafter:
         block = self.blocks[self.calls] if self.calls < len(self.blocks) else []
         self.calls += 1
         return Proposal(token_ids=list(block))
+
+
+class PairedDrafter:
+    """Drafts with ``sent`` and, from the same context, with ``other``: ``pairs`` keeps both
+    proposals of every step, so two paths of one drafter are compared on the same contexts."""
+
+    def __init__(self, sent, other) -> None:
+        self.sent, self.other, self.pairs = sent, other, []
+
+    def __getattr__(self, name):
+        return getattr(self.sent, name)
+
+    def reset(self) -> None:
+        self.sent.reset()
+        self.other.reset()
+
+    def propose(self, ctx):
+        a, b = self.sent.propose(ctx), self.other.propose(ctx)
+        self.pairs.append((a, b))
+        return a
+
+    def token_pairs(self) -> list[tuple[int, int]]:
+        """(sent, other) drafted token of every slot both proposed."""
+        return [p for a, b in self.pairs for p in zip(a.token_ids, b.token_ids, strict=False)]

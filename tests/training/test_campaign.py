@@ -190,19 +190,18 @@ def test_one_campaign_at_a_time(tmp_path):
             pass
 
 
+def _write_rows(folder, prefix: str, prompts: list[str]) -> None:
+    """A campaign part of short chat prompts."""
+    rows = [
+        {"id": f"{prefix}/{i}", "prompt": p, "kind": "chat", "source": "t", "prompt_tokens": 20}
+        for i, p in enumerate(prompts)
+    ]
+    (folder / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 @pytest.mark.slow
 def test_generation_resumes_where_a_kill_left_it(tmp_path, embedded_verifier):
-    rows = [
-        {
-            "id": f"t/{i}",
-            "prompt": f"Name a colour that starts with {c}.",
-            "kind": "chat",
-            "source": "t",
-            "prompt_tokens": 30,
-        }
-        for i, c in enumerate("BRG")
-    ]
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_rows(tmp_path, "t", [f"Name a colour that starts with {c}." for c in "BRG"])
     campaign.generate(embedded_verifier, tmp_path, torch.float32, max_new_tokens=4)
     cache = campaign.cache_file(embedded_verifier, tmp_path).with_name(
         campaign.cache_file(embedded_verifier, tmp_path).name.replace("-n256", "-n4")
@@ -222,17 +221,7 @@ def test_generation_resumes_where_a_kill_left_it(tmp_path, embedded_verifier):
 
 @pytest.mark.slow
 def test_shards_split_the_prompts_and_together_answer_all(tmp_path, embedded_verifier):
-    rows = [
-        {
-            "id": f"s/{i}",
-            "prompt": f"Say the number {i}.",
-            "kind": "chat",
-            "source": "t",
-            "prompt_tokens": 20,
-        }
-        for i in range(12)
-    ]
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write_rows(tmp_path, "s", [f"Say the number {i}." for i in range(12)])
     campaign.generate(embedded_verifier, tmp_path, torch.float32, max_new_tokens=3, shard=(0, 2))
     first = campaign.status(embedded_verifier, tmp_path, max_new_tokens=3).done
     assert 0 < first < 12  # one shard answers its share only (these keys fall to both)
