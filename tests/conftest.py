@@ -3,6 +3,10 @@ their verifier).  Helpers that are not fixtures live in tests/support/."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,13 @@ from tests.support.paths import FIXTURES
 
 # Stable timings and no oversubscription on the 2-core CI machines.
 torch.set_num_threads(1)
+
+# The suite never reads or writes the user's data folder: what a developer's own runs left
+# there (cost models, calibrations, runs) would change what the adaptive policy does in a
+# test.  One folder for the session (tests that need their own set SPECUI_DATA_DIR themselves);
+# subprocesses inherit it.
+os.environ["SPECUI_DATA_DIR"] = tempfile.mkdtemp(prefix="specui-tests-")
+atexit.register(shutil.rmtree, os.environ["SPECUI_DATA_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

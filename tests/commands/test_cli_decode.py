@@ -96,7 +96,10 @@ def test_decode_error_exit_code_and_no_traceback_in_a_real_process():
 
 
 @pytest.mark.parametrize("algorithm", algorithm_names())
-def test_decode_with_each_fixture_checkpoint(capsys, fixture_dir, algorithm):
+def test_decode_with_each_fixture_checkpoint(capsys, fixture_dir, algorithm, tmp_path, monkeypatch):
+    # A data folder of its own: cost models and calibrations another test fitted for this
+    # verifier could (rightly) keep the adaptive policy from drafting with a random drafter.
+    monkeypatch.setenv("SPECUI_DATA_DIR", str(tmp_path))
     folders = [
         "--verifier",
         str(fixture_dir / "verifier"),
