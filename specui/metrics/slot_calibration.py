@@ -75,14 +75,25 @@ def slot_ece(
     )
 
 
+def _sampled(settings: dict) -> bool:
+    try:
+        return float(settings.get("temperature") or 0.0) > 0
+    except (TypeError, ValueError):
+        return True  # not a greedy run that says so: left out
+
+
 def calibration_runs(store: Store, verifier_fingerprint: str) -> dict[str, list[int]]:
-    """Proposer name -> the newest ``RECENT_RUNS`` usable local runs of that drafter alone
-    (no hybrid, no baseline) on these verifier weights."""
+    """Proposer name -> the newest ``RECENT_RUNS`` usable local greedy runs of that drafter
+    alone (no hybrid, no baseline) on these verifier weights.  Sampled runs are left out: at
+    T > 0 a slot is accepted with probability min(1, p/q), another outcome than greedy's
+    match, and one fit per proposer serves both (a T=1 bench must not refit it to T=1's)."""
     out: dict[str, list[int]] = {}
     for run in store.list_runs(backend=Backend.LOCAL):
         if run.verifier_fingerprint != verifier_fingerprint or run.status not in USABLE:
             continue
         if run.algorithm == BASELINE_ALGORITHM or "+" in run.algorithm:
+            continue
+        if _sampled(run.settings):
             continue
         ids = out.setdefault(run.algorithm, [])
         if len(ids) < RECENT_RUNS:

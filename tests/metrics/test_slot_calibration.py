@@ -123,12 +123,15 @@ def test_too_few_slots_or_one_outcome_are_not_fitted():
 def store(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECUI_DATA_DIR", str(tmp_path))
     s = Store(tmp_path / "specui.db")
-    for algorithm, seed in (("dflash", 1), ("dflash", 2), ("dflash+suffix", 3), ("none", 4)):
+    runs = [("dflash", 1, 0.0), ("dflash", 2, 0.0), ("dflash+suffix", 3, 0.0), ("none", 4, 0.0)]
+    runs.append(("dflash", 5, 1.0))  # sampled: another outcome; left out of the fit
+    for algorithm, seed, temperature in runs:
         run = s.create_run(
             verifier="tiny",
             prompt_set="synthetic",
             algorithm=algorithm,
             verifier_fingerprint=FINGERPRINT,
+            settings={"temperature": temperature},
         )
         k = 0 if algorithm == "none" else 4
         prompts = [
@@ -155,7 +158,7 @@ def test_refit_saves_the_fit_measured_out_of_sample_and_the_policy_reads_it(stor
     fitted = refit_calibrations(store, FINGERPRINT)
     assert set(fitted) == {"dflash"}  # the hybrid's mixed steps and the baseline are left out
     fit = fitted["dflash"]
-    assert fit.runs == 2
+    assert fit.runs == 2  # the greedy ones: the sampled run is left out
     assert fit.scale == pytest.approx(1 / TRUE_T, rel=0.3)
     # Out of sample: every slot measured by the fit on the other half of the prompts.
     assert fit.heldout_slots == fit.slots
@@ -185,7 +188,8 @@ def test_the_estimates_the_policy_decides_by_are_calibrated(store):
 
 
 def test_slot_ece_reports_raw_and_calibrated(store):
-    run_ids = [r.id for r in store.list_runs(algorithm="dflash")]
+    runs = store.list_runs(algorithm="dflash")
+    run_ids = [r.id for r in runs if r.settings["temperature"] == 0]
     raw = slot_ece(store, run_ids)
     assert raw is not None and raw.ece_calibrated == pytest.approx(raw.ece_raw)
     fit = refit_calibrations(store, FINGERPRINT)["dflash"]
