@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 ARGS ?=
 
-.PHONY: setup run test lint browser vllm-setup
+.PHONY: setup run test test-benches lint browser vllm-setup
 setup:
 	@bash scripts/setup.sh
 
@@ -21,6 +21,10 @@ vllm-setup:
 test: setup browser vllm-setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q $(ARGS)
+
+# Every bench under bench/ in its quickest mode (10-15 min): after moving modules.
+test-benches: setup browser
+	$(PY) -m pytest -q -m bench tests/test_benches.py $(ARGS)
 
 lint: setup
 	$(PY) -m ruff check .

@@ -65,14 +65,15 @@ import torch
 import torch.nn.functional as F
 
 from specui.algorithms.checkpoint import load_model
-from specui.algorithms.dspark import DSparkModel, DSparkObjective
+from specui.algorithms.dspark.model import DSparkModel
+from specui.algorithms.dspark.objective import DSparkObjective
 from specui.algorithms.dspark.options import DSparkOptions
 from specui.algorithms.layers import draft_target_ids
 from specui.algorithms.resolve import shipped_drafters
 from specui.data import load_prompts
 from specui.data.distill import self_distill
 from specui.data.hidden import HiddenStateStore, LocalExtractor
-from specui.metrics import auroc
+from specui.metrics.calibration import auroc
 from specui.training.config import TrainConfig
 from specui.verifier.model import Verifier
 

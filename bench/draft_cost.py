@@ -65,6 +65,30 @@ def drafter_for(algo: str, verifier: Verifier, k: int, markov_rank: int = 256): 
     return d
 
 
+def propose_timer(
+    drafters: dict, verifier: Verifier, context: int, steps: int, *, first_id: int = 0
+):  # noqa: ANN201
+    """``step(drafter, n)``: one timed ``propose`` at context length ``n`` (up to ``context +
+    steps``), on random token ids (from ``first_id``) and taps made once, seeded, for every
+    drafter alike; it returns (seconds, the proposal)."""
+    g = torch.Generator().manual_seed(1)
+    total = context + steps
+    ids = torch.randint(first_id, verifier.vocab_size, (total,), generator=g)
+    width = len(next(iter(drafters.values())).aux_layer_ids) * verifier.hidden_size
+    feats = torch.randn(total, width, generator=g)
+    sampling = SamplingParams()
+
+    def step(drafter, n: int):  # noqa: ANN001, ANN202
+        ctx = DraftContext(
+            token_ids=ids[:n], features=feats[: n - 1], sampling=sampling, generator=None
+        )
+        t0 = time.perf_counter()
+        proposal = drafter.propose(ctx)
+        return time.perf_counter() - t0, proposal
+
+    return step
+
+
 def time_blocks(
     drafters: dict[int, object], verifier: Verifier, context: int, repeats: int
 ) -> dict[int, float]:
@@ -73,20 +97,10 @@ def time_blocks(
     The Ks take turns step by step, so a burst of load from another process
     hits them alike instead of skewing one K's numbers.
     """
-    g = torch.Generator().manual_seed(1)
-    total = context + repeats + 1
-    ids = torch.randint(0, verifier.vocab_size, (total,), generator=g)
-    width = len(next(iter(drafters.values())).aux_layer_ids) * verifier.hidden_size
-    feats = torch.randn(total, width, generator=g)
-    sampling = SamplingParams()
+    timed = propose_timer(drafters, verifier, context, repeats + 1)
 
     def step(drafter, n: int) -> float:  # noqa: ANN001
-        ctx = DraftContext(
-            token_ids=ids[:n], features=feats[: n - 1], sampling=sampling, generator=None
-        )
-        t0 = time.perf_counter()
-        proposal = drafter.propose(ctx)
-        dt = time.perf_counter() - t0
+        dt, proposal = timed(drafter, n)
         assert len(proposal) == drafter.num_speculative_tokens
         return dt
 

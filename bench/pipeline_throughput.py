@@ -1,6 +1,7 @@
 """Throughput of the training pipeline, stage by stage, new path against old, in one run.
 
-    PYTHONPATH=. .venv/bin/python bench/pipeline_throughput.py [--quick] [--json] [--procs 2]
+    PYTHONPATH=. .venv/bin/python bench/pipeline_throughput.py [--quick|--smoke] [--json]
+        [--procs 2]
 
 In this order:
 
@@ -231,11 +232,20 @@ def new_train(
 
 # The old code's step, run from a tree of OLD_REF: its objective recomputed the verifier's
 # targets from the stored last layer in every step, attended across the packed batch, in
-# float32, with metrics every step.
+# float32, with metrics every step.  Its imports are OLD_REF's module layout (then
+# specui/verifier.py was one module): they are pinned to that commit, never renamed with a move
+# in the present tree, and old_tree checks the files are there (OLD_MODULES).
+OLD_MODULES = (
+    "specui/verifier.py",
+    "specui/training/config.py",
+    "specui/training/objectives.py",
+    "specui/training/loop.py",
+    "specui/data/hidden.py",
+)
 OLD_TRAIN = r"""
 import json, statistics, sys, time, torch
 torch.set_num_threads(1)
-from specui.verifier.model import Verifier
+from specui.verifier import Verifier
 from specui.training.config import TrainConfig
 from specui.training.objectives import TargetHead, objective_for
 from specui.training.loop import make_optimizer
@@ -272,6 +282,12 @@ def old_tree(ref: str, dest: Path) -> Path:
         ["git", "-C", str(REPO), "archive", ref, "specui"], check=True, capture_output=True
     )
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    missing = [m for m in OLD_MODULES if not (dest / m).is_file()]
+    if missing:
+        raise SystemExit(
+            f"commit {ref} has no {', '.join(missing)}: the old training step imports"
+            f" {OLD_REF}'s modules (OLD_TRAIN); give --old-ref a commit of that layout"
+        )
     return dest
 
 
@@ -312,6 +328,9 @@ def _row(stage: str, new: float, old: float | None, mfu: float | None, **more) -
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes: under 5 minutes")
+    p.add_argument(
+        "--smoke", action="store_true", help="the smallest sizes: only checks that it runs"
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--procs", type=int, default=1, help="also time generation in N processes")
     p.add_argument("--old-ref", default=OLD_REF, help="the commit whose code is the old path")
@@ -325,7 +344,9 @@ def main() -> int:
     from specui.algorithms.spec import algorithm_names
     from specui.verifier.model import Verifier
 
-    n_gen, n_samples, steps, max_new = (32, 32, 3, 64) if a.quick else (128, 96, 10, 128)
+    n_gen, n_samples, steps, max_new = (
+        (8, 8, 1, 16) if a.smoke else (32, 32, 3, 64) if a.quick else (128, 96, 10, 128)
+    )
     batch_size = 4
     stages = set(a.stages.split(","))
     say = (lambda *x: print(*x, file=sys.stderr, flush=True)) if a.json else print

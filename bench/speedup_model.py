@@ -44,10 +44,9 @@ import statistics
 import time
 
 import torch
+from draft_cost import propose_timer  # bench/ is on sys.path: this file runs as a script
 
 from specui.algorithms import create_drafter
-from specui.algorithms.base import DraftContext
-from specui.trace import SamplingParams
 from specui.verifier.model import Verifier
 
 ALGOS = ("eagle3", "peagle", "dflash", "dspark")
@@ -94,20 +93,10 @@ def draft_costs(
     drafters: dict[str, object], v: Verifier, context: int, repeats: int
 ) -> dict[str, float]:
     """Median seconds of ``propose`` per variant, steady state (see bench/draft_cost.py)."""
-    g = torch.Generator().manual_seed(1)
-    total = context + repeats + 4
-    ids = torch.randint(100, v.vocab_size, (total,), generator=g)
-    width = len(next(iter(drafters.values())).aux_layer_ids) * v.hidden_size
-    feats = torch.randn(total, width, generator=g)
-    sampling = SamplingParams()
+    timed = propose_timer(drafters, v, context, repeats + 4, first_id=100)
 
     def step(d, n: int) -> float:  # noqa: ANN001
-        ctx = DraftContext(
-            token_ids=ids[:n], features=feats[: n - 1], sampling=sampling, generator=None
-        )
-        t0 = time.perf_counter()
-        d.propose(ctx)
-        return time.perf_counter() - t0
+        return timed(d, n)[0]
 
     samples: dict[str, list[float]] = {name: [] for name in drafters}
     for d in drafters.values():

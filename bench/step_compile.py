@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from bench.engine_peer import interval
 from specui.kernels.packing import Int8Weight
 from specui.verifier.batch_invariant import quantize_rows
-from specui.verifier.decoder import FastDecoder, KVBuffer, _norm, _rotate
+from specui.verifier.decoder import FastDecoder, KVBuffer, rms_norm, rotate
 from specui.verifier.model import Verifier
 
 
@@ -80,13 +80,13 @@ class CompiledInt8Step:
 
         def qkv(h, ln1, eps1, w_qkv, cos, sin):
             n = h.shape[0]
-            q, k, v = _mm(_norm(h, ln1, eps1), w_qkv).split((nh * d, kvh * d, kvh * d), dim=-1)
+            q, k, v = _mm(rms_norm(h, ln1, eps1), w_qkv).split((nh * d, kvh * d, kvh * d), dim=-1)
             q, k = q.reshape(n, nh, d), k.reshape(n, kvh, d)
-            return _rotate(q, cos, sin), _rotate(k, cos, sin), v.reshape(n, kvh, d)
+            return rotate(q, cos, sin), rotate(k, cos, sin), v.reshape(n, kvh, d)
 
         def mlp(h, attn, o, ln2, eps2, gate_up, down):
             h = h + _mm(attn, o)
-            gate, up = _mm(_norm(h, ln2, eps2), gate_up).chunk(2, dim=-1)
+            gate, up = _mm(rms_norm(h, ln2, eps2), gate_up).chunk(2, dim=-1)
             return h + _mm(F.silu(gate) * up, down)
 
         def between(h, attn, o, ln2, eps2, gate_up, down, ln1, eps1, w_qkv, cos, sin):
@@ -94,7 +94,7 @@ class CompiledInt8Step:
             return (h, *qkv(h, ln1, eps1, w_qkv, cos, sin))
 
         def last(h, attn, o, ln2, eps2, gate_up, down, norm, eps, head):
-            return _mm(_norm(mlp(h, attn, o, ln2, eps2, gate_up, down), norm, eps), head)
+            return _mm(rms_norm(mlp(h, attn, o, ln2, eps2, gate_up, down), norm, eps), head)
 
         self.first, self.between, self.last = (
             torch.compile(f, dynamic=True) for f in (qkv, between, last)

@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from specui.metrics import compare, write_steps_csv
+from specui.metrics.comparison import compare
+from specui.metrics.csv import write_steps_csv
 from specui.store import DecodingSettings, RunRecorder, Store
 from specui.trace import FinalTokenKind, GenerationResult, StepTrace
 

@@ -37,10 +37,10 @@ from specui.commands import add_ngram_arguments, add_precision_argument, ngram_o
 from specui.errors import SpecUIError
 from specui.store import Store
 from specui.trace import SamplingParams
-from specui.vllm.bench import BenchSettings
 from specui.vllm.bench import bench as vllm_bench
+from specui.vllm.client import BenchSettings
 from specui.vllm.install import vllm_python
-from specui.vllm.server import ServerConfig
+from specui.vllm.launch_plan import ServerConfig
 
 
 def main() -> int:

@@ -108,14 +108,13 @@ def summary(a: argparse.Namespace) -> None:
 
 
 def calibrate(a: argparse.Namespace) -> None:
-    from specui.metrics import (
+    from specui.metrics.calibration import (
         ConfidenceMetrics,
         apply_temperature,
-        confidence_report,
         fit_temperature,
-        load_confidences,
         slot_rate_auroc,
     )
+    from specui.metrics.confidence import confidence_report, load_confidences
     from specui.store import Store
 
     store = Store(a.db)

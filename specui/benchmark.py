@@ -16,7 +16,7 @@ from typing import Any
 
 from specui.data import Prompt, bench_split, load_prompts
 from specui.errors import SpecUIError
-from specui.metrics import Comparison, compare
+from specui.metrics.comparison import Comparison, compare
 from specui.metrics.slot_calibration import SlotEce, refit_calibrations, slot_ece
 from specui.policy import DEFAULT_POLICY
 from specui.policy.calibration import SlotCalibration

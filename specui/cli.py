@@ -5,16 +5,16 @@ a module there exposes ``register(subparsers)`` which adds its parser and sets
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
 import typing
 
+from specui.commands import bench, decode, doctor, jobs, runs, train, vllm
 from specui.errors import SpecUIError
 
 # One module per command group; adding a command is adding a module here.
-COMMAND_MODULES = ["decode", "runs", "bench", "train", "jobs", "vllm", "doctor"]
+COMMAND_MODULES = [decode, runs, bench, train, jobs, vllm, doctor]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,13 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specui", description="Speculative decoding workbench")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"specui.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"specui.commands.{name}":
-                continue  # command group not built yet
-            raise
+    for module in COMMAND_MODULES:
         module.register(sub)
     return parser
 

@@ -40,7 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from specui.metrics import Column, compare, write_csv
+from specui.metrics.columns import Column
+from specui.metrics.comparison import compare
+from specui.metrics.csv import write_csv
 from specui.store import Store, user_error
 
 # Where the format was read, for the module notes above and for error messages.

@@ -3,7 +3,7 @@ run* and ``specui runs replay`` show.
 
 A local run stored every ``StepTrace`` as the engine produced it, so its replay
 is exactly what live decoding showed.  A vLLM run stored only what vLLM
-reports (see ``specui.vllm.bench``): per step the number drafted and accepted;
+reports (see ``specui.vllm.request_steps``): per step the number drafted and accepted;
 the accepted drafts are the emitted tokens, while rejected draft tokens and
 all probabilities are unknown (id -1, text ``?``, NaN).  Where vLLM gave only a
 per-request histogram of accepted counts, the stored steps have the right

@@ -25,6 +25,7 @@ from specui.algorithms.resolve import BUILTIN, resolve_drafter, shipped_drafters
 from specui.paths import data_dir
 from specui.policy.adaptive import MAX_MEASURED_ROWS, split
 from specui.policy.cost import CostModel, cost_model
+from specui.processes import trim_malloc
 from specui.verifier.model import Verifier, default_precision
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ def held_bytes(drafter: Drafter, verifier: Verifier) -> int:
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
+            if obj.is_meta:  # a shape without memory (a weight a serving drafter dropped)
+                continue
             try:
                 storage = obj.untyped_storage()
             except NotImplementedError:  # an opaque (mkldnn-packed) tensor: its own size
@@ -239,6 +242,12 @@ class Workbench:
         if drafter is None:
             drafter = resolve_drafter(choice, verifier, k, **options)
             size = held_bytes(drafter, verifier)
+            # The load's temporaries (the float32 model, the conversions' copies) were freed
+            # into malloc's arenas: hand them back now, not at the app's next minute tick, or
+            # loads in a row each leave a few hundred MiB resident (docs/space.md).
+            if size >= 2**20:  # a learned drafter's load (not a lookup's, made in microseconds)
+                trim_malloc()
+        dropped: list[Drafter] = []
         try:
             yield drafter
         finally:
@@ -248,17 +257,23 @@ class Workbench:
                     pool.append(drafter)
                     self._sizes[id(drafter)] = size
                 self._idle.move_to_end(key)
-                self._trim()
+                dropped = self._trim()
+            if dropped:
+                del dropped[:]  # the last references: their memory is free, then returned
+                trim_malloc()
 
-    def _trim(self) -> None:
+    def _trim(self) -> list[Drafter]:
         """Drop the least recently used idle drafters past IDLE_KEYS configurations or the
-        pool's byte cap (the one just returned stays, whatever its size)."""
+        pool's byte cap (the one just returned stays, whatever its size); returns them."""
+        out: list[Drafter] = []
         while len(self._idle) > IDLE_KEYS or (
             len(self._idle) > 1 and sum(self._sizes.values()) > pool_cap_bytes()
         ):
             _, dropped = self._idle.popitem(last=False)
             for d in dropped:
                 self._sizes.pop(id(d), None)
+            out += dropped
+        return out
 
     def idle_bytes(self) -> int:
         """What the idle drafters hold together (at most the pool cap, or one drafter)."""

@@ -179,3 +179,11 @@ def test_tests_import_shared_helpers_only_from_tests_support() -> None:
                 if n.startswith("tests.") and not n.startswith("tests.support")
             ]
     assert not found, found
+
+
+def test_the_architecture_page_has_a_paragraph_for_every_layer() -> None:
+    """docs/architecture.md draws these layers and gives each a paragraph ("**name.**"): a layer
+    added here without one there fails."""
+    page = (REPO / "docs" / "architecture.md").read_text()
+    missing = [name for name, _ in LAYERS if f"**{name}.**" not in page]
+    assert not missing, f"docs/architecture.md has no paragraph for {missing}"

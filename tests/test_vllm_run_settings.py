@@ -8,7 +8,7 @@ import pytest
 from specui.errors import SpecUIError
 from specui.service import DecodeRequest, run_settings
 from specui.store import DecodingSettings
-from specui.vllm.bench import BenchSettings
+from specui.vllm.client import BenchSettings
 
 
 def test_bench_settings_ask_the_run_service_for_what_a_vllm_run_stores() -> None:

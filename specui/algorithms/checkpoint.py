@@ -27,7 +27,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from specui.algorithms.base import DTYPES, DraftConfig, DraftModel
+from specui.algorithms.base import DraftModel
+from specui.algorithms.draft_config import DTYPES, DraftConfig
 from specui.algorithms.spec import ALGORITHMS
 from specui.errors import SpecUIError
 
@@ -142,11 +143,16 @@ def load_model(path: str | os.PathLike, verifier: Verifier) -> DraftModel:
     assert config is not None
     model_cls = _model_class(_read_config(folder))
     model = model_cls(config)
-    state = model.state_dict()
-    present = {k: tensors[k].to(ref.dtype) for k, ref in state.items() if k in tensors}
-    model.load_state_dict(present, strict=False)  # computes in float32 whatever the storage dtype
-    with torch.no_grad():  # after d2t is in place: fallbacks may depend on the draft vocabulary
-        for k in state.keys() - present.keys():
+    state = model.state_dict()  # views of the model's float32 parameters and buffers
+    present = [k for k in state if k in tensors]
+    with torch.no_grad():
+        # Each stored tensor copied into its parameter (converted to float32 on the way) and let
+        # go: a load holds the float32 model and what is left of the file, never a float32 copy
+        # of the whole file beside them (_inspect checked every shape).
+        for k in present:
+            state[k].copy_(tensors.pop(k))
+        # after d2t is in place: fallbacks may depend on the draft vocabulary
+        for k in state.keys() - set(present):
             model.get_parameter(k).copy_(model.fallback_tensor(k, verifier))
     model.bind_verifier(verifier)
     return model.to(_device(verifier)).eval()

@@ -10,6 +10,7 @@ from pathlib import Path
 from specui.algorithms.base import Drafter
 from specui.algorithms.checkpoint import load_drafter
 from specui.algorithms.ngram import OPTION_NAMES, NgramConfig
+from specui.algorithms.serving import drop_load_copies, load_weights
 from specui.algorithms.simple import BUILTIN, LOOKUPS, NgramDrafter, PlainDrafter
 from specui.algorithms.spec import ALGORITHMS
 from specui.algorithms.suffix import OPTION_NAMES as SUFFIX_OPTIONS
@@ -72,24 +73,28 @@ def resolve_drafter(
         algo.drafter_options if algo else ()
     )
     options = {k: v for k, v in options.items() if not (k in others and v is not None)}
-    with _admitted(choice, path):
+    # Admitted for the whole load: the conversions' copies are its peak (``serving``).
+    with _admitted(choice, path, verifier):
         drafter = load_drafter(
             path, verifier, num_speculative_tokens=num_speculative_tokens, **options
         )
-    # Beside an int8 or GGUF verifier too the drafter stays bf16: small, not worth the error.
-    precision = getattr(verifier, "precision", "fp32")
-    if precision in ("bf16", "int8", "gguf", "gguf-q8"):
-        # Beside gguf-q8 the one call's matmuls take int8 rows too: the verifier's kernel.
-        drafter.matmuls_in_bf16(int8_rows=precision == "gguf-q8")
+        # Beside an int8 or GGUF verifier too the drafter stays bf16: small, not worth the error.
+        precision = getattr(verifier, "precision", "fp32")
+        if precision in ("bf16", "int8", "gguf", "gguf-q8"):
+            # Beside gguf-q8 the one call's matmuls take int8 rows too: the verifier's kernel.
+            drafter.matmuls_in_bf16(int8_rows=precision == "gguf-q8")
+            # Serving alone from here: the float32 copies of the load go (``serving``).
+            drop_load_copies(drafter, verifier)
     return drafter
 
 
-def _admitted(choice: str, path: Path):
-    """The drafter load's admission by its safetensors headers' size (a folder whose headers
-    cannot be read is let through: load_drafter refuses it with the full message)."""
+def _admitted(choice: str, path: Path, verifier: Verifier):
+    """The drafter load's admission by its size (``serving.load_weights``: the safetensors
+    headers and the config); a folder whose headers or config cannot be read is let through:
+    load_drafter refuses it with the full message."""
     try:
-        weights = admission.folder_weights(path) if path.is_dir() else None
-    except SpecUIError:
+        weights = load_weights(path, verifier) if path.is_dir() else None
+    except (SpecUIError, KeyError, TypeError, ValueError):
         weights = None
     if weights is None:
         return contextlib.nullcontext()

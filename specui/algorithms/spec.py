@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from specui.errors import SpecUIError
-from specui.registry import Registry
+from specui.registry import Registry, resolve
 
 ENV = "SPECUI_ALGORITHMS"
 
@@ -61,7 +60,7 @@ class AlgorithmSpec:
 
     @property
     def drafter_class(self) -> type:
-        return _resolve(self.drafter)
+        return resolve(self.drafter)
 
     @property
     def model_class(self) -> type:
@@ -75,11 +74,11 @@ class AlgorithmSpec:
     def objective_class(self) -> type:
         if self.objective is None:
             raise SpecUIError(f"no training objective for algorithm {self.name!r}")
-        return _resolve(self.objective)
+        return resolve(self.objective)
 
     @property
     def train_options_class(self) -> type | None:
-        return None if self.train_options is None else _resolve(self.train_options)
+        return None if self.train_options is None else resolve(self.train_options)
 
     @property
     def train_fields(self) -> tuple[str, ...]:
@@ -96,13 +95,6 @@ class AlgorithmSpec:
         if self.vllm_method is None:
             raise SpecUIError(f"vLLM serves no speculators_model_type {self.name!r}")
         return {"method": self.vllm_method, **self.vllm_extra}
-
-
-def _resolve(ref: type | str) -> type:
-    if not isinstance(ref, str):
-        return ref
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 @functools.cache
@@ -170,7 +162,7 @@ def drafter_option_label(name: str, value: Any) -> str | None:
     declares it): the declaring algorithm's label function says."""
     for spec in algorithm_specs():
         if name in spec.drafter_options:
-            return _resolve(spec.drafter_options[name])(value)
+            return resolve(spec.drafter_options[name])(value)
     return None
 
 
@@ -207,31 +199,3 @@ def package_spec(package: str, prefix: str, **fields: Any) -> AlgorithmSpec:
         objective=f"{package}.objective:{prefix}Objective",
         train_options=f"{package}.options:{prefix}Options",
     )
-
-
-def package_exports(
-    package: str, prefix: str, **more: str
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """:func:`lazy_exports` of an algorithm package: ``{prefix}Config``, ``{prefix}Options``,
-    ``{prefix}Model``, ``{prefix}Drafter`` and ``{prefix}Objective`` from the sub-modules of
-    those names, and ``more`` (name=sub-module)."""
-    kinds = ("config", "options", "model", "drafter", "objective")
-    return lazy_exports(package, {**{f"{prefix}{k.capitalize()}": k for k in kinds}, **more})
-
-
-def lazy_exports(
-    package: str, names: Mapping[str, str]
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``__getattr__`` and ``__dir__`` for a package whose exports live in sub-modules
-    (``{"DFlashModel": "model"}``), imported on first access: registering an
-    algorithm must not import torch."""
-
-    def __getattr__(name: str) -> Any:
-        if name in names:
-            return getattr(importlib.import_module(f"{package}.{names[name]}"), name)
-        raise AttributeError(f"module {package!r} has no attribute {name!r}")
-
-    def __dir__() -> list[str]:
-        return sorted(names)
-
-    return __getattr__, __dir__

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable
 
 
 def arg_values(args: argparse.Namespace, *names: str) -> dict:
@@ -91,3 +93,46 @@ def add_policy_argument(p: argparse.ArgumentParser) -> None:
         "expected tokens per second under the cost model measured at load; fixed: every draft, "
         "the raw drafter at its K",
     )
+
+
+def add_draft_arguments(p: argparse.ArgumentParser) -> None:
+    """The n-gram lookup's sizes and ``--policy``: how a local decode drafts (decode, bench)."""
+    add_ngram_arguments(p)
+    add_policy_argument(p)
+
+
+def local_time(ts: float | None) -> str:
+    """A stored timestamp as local time for a listing ("-" when unset)."""
+    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    """Rows under a header in left-aligned columns as wide as their widest cell."""
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
+    ]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def add_id_command(
+    sub: argparse._SubParsersAction,
+    common: argparse.ArgumentParser,
+    name: str,
+    help_text: str,
+    id_name: str,
+    func: Callable[[argparse.Namespace], int],
+    *,
+    force: str | None = None,
+) -> argparse.ArgumentParser:
+    """A subcommand on one stored run or job, named by its id; with ``force`` ("cancel a job")
+    also --force: act on one a dashboard session owns."""
+    p = sub.add_parser(name, parents=[common], help=help_text)
+    p.add_argument(id_name, type=int)
+    if force is not None:
+        p.add_argument(
+            "--force", action="store_true", help=f"also {force} that a dashboard session owns"
+        )
+    p.set_defaults(func=func)
+    return p

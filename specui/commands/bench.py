@@ -9,13 +9,7 @@ from dataclasses import asdict
 
 import torch
 
-from specui.commands import (
-    add_ngram_arguments,
-    add_policy_argument,
-    add_precision_argument,
-    arg_values,
-    ngram_options,
-)
+from specui.commands import add_draft_arguments, add_precision_argument, arg_values, ngram_options
 from specui.errors import SpecUIError
 from specui.trace import SamplingParams, check_decode_settings
 
@@ -45,8 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=None)
-    add_ngram_arguments(p)
-    add_policy_argument(p)
+    add_draft_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1 gives stable timings)"

@@ -8,13 +8,7 @@ import sys
 
 import torch
 
-from specui.commands import (
-    add_ngram_arguments,
-    add_policy_argument,
-    add_precision_argument,
-    arg_values,
-    ngram_options,
-)
+from specui.commands import add_draft_arguments, add_precision_argument, arg_values, ngram_options
 from specui.errors import SpecUIError
 from specui.trace import SamplingParams, check_decode_settings
 
@@ -45,8 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="K (default: the drafter's own)",
     )
-    add_ngram_arguments(p)
-    add_policy_argument(p)
+    add_draft_arguments(p)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from specui.commands import add_worker_arguments
-from specui.commands.runs import _table, _when, add_db_option
+from specui.commands import add_id_command, add_worker_arguments, local_time, text_table
+from specui.commands.runs import add_db_option
 from specui.jobs import queue
 from specui.store import JobStatus, Store
 
@@ -24,18 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--limit", type=int, default=50)
     ls.set_defaults(func=cmd_list)
 
-    show = js.add_parser(
-        "show", parents=[common], help="one job: parameters, log tail, latest metrics"
-    )
-    show.add_argument("job_id", type=int)
-    show.set_defaults(func=cmd_show)
-
-    ca = js.add_parser("cancel", parents=[common], help="cancel a queued or running job")
-    ca.add_argument("job_id", type=int)
-    ca.add_argument(
-        "--force", action="store_true", help="also cancel a job that a dashboard session owns"
-    )
-    ca.set_defaults(func=cmd_cancel)
+    show_help = "one job: parameters, log tail, latest metrics"
+    add_id_command(js, common, "show", show_help, "job_id", cmd_show)
+    cancel_help = "cancel a queued or running job"
+    add_id_command(js, common, "cancel", cancel_help, "job_id", cmd_cancel, force="cancel a job")
 
     wk = js.add_parser("worker", parents=[common], help="run queued jobs (each in its own process)")
     wk.add_argument("--max-jobs", type=int, help="jobs at once (default: $SPECUI_MAX_JOBS or 1)")
@@ -56,12 +48,12 @@ def cmd_list(args: argparse.Namespace) -> int:
             str(j.status)
             + (" (cancelling)" if j.cancel_requested_at and j.status == JobStatus.RUNNING else ""),
             f"{100 * j.progress:.0f}%",
-            _when(j.created_at),
+            local_time(j.created_at),
             (j.error or j.message or "")[:60],
         ]
         for j in jobs
     ]
-    print(_table(["ID", "KIND", "STATUS", "PROGRESS", "CREATED", "MESSAGE"], rows))
+    print(text_table(["ID", "KIND", "STATUS", "PROGRESS", "CREATED", "MESSAGE"], rows))
     return 0
 
 
@@ -72,9 +64,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"job {job.id}: {job.kind}  [{job.status}]  {100 * job.progress:.0f}%")
     print(f"  params   {job.params_json}")
     for key, value in (
-        ("created", _when(job.created_at)),
-        ("started", _when(job.started_at)),
-        ("ended", _when(job.ended_at)),
+        ("created", local_time(job.created_at)),
+        ("started", local_time(job.started_at)),
+        ("ended", local_time(job.ended_at)),
         ("message", job.message),
         ("error", job.error),
         ("result", job.result_json),

@@ -7,10 +7,11 @@ import argparse
 import json
 import math
 import sys
-import time
 from typing import Any
 
-from specui.metrics import compare, write_steps_csv
+from specui.commands import add_id_command, local_time, text_table
+from specui.metrics.comparison import compare
+from specui.metrics.csv import write_steps_csv
 from specui.store import RunStatus, Store
 
 
@@ -50,9 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls.add_argument("--limit", type=int, default=50)
     ls.set_defaults(func=cmd_list)
 
-    show = rs.add_parser("show", parents=[common], help="one run: settings, versions and metrics")
-    show.add_argument("run_id", type=int)
-    show.set_defaults(func=cmd_show)
+    show_help = "one run: settings, versions and metrics"
+    add_id_command(rs, common, "show", show_help, "run_id", cmd_show)
 
     rp = rs.add_parser(
         "replay",
@@ -105,12 +105,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     flag("--excel", action="store_true", help=excel_help)
     ex.set_defaults(func=cmd_export)
 
-    de = rs.add_parser("delete", parents=[common], help="delete a run with its results and steps")
-    de.add_argument("run_id", type=int)
-    de.add_argument(
-        "--force", action="store_true", help="also delete a run that a dashboard session owns"
-    )
-    de.set_defaults(func=cmd_delete)
+    delete_help = "delete a run with its results and steps"
+    add_id_command(rs, common, "delete", delete_help, "run_id", cmd_delete, force="delete a run")
 
     ca = rs.add_parser(
         "calibrate",
@@ -121,25 +117,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     ca.set_defaults(func=cmd_calibrate)
 
 
-def _when(ts: float | None) -> str:
-    return "-" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
-
-
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [
-        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)
-    ]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join(lines)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -165,13 +148,13 @@ def cmd_list(args: argparse.Namespace) -> int:
                 r.prompt_set,
                 str(counts[r.id][0]),
                 str(counts[r.id][1]),
-                _when(r.started_at),
+                local_time(r.started_at),
             ]
             for r in runs
             if r.id is not None
         ]
     print(
-        _table(
+        text_table(
             [
                 "ID",
                 "STATUS",
@@ -201,8 +184,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         ("backend", run.backend),
         ("prompt set", run.prompt_set),
         ("seed", run.seed),
-        ("started", _when(run.started_at)),
-        ("ended", _when(run.ended_at)),
+        ("started", local_time(run.started_at)),
+        ("ended", local_time(run.ended_at)),
         ("error", run.error),
     ):
         if value is not None:

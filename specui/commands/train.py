@@ -174,9 +174,17 @@ SPECULATORS_LOSSES: dict[str, str] = {"ce": "ce", "kl_div": "kl"}
 SPECULATORS_POSITION_WEIGHTS: dict[str, bool] = {"fixed-exp-decay": False, "dpace": True}
 
 
+# SpecUI's own older flag -> its flag now, kept so that existing command lines still run.
+# --precision was the training matmul precision here and is the verifier's precision on every
+# other command (decode, bench, doctor): train's is --matmul-precision now.
+OLD_SPELLINGS: dict[str, str] = {"--precision": "--matmul-precision"}
+
+
 def _spellings(flag: str) -> list[str]:
-    """SpecUI's flag and the speculators spellings that alias it (SPECULATORS_FLAG_ALIASES)."""
-    return [flag, *(theirs for theirs, ours in SPECULATORS_FLAG_ALIASES.items() if ours == flag)]
+    """SpecUI's flag, then its older spelling (OLD_SPELLINGS) and the speculators spellings
+    that alias it (SPECULATORS_FLAG_ALIASES)."""
+    aliases = {**OLD_SPELLINGS, **SPECULATORS_FLAG_ALIASES}
+    return [flag, *(old for old, ours in aliases.items() if ours == flag)]
 
 
 class _IntsAction(argparse.Action):

@@ -78,7 +78,7 @@ def _server_options(p: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace, speculator: str | None = None):
     from specui.algorithms.ngram import NgramConfig
-    from specui.vllm.server import ServerConfig, parse_extra_args
+    from specui.vllm.launch_plan import ServerConfig, parse_extra_args
 
     return ServerConfig(
         # extract has no n-gram flags: it gets the default
@@ -204,7 +204,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from specui.store import Store
-    from specui.vllm.bench import BenchSettings, bench
+    from specui.vllm.bench import bench
+    from specui.vllm.client import BenchSettings
 
     if args.limit is not None and args.limit < 1:
         raise SpecUIError(f"--limit must be >= 1, got {args.limit}")

@@ -30,8 +30,10 @@ def served_acceptance(
     """(a_1..a_K, tau, the prompt ids vLLM tokenized, its steps per prompt) of a vLLM server
     launched for this folder."""
     from specui.store import Store
-    from specui.vllm.bench import BenchSettings, run_benchmark
-    from specui.vllm.server import ServerConfig, VLLMServer
+    from specui.vllm.bench import run_benchmark
+    from specui.vllm.client import BenchSettings
+    from specui.vllm.launch_plan import ServerConfig
+    from specui.vllm.server import VLLMServer
 
     with tempfile.TemporaryDirectory(prefix="specui-doctor-") as tmp:
         store = Store(Path(tmp) / "doctor.db")

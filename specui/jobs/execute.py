@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from specui.jobs.context import JobCancelled, JobContext
-from specui.jobs.kinds import KINDS, import_modules, load_kinds
+from specui.jobs.kinds import KINDS, load_kinds
 from specui.store import JobStatus, Store
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def run_job(
     store = Store(db_path)
     modules = list(modules)
     if modules:
-        import_modules(modules)
+        KINDS.import_only(modules)
     else:
         load_kinds()
     job = store.get_job(job_id)

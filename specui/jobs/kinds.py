@@ -7,7 +7,6 @@ to ``python -m workers.runner``.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -63,17 +62,6 @@ def load_kinds(extra_modules: Iterable[str] = ()) -> list[str]:
     ``extra_modules``); returns the registered kinds."""
     KINDS.load(extra_modules)
     return sorted(KINDS.names())
-
-
-def import_modules(names: Iterable[str]) -> None:
-    """Only these (a child imports just its kind's module: some import torch)."""
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-            log.debug("job module %s not found; skipped", name)
 
 
 def registered_kinds() -> list[str]:

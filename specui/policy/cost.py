@@ -137,8 +137,9 @@ def model_key(verifier: Any) -> dict[str, Any]:
 def drafter_key(drafter: Drafter) -> str:
     """A drafter's entry in ``draft_s``: name, algorithm, K and its weights where it has any."""
     model = getattr(drafter, "model", None)
-    weights = ""
-    if isinstance(model, torch.nn.Module):
+    # taken before a serving drafter let its float32 weights go (specui.algorithms.serving)
+    weights = getattr(drafter, "weights_fingerprint", None) or ""
+    if not weights and isinstance(model, torch.nn.Module):
         from specui.verifier.fingerprint import model_fingerprint
 
         weights = model_fingerprint(model)

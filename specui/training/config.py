@@ -111,6 +111,7 @@ class TrainConfig:
         "training matmuls: bf16 autocast with float32 master weights, fp32, or auto "
         "(bf16 where the CPU has AMX / AVX512-BF16, or on a GPU)",
         group="data",
+        flag="--matmul-precision",  # --precision elsewhere is the verifier's (specui decode)
         choices=PRECISIONS,
     )
 

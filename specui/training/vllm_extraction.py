@@ -30,7 +30,7 @@ def find_python(python: str | None) -> Path:
 def check_extraction(verifier_choice: str, python: str | None) -> None:
     """Refuse an extraction vLLM cannot run: a verifier it does not serve (a .gguf file), or
     no vLLM in its interpreter."""
-    from specui.vllm.server import resolve_model  # torch: see the module's docstring
+    from specui.vllm.launch_plan import resolve_model  # torch: see the module's docstring
 
     resolve_model(verifier_choice)  # vLLM serves Hugging Face folders and hub ids
     check_installed(vllm_python(python))
@@ -50,7 +50,7 @@ def extractor(
     """An extractor whose vLLM server starts on first use (never, when the cache is already
     full); it must be closed."""
     from specui.vllm.extract import VLLMExtractor  # torch: see the module's docstring
-    from specui.vllm.server import ServerConfig
+    from specui.vllm.launch_plan import ServerConfig
 
     server = ServerConfig(
         python=python,

@@ -10,7 +10,7 @@ from specui.choices import ui_drafter, ui_verifier
 from specui.data import Prompt, prompt_sets
 from specui.data.prompts import check_prompt_text, encode_text
 from specui.errors import SpecUIError
-from specui.metrics import compare, comparison_csv_text
+from specui.metrics.comparison import compare, comparison_csv_text
 from specui.service import DECODE_EVENTS, DecodeRequest, record_run
 from specui.store import Store
 from specui.trace import SamplingParams, as_int

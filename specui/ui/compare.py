@@ -20,7 +20,8 @@ from specui.choices import ui_drafter, ui_prompts
 from specui.data import prompt_sets
 from specui.errors import SpecUIError
 from specui.jobs import queue as jobs
-from specui.metrics import Column, Comparison, compare
+from specui.metrics.columns import Column
+from specui.metrics.comparison import Comparison, compare
 from specui.paths import data_dir
 from specui.store import Store
 from specui.ui.refusals import refuse

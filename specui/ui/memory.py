@@ -22,14 +22,14 @@ minute's tick returns free heap memory to the system (``malloc_trim``).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import datetime
 import logging
 import os
 import threading
 
 import gradio as gr
+
+from specui.processes import libc, trim_malloc
 
 log = logging.getLogger(__name__)
 
@@ -39,31 +39,12 @@ SESSION_CAPACITY = 1000  # Gradio's default is 10 000
 _M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-    return (
-        libc
-        if libc is not None and hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim")
-        else None
-    )
-
-
 def limit_malloc_arenas() -> bool:
     """Cap glibc's malloc arenas (call before the app starts its threads); False where
     there is no glibc (macOS, musl) or the cap is off."""
     n = int(os.environ.get(ARENAS_ENV, "2"))
-    libc = _libc()
-    return bool(n > 0 and libc is not None and libc.mallopt(_M_ARENA_MAX, n) == 1)
-
-
-def trim_malloc() -> None:
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
+    lib = libc()
+    return bool(n > 0 and lib is not None and lib.mallopt(_M_ARENA_MAX, n) == 1)
 
 
 def idle_limit_s() -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from specui.algorithms import validate_checkpoint
+from specui.algorithms.checkpoint import validate_checkpoint
 from specui.algorithms.resolve import shipped_drafters
 from specui.choices import ui_prompts, ui_verifier
 from specui.errors import SpecUIError

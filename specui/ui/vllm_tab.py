@@ -19,8 +19,8 @@ from specui.data import prompt_sets
 from specui.errors import SpecUIError
 from specui.store import Store, admin_mode
 from specui.ui.refusals import refuse
-from specui.vllm.bench import BenchSettings
-from specui.vllm.server import ServerConfig
+from specui.vllm.client import BenchSettings
+from specui.vllm.launch_plan import ServerConfig
 from specui.vllm.session import SLOT, VLLMSlot
 from specui.workbench import drafter_choices
 

@@ -42,6 +42,10 @@ class Weights:
 
     elements: int
     stored_bytes: int
+    # Where a load knows better than the float32 rule below (a drafter: its serving copies and
+    # conversions, ``specui.algorithms.serving.load_weights``), its own figures.
+    resident: int | None = None
+    peak: int | None = None
 
     def __add__(self, other: Weights) -> Weights:
         return Weights(self.elements + other.elements, self.stored_bytes + other.stored_bytes)
@@ -49,13 +53,13 @@ class Weights:
     @property
     def resident_bytes(self) -> int:
         """Held once loaded: SpecUI computes in float32 (bf16 verification keeps less)."""
-        return self.elements * 4
+        return self.elements * 4 if self.resident is None else self.resident
 
     @property
     def peak_bytes(self) -> int:
         """Held at the worst moment of a load: the float32 weights and the stored copy they
         are converted from (a bf16 checkpoint read into float32, a GGUF dequantized)."""
-        return self.resident_bytes + self.stored_bytes
+        return self.resident_bytes + self.stored_bytes if self.peak is None else self.peak
 
 
 def header_weights(header: dict) -> Weights:

@@ -51,7 +51,7 @@ CHECK_ROWS = (
 )
 
 
-def _llama_rows(out_features: int, heads: int) -> torch.Tensor:
+def llama_rows(out_features: int, heads: int) -> torch.Tensor:
     """The file row that holds each model row of a q (k) weight llama.cpp's converter permuted:
     per head, the file interleaves the two rotary halves' rows, the model keeps them apart."""
     half = out_features // heads // 2
@@ -139,7 +139,7 @@ def _matching_rows(
     llama.cpp's converter permuted them, whichever dequantizes to ``weight`` exactly."""
     orders = [None]
     if heads and raw.shape[0] % (2 * heads) == 0:
-        orders.append(_llama_rows(raw.shape[0], heads))
+        orders.append(llama_rows(raw.shape[0], heads))
     for rows in orders:
         first = raw[:CHECK_ROWS] if rows is None else raw[rows[:CHECK_ROWS]]
         if torch.equal(dequantize_gguf(first, kind, k), weight[:CHECK_ROWS].float()):

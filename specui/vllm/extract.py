@@ -38,14 +38,9 @@ from specui.data.distill import TokenSample, verifier_fingerprint
 from specui.data.hidden import HiddenStateExtractor, TargetFn, topk_targets, write_sample
 from specui.errors import SpecUIError
 from specui.paths import REPO_ROOT
-from specui.vllm.server import (
-    ServerConfig,
-    VLLMServer,
-    is_cpu_build,
-    redact_url,
-    resolve_model,
-    vllm_python,
-)
+from specui.vllm.install import is_cpu_build, vllm_python
+from specui.vllm.launch_plan import ServerConfig, resolve_model
+from specui.vllm.server import VLLMServer, redact_url
 
 CPU_CONNECTOR = "SpecUICPUHiddenStatesConnector"
 CPU_CONNECTOR_MODULE = "specui.vllm.connector"

@@ -24,8 +24,11 @@ from specui.choices import ui_drafter, ui_prompts, ui_verifier
 from specui.data import load_prompts
 from specui.errors import SpecUIError
 from specui.store import Store, check_owner
-from specui.vllm.bench import BenchSettings, VLLMRun, bench, run_benchmark
-from specui.vllm.server import ServerConfig, ServerState, VLLMServer, redact_url
+from specui.vllm.bench import bench, run_benchmark
+from specui.vllm.client import BenchSettings
+from specui.vllm.launch_plan import ServerConfig
+from specui.vllm.server import ServerState, VLLMServer, redact_url
+from specui.vllm.stored_run import VLLMRun
 
 # Attaching makes the app send requests to a URL a visitor typed; by default
 # only to this machine, so the dashboard cannot be used to probe a network.

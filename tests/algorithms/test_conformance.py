@@ -20,8 +20,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specui.algorithms import algorithm_names, load_drafter, load_model
+from specui.algorithms import algorithm_names
 from specui.algorithms.base import DraftContext
+from specui.algorithms.checkpoint import load_drafter, load_model
 from specui.trace import SamplingParams
 from specui.verifier.model import Verifier
 from tests.support.paths import FIXTURES

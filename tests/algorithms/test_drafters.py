@@ -14,15 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specui.algorithms import (
-    algorithm_names,
-    create_drafter,
-    load_drafter,
-    save_drafter,
-    validate_checkpoint,
-)
+from specui.algorithms import algorithm_names, create_drafter
 from specui.algorithms.base import DraftContext
-from specui.algorithms.dspark import ConfidencePolicy
+from specui.algorithms.checkpoint import load_drafter, save_drafter, validate_checkpoint
+from specui.algorithms.dspark.drafter import ConfidencePolicy
 from specui.errors import SpecUIError
 from specui.trace import SamplingParams
 from specui.verifier.model import Verifier
@@ -212,15 +207,25 @@ DFLASH_VARIANTS = {
 }
 
 
+def _drafter(algo: str, verifier: Verifier, seq, seed: int, **sizes):  # noqa: ANN202
+    """(a new drafter of ``algo``, the token ids of ``seq``, the taps of ``seq`` it reads)."""
+    x, taps = seq
+    d = create_drafter(algo, verifier, seed=seed, **sizes)
+    return d, x, features(taps, d.aux_layer_ids)
+
+
+def _variant(variants: dict, variant: str, verifier: Verifier, seq, seed: int):  # noqa: ANN202
+    """(its algorithm, then ``_drafter``'s three) for ``variants[variant]``'s sizes."""
+    algo = variant.split("-")[0]
+    return algo, *_drafter(algo, verifier, seq, seed, **variants[variant])
+
+
 @pytest.mark.parametrize("variant", DFLASH_VARIANTS)
 def test_dflash_family_inference_matches_training_forward(
     variant: str, verifier: Verifier, seq
 ) -> None:
-    x, taps = seq
-    algo = variant.split("-")[0]
-    d = create_drafter(algo, verifier, seed=5, **DFLASH_VARIANTS[variant])
+    algo, d, x, f = _variant(DFLASH_VARIANTS, variant, verifier, seq, 5)
     m = d.model
-    f = features(taps, d.aux_layer_ids)
     anchors = torch.tensor([3, 9, 10, 17, 30])
     with torch.no_grad():
         out = m.forward_blocks(f, x, anchors)
@@ -268,11 +273,8 @@ EAGLE_VARIANTS = {
 def test_eagle_family_inference_matches_training_forward(
     variant: str, verifier: Verifier, seq
 ) -> None:
-    x, taps = seq
-    algo = variant.split("-")[0]
-    d = create_drafter(algo, verifier, seed=6, **EAGLE_VARIANTS[variant])
+    algo, d, x, f = _variant(EAGLE_VARIANTS, variant, verifier, seq, 6)
     m, K = d.model, d.num_speculative_tokens
-    f = features(taps, d.aux_layer_ids)
     T1 = x.numel() - 1  # shifted layout: row i = (x[i+1], taps of position i)
     rows = [2, 3, 15, 16, 27]
     if algo == "eagle3":
@@ -331,9 +333,7 @@ def test_training_forwards_train_the_drafter_and_never_the_verifier(
 def test_asking_twice_or_restarting_gives_the_same_proposal(
     algo: str, verifier: Verifier, seq
 ) -> None:
-    x, taps = seq
-    d = create_drafter(algo, verifier, seed=8)
-    f = features(taps, d.aux_layer_ids)
+    d, x, f = _drafter(algo, verifier, seq, 8)
     first = d.propose(ctx(x[:20], f[:19])).token_ids
     assert d.propose(ctx(x[:20], f[:19])).token_ids == first  # same step again (no reset)
     d.propose(ctx(x[:33], f[:32]))
@@ -351,9 +351,7 @@ def test_asking_twice_or_restarting_gives_the_same_proposal(
 def test_proposal_probs_are_the_processed_draft_distribution(
     algo: str, verifier: Verifier, seq
 ) -> None:
-    x, taps = seq
-    d = create_drafter(algo, verifier, seed=9)
-    f = features(taps, d.aux_layer_ids)
+    d, x, f = _drafter(algo, verifier, seq, 9)
     greedy = d.propose(ctx(x[:20], f[:19]))
     # Greedy drafts are deterministic: no q (acceptance reads it as one-hot on the token), and
     # the tokens are the argmaxes, which a near-zero temperature draws as well.
@@ -401,9 +399,7 @@ def test_reduced_draft_vocabulary_drafts_only_kept_tokens(
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_a_single_committed_token_is_handled(algo: str, verifier: Verifier, seq) -> None:
-    x, taps = seq
-    d = create_drafter(algo, verifier, seed=11)
-    f = features(taps, d.aux_layer_ids)
+    d, x, f = _drafter(algo, verifier, seq, 11)
     p = d.propose(ctx(x[:1], f[:0]))
     # A block drafts from the anchor alone; EAGLE rows need one feature.
     assert len(p) == (d.num_speculative_tokens if algo in DFLASH_FAMILY else 0)
@@ -503,9 +499,7 @@ def test_confidence_policy_cost_maximises_tokens_per_cost() -> None:
 def test_dspark_policy_truncates_the_proposal_and_reports_dropped_scores(
     verifier: Verifier, seq
 ) -> None:
-    x, taps = seq
-    d = create_drafter("dspark", verifier, seed=12, markov_rank=8, block_size=6)
-    f = features(taps, d.aux_layer_ids)
+    d, x, f = _drafter("dspark", verifier, seq, 12, markov_rank=8, block_size=6)
 
     def drafted():  # sampled, so the proposal carries q to cut as well
         return d.propose(
@@ -628,7 +622,8 @@ def test_saved_checkpoint_files_are_readable_by_others(tmp_path, fixture_verifie
     import os
     import stat
 
-    from specui.algorithms import create_drafter, save_drafter
+    from specui.algorithms import create_drafter
+    from specui.algorithms.checkpoint import save_drafter
 
     folder = save_drafter(
         create_drafter("dflash", fixture_verifier, num_layers=1).model, tmp_path / "d"

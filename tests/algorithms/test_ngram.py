@@ -21,7 +21,8 @@ from specui.errors import SpecUIError
 from specui.service import DecodeRequest, record_run
 from specui.store import Store
 from specui.trace import SamplingParams
-from specui.vllm.server import ServerConfig, build_speculative_config, vllm_python
+from specui.vllm.install import vllm_python
+from specui.vllm.launch_plan import ServerConfig, build_speculative_config
 from tests.support.verifiers import make_tiny_verifier
 from tests.support.vllm_skip import needs_vllm
 

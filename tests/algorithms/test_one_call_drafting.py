@@ -21,6 +21,7 @@ from specui import kernels
 from specui.algorithms.base import DraftContext, LearnedDrafter
 from specui.algorithms.resolve import resolve_drafter, shipped_drafters
 from specui.engine import generate
+from tests.support.families import dflash_family, eagle_family
 
 pytestmark = pytest.mark.skipif(
     not kernels.bf16_kernel_available(), reason="the bf16 kernel does not run on this CPU"
@@ -56,7 +57,7 @@ def test_one_call_drafts_the_torch_ops_logits(algo, embedded_verifier, prompt):
     one_call.matmuls_in_bf16()
     assert one_call.one_call is not None, f"{algo}: the one-call layers do not serve it"
     # DFlash's family: the context rows are made in the call, from the verifier's taps
-    assert one_call.one_call.has_context == (algo in ("dflash", "dspark"))
+    assert one_call.one_call.has_context == (algo in dflash_family())
     torch_ops = resolve_drafter(algo, embedded_verifier)
     torch_ops.matmuls_in_bf16()
     torch_ops.layer_call = None
@@ -181,7 +182,7 @@ def test_the_markov_call_gives_the_confidence_heads_bits(embedded_verifier):
         call.run(base, anchor, None, hidden[:, :-1])
 
 
-@pytest.mark.parametrize("algo", ["eagle3", "peagle"])
+@pytest.mark.parametrize("algo", [a for a in eagle_family() if a in ALGOS])
 def test_committed_rows_as_keys_and_values_only_leave_the_read_rows_bits(algo, embedded_verifier):
     """``kv_only_before_logits`` skips the last layer's attention and MLP for the rows before
     ``logits_from`` (their outputs are NaN, so the skip did happen), and the rows that are read

@@ -152,7 +152,7 @@ def test_settings_use_vllms_names_and_bad_ones_are_refused(fixture_verifier):
 
 
 def test_vllm_gets_its_suffix_method_and_a_hybrid_is_refused_with_the_reason():
-    from specui.vllm.server import build_speculative_config, speculator_algorithm
+    from specui.vllm.launch_plan import build_speculative_config, speculator_algorithm
 
     cfg = build_speculative_config("suffix", 6)
     assert cfg == {"method": "suffix", "num_speculative_tokens": 6, **SuffixConfig().settings()}

@@ -20,14 +20,8 @@ import gradio as gr
 import pytest
 import torch
 
-from specui.algorithms import (
-    ALGORITHMS,
-    algorithm_names,
-    create_drafter,
-    load_drafter,
-    save_drafter,
-    validate_checkpoint,
-)
+from specui.algorithms import ALGORITHMS, algorithm_names, create_drafter
+from specui.algorithms.checkpoint import load_drafter, save_drafter, validate_checkpoint
 from specui.cli import build_parser
 from specui.commands.train import build_config
 from specui.errors import SpecUIError
@@ -204,7 +198,7 @@ def test_a_toy_checkpoint_loads_trains_and_exports_to_vllm(
     from specui.algorithms.objective import objective_for
     from specui.export import speculative_config, vllm_serve_command
     from specui.training.config import TrainConfig
-    from specui.vllm.server import speculator_algorithm
+    from specui.vllm.launch_plan import speculator_algorithm
 
     drafter = create_drafter(toy, fixture_verifier, num_layers=1, seed=0)
     folder = save_drafter(drafter, tmp_path / "toy")

@@ -21,7 +21,7 @@ from specui.service import DecodeRequest, record_run
 from specui.store import Store
 from specui.ui.render import output_html, stats_markdown, step_html
 from specui.verifier.embedded import cache_dir
-from specui.vllm.bench import UNKNOWN_TOKEN, TokenTexts
+from specui.vllm.request_steps import UNKNOWN_TOKEN, TokenTexts
 from specui.workbench import WORKBENCH
 from tests.support.replay_helpers import histogram_request, per_step_request, store_vllm_style_run
 

@@ -28,13 +28,8 @@ from typing import Any
 import pytest
 import torch
 
-from specui.algorithms import (
-    create_drafter,
-    load_drafter,
-    load_model,
-    save_drafter,
-    validate_checkpoint,
-)
+from specui.algorithms import create_drafter
+from specui.algorithms.checkpoint import load_drafter, load_model, save_drafter, validate_checkpoint
 from specui.errors import SpecUIError
 from specui.jobs import Runner, queue, run_job
 from specui.store import JobStatus, RunStatus, Store, pid_alive

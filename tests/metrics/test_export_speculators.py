@@ -14,7 +14,7 @@ import pytest
 
 from specui.cli import main
 from specui.export_speculators import acceptance_table
-from specui.metrics import compare
+from specui.metrics.comparison import compare
 from specui.store import DecodingSettings, Store
 from specui.trace import FinalTokenKind, StepTrace
 from tests.support.store_helpers import make_trace, record

@@ -12,23 +12,21 @@ import numpy as np
 import pytest
 
 from specui.errors import SpecUIError
-from specui.metrics import (
-    BASE_COLUMNS,
+from specui.metrics.calibration import (
     ConfidenceSamples,
     apply_temperature,
     auroc,
     bootstrap_indices,
     brier_score,
-    calibrate,
-    compare,
-    confidence_report,
     expected_calibration_error,
     fit_temperature,
-    load_confidences,
     ratio_interval,
     slot_rate_auroc,
-    write_steps_csv,
 )
+from specui.metrics.columns import BASE_COLUMNS
+from specui.metrics.comparison import compare
+from specui.metrics.confidence import calibrate, confidence_report, load_confidences
+from specui.metrics.csv import write_steps_csv
 from specui.store import Backend, DecodingSettings, RunStatus, Store
 from specui.trace import FinalTokenKind, StepTrace
 from tests.support.store_helpers import make_trace, record

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specui.metrics import step_agreement
+from specui.metrics.agreement import step_agreement
 from specui.trace import FinalTokenKind, StepTrace
 
 

@@ -141,10 +141,11 @@ def data_dir(tmp_path, monkeypatch) -> Path:
 def test_a_pickle_only_speculator_is_refused_on_every_load_path(
     data_dir, tmp_path, embedded_verifier
 ) -> None:
-    from specui.algorithms import create_drafter, save_drafter, validate_checkpoint
+    from specui.algorithms import create_drafter
+    from specui.algorithms.checkpoint import save_drafter, validate_checkpoint
     from specui.algorithms.resolve import resolve_drafter
     from specui.ui.speculators import import_folder
-    from specui.vllm.server import build_speculative_config
+    from specui.vllm.launch_plan import build_speculative_config
 
     folder = save_drafter(
         create_drafter("dflash", embedded_verifier, seed=0, num_layers=1, mask_token_id=16),
@@ -169,7 +170,7 @@ def test_a_pickle_only_verifier_folder_is_refused(data_dir, tmp_path) -> None:
     from transformers import LlamaConfig
 
     from specui.verifier.model import Verifier
-    from specui.vllm.server import resolve_model
+    from specui.vllm.launch_plan import resolve_model
 
     folder = data_dir / "verifier"
     sizes = dict(vocab_size=8, hidden_size=32, intermediate_size=64)
@@ -220,8 +221,8 @@ def test_every_library_entry_point_of_the_ui_confines_paths(data_dir, outside) -
     from specui.ui.playground import run_playground
     from specui.ui.speculators import import_folder, validate
     from specui.ui.train import start_training
-    from specui.vllm.bench import BenchSettings
-    from specui.vllm.server import ServerConfig
+    from specui.vllm.client import BenchSettings
+    from specui.vllm.launch_plan import ServerConfig
     from specui.vllm.session import VLLMSlot
 
     store = Store(data_dir / "specui.db")
@@ -492,7 +493,7 @@ def test_app_binds_loopback_unless_told_otherwise(monkeypatch) -> None:
 
 @needs_vllm
 def test_vllm_command_binds_loopback_and_keeps_the_api_key_off_it() -> None:
-    from specui.vllm.server import ServerConfig, plan_launch
+    from specui.vllm.launch_plan import ServerConfig, plan_launch
 
     argv = plan_launch(ServerConfig(port=8123)).argv
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
@@ -553,10 +554,12 @@ def test_no_vllm_api_key_in_logs_db_csv_or_process_list(tmp_path, monkeypatch) -
     """A real vLLM server protected by an API key: benchmarked when launched here and
     when attached; the key is needed (401 without it) and written nowhere."""
     from specui.data import load_prompts
-    from specui.metrics import compare
+    from specui.metrics.comparison import compare
     from specui.store import Store
-    from specui.vllm.bench import BenchSettings, run_benchmark
-    from specui.vllm.server import ServerConfig, VLLMServer
+    from specui.vllm.bench import run_benchmark
+    from specui.vllm.client import BenchSettings
+    from specui.vllm.launch_plan import ServerConfig
+    from specui.vllm.server import VLLMServer
     from specui.vllm.session import VLLMSlot
 
     monkeypatch.setenv("SPECUI_DATA_DIR", str(tmp_path))

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from specui.metrics import compare
+from specui.metrics.comparison import compare
 from specui.store import RunStatus, Store
 from tests.support.store_helpers import make_trace
 

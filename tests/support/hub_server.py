@@ -7,7 +7,7 @@ to bytes; ``listed_sizes`` makes the file list and the HEAD answers report other
 the bytes served (a "140 GB" model whose safetensors header says so, without 140 GB
 anywhere).  Every request is recorded, so a test can say which files were fetched and
 whether any weight bytes were asked for (``weight_requests``); a repository's ``delay_s``
-holds each whole-file download from it for that long (a slow hub: metadata stays quick).
+spreads each whole-file download from it over that long (a slow hub: metadata stays quick).
 """
 
 from __future__ import annotations
@@ -163,8 +163,7 @@ class LoopbackHub:
             return _send(h, 200, b"", headers, head=True)
         lo_hi = _range(h.headers["Range"], len(data))
         if lo_hi is None:
-            time.sleep(repo.delay_s)
-            return _send(h, 200, data, headers)
+            return _send(h, 200, data, headers, spread_s=repo.delay_s)
         lo, hi = lo_hi
         headers["Content-Range"] = f"bytes {lo}-{hi}/{repo.size(name)}"
         return _send(h, 206, data[lo : hi + 1], headers)
@@ -188,7 +187,17 @@ def _range_end(value: str | None) -> int | None:
     return int(m.group(2)) if m and m.group(2) else None
 
 
-def _send(h, status: int, body: bytes, headers: dict[str, str], head: bool = False) -> None:
+# The longest pause between two pieces of a slow download: huggingface_hub gives up on a read
+# that waits HF_HUB_DOWNLOAD_TIMEOUT (10 s) for a byte and tries again, so a server silent for
+# all of a 20 s delay is never downloaded from (the fetch fails after its retries).
+SLOW_PIECE_S = 0.5
+
+
+def _send(
+    h, status: int, body: bytes, headers: dict[str, str], head: bool = False, spread_s: float = 0
+) -> None:
+    """Answer ``status`` with ``body``; ``spread_s``: the body trickles out over that many
+    seconds, the headers at once (a slow link: a download that takes that long, read by read)."""
     h.send_response(status)
     if "Content-Length" not in headers:
         headers = {**headers, "Content-Length": str(len(body))}
@@ -196,5 +205,15 @@ def _send(h, status: int, body: bytes, headers: dict[str, str], head: bool = Fal
     for k, v in headers.items():
         h.send_header(k, v)
     h.end_headers()
-    if not head:
-        h.wfile.write(body)
+    if head:
+        return
+    pieces = max(1, min(len(body), round(spread_s / SLOW_PIECE_S))) if spread_s > 0 else 1
+    step = -(-len(body) // pieces) if body else 0
+    for i in range(pieces):
+        if spread_s > 0:
+            time.sleep(spread_s / pieces)
+        try:
+            h.wfile.write(body[i * step : (i + 1) * step])
+            h.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return  # the client went away mid-download (an app stopped while a load pends)

@@ -7,13 +7,9 @@ from __future__ import annotations
 
 from specui.store import Backend, DecodingSettings, RunRecorder, Store
 from specui.trace import GenerationResult, StepTrace
-from specui.vllm.bench import (
-    RequestResult,
-    TokenTexts,
-    VLLMRun,
-    _store_measurements,
-    steps_from_request,
-)
+from specui.vllm.client import RequestResult
+from specui.vllm.request_steps import TokenTexts, steps_from_request
+from specui.vllm.stored_run import VLLMRun, store_measurements
 
 
 def per_step_request(
@@ -92,7 +88,7 @@ def store_vllm_style_run(
             )
             all_steps.append(steps)
     tokens = sum(len(r.output_token_ids) for _, r in requests)
-    _store_measurements(
+    store_measurements(
         store,
         run.id,
         info,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specui.vllm.server import ServerConfig
+from specui.vllm.launch_plan import ServerConfig
 
 
 def launch(request, work: Path, name: str, **kw):
@@ -22,7 +22,8 @@ def launch(request, work: Path, name: str, **kw):
 def bench(store, server, prompts, prompt_set: str, **settings):
     """``run_benchmark`` of ``prompts`` (the set ``prompt_set``) on ``server`` serving the
     embedded verifier, stored in ``store``; ``settings`` are BenchSettings'."""
-    from specui.vllm.bench import BenchSettings, run_benchmark
+    from specui.vllm.bench import run_benchmark
+    from specui.vllm.client import BenchSettings
 
     kw = dict(prompt_set=prompt_set, verifier="embedded", settings=BenchSettings(**settings))
     return run_benchmark(store, server, prompts, **kw)

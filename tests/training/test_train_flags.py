@@ -204,3 +204,15 @@ def test_help_shows_both_spellings(capsys: pytest.CaptureFixture[str]) -> None:
         "--layers LAYERS, --num-layers LAYERS" in text
         and "--algorithm ALGORITHM, --speculator-type ALGORITHM" in text
     )
+
+
+def test_the_training_matmul_precision_is_its_own_flag_and_keeps_its_old_spelling() -> None:
+    """--matmul-precision sets the training matmuls; --precision (the verifier's precision on
+    decode and bench) still works on train as its old spelling."""
+    assert (
+        _config("--algorithm", "dflash", "--out", "x", "--matmul-precision", "fp32").precision
+        == "fp32"
+    )
+    assert _config("--algorithm", "dflash", "--out", "x", "--precision", "bf16").precision == "bf16"
+    assert _config("--algorithm", "dflash", "--out", "x").precision == "auto"
+    assert "--precision" in _action(_train_parser(), "--matmul-precision").option_strings

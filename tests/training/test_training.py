@@ -163,7 +163,7 @@ def test_dspark_confidence_target_is_the_acceptance_chance_at_its_temperature(
 ):
     """The head's BCE target: 1 - TV of draft and verifier distributions at the configured
     temperature; at 0 both are one-hot, so it is whether the argmaxes agree."""
-    from specui.algorithms.dspark import DSparkObjective
+    from specui.algorithms.dspark.objective import DSparkObjective
     from specui.algorithms.objective import Targets
 
     cfg = TrainConfig(

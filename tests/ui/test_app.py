@@ -91,7 +91,7 @@ def test_decode_endpoint_returns_summary_and_stores_run(app_url, embedded_verifi
     assert run.algorithm == "ngram" and str(run.status) == "done"
     # The summary is the stored run's: how many drafts a step sent was the adaptive policy's
     # choice in the app's process (its learned rates), so it is read back, not recomputed here.
-    from specui.metrics import compare
+    from specui.metrics.comparison import compare
 
     stored = compare(Store(data / "specui.db"), [out["run_id"]]).rows[0]
     assert out["acceptance_length"] == pytest.approx(stored["acceptance_length"])
@@ -124,7 +124,7 @@ def test_generate_endpoint_rejects_empty_prompt(app_url):
 def test_compare_and_export_endpoints_match_the_store(app_url):
     from gradio_client import Client
 
-    from specui.metrics import compare
+    from specui.metrics.comparison import compare
     from specui.store import Store
 
     url, data = app_url
@@ -379,7 +379,7 @@ _SPLIT_HEADER_WORDS = """() => {
 def test_browser_compare_table_is_readable(page, app_url, embedded_verifier):
     from specui.algorithms.simple import PlainDrafter
     from specui.data import load_prompts
-    from specui.metrics import compare
+    from specui.metrics.comparison import compare
     from specui.service import DecodeRequest, record_runs
     from specui.store import Store
 
@@ -473,7 +473,7 @@ def test_bench_endpoint_matches_store_and_library_decoding(app_url, embedded_ver
     from gradio_client import Client
 
     from specui.data import load_prompts
-    from specui.metrics import compare
+    from specui.metrics.comparison import compare
     from specui.store import Store
 
     url, data = app_url
@@ -517,7 +517,7 @@ def test_bench_endpoint_rejects_bad_input_with_the_library_message(app_url):
 
 def _embedded_texts():
     from specui.verifier.embedded import cache_dir
-    from specui.vllm.bench import TokenTexts
+    from specui.vllm.request_steps import TokenTexts
 
     return TokenTexts(str(cache_dir() / "models" / "smollm2-135m-instruct"))
 
@@ -601,7 +601,7 @@ def test_browser_replay_a_stored_vllm_histogram_run(page, app_url):
 
 def test_browser_stop_ends_a_replay(page, app_url):
     from specui.store import Store
-    from specui.vllm.bench import RequestResult
+    from specui.vllm.client import RequestResult
     from tests.support.replay_helpers import store_vllm_style_run
 
     # No acceptance data ("tokens"): 300 one-token steps at 1 step/s, so Stop comes mid-replay

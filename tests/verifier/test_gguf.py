@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType
 from specui import kernels
 from specui.errors import SpecUIError
 from specui.verifier import batch_invariant
-from specui.verifier.gguf_weights import _llama_rows, read_blocks
+from specui.verifier.gguf_weights import llama_rows, read_blocks
 from tests.support.kernel_marks import needs_kernel
 
 
@@ -81,12 +81,12 @@ def _write_gguf(model, path: Path, kinds: dict[str, str]) -> None:
         heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}.get(
             tensor_name.split(".")[-2]
         )
-        file_rows = w if heads is None else w[np.argsort(_llama_rows(w.shape[0], heads).numpy())]
+        file_rows = w if heads is None else w[np.argsort(llama_rows(w.shape[0], heads).numpy())]
         qtype = GGMLQuantizationType[kind]
         data = gguf.quants.quantize(file_rows, qtype)
         back = gguf.quants.dequantize(data, qtype).reshape(w.shape)
         if heads is not None:
-            back = back[_llama_rows(w.shape[0], heads).numpy()]
+            back = back[llama_rows(w.shape[0], heads).numpy()]
         with torch.no_grad():
             module.weight.copy_(torch.from_numpy(np.ascontiguousarray(back)))
         writer.add_tensor(tensor_name, data, raw_dtype=qtype)

@@ -11,7 +11,7 @@ import torch
 from specui.algorithms.simple import NgramDrafter, PlainDrafter
 from specui.data.prompts import Prompt
 from specui.errors import SpecUIError
-from specui.metrics import compare
+from specui.metrics.comparison import compare
 from specui.service import DecodeRequest, record_run, record_runs
 from specui.store import SCHEMA_VERSION, RunStatus, Store
 from specui.verifier.fingerprint import folder_fingerprint, model_fingerprint, weights_fingerprint

@@ -15,7 +15,7 @@ from specui.vllm.install import (
     accepts_speculative_field,
     with_adaptive_verification,
 )
-from specui.vllm.server import ServerConfig
+from specui.vllm.launch_plan import ServerConfig
 
 NEWER = f"""class SpeculativeConfig:
     num_speculative_tokens: int | None = None

@@ -26,14 +26,12 @@ import pytest
 import torch
 
 from specui.errors import SpecUIError
-from specui.vllm.bench import (
-    BenchSettings,
-    RequestResult,
-    SpecCounters,
-    TokenTexts,
-    steps_from_request,
-)
-from specui.vllm.server import ServerConfig, plan_launch, redact_url, vllm_python
+from specui.vllm.client import BenchSettings, RequestResult
+from specui.vllm.counters import SpecCounters
+from specui.vllm.install import vllm_python
+from specui.vllm.launch_plan import ServerConfig, plan_launch
+from specui.vllm.request_steps import TokenTexts, steps_from_request
+from specui.vllm.server import redact_url
 from specui.vllm.watchdog import group_alive
 from tests.support.hidden_files import load_matching
 from tests.support.vllm_servers import bench, launch
@@ -172,7 +170,7 @@ def test_remote_bind_is_refused_unless_allowed_and_credentials_are_redacted() ->
     with pytest.raises(SpecUIError, match="refusing to bind"):
         plan_launch(ServerConfig(host="0.0.0.0"))
     assert redact_url("http://user:secret@host:8000/v1") == "http://host:8000/v1"
-    from specui.vllm.server import LaunchPlan
+    from specui.vllm.launch_plan import LaunchPlan
 
     plan = LaunchPlan(
         argv=["python", "-m", "x", "--api-key", "s3cret"],
@@ -235,20 +233,6 @@ MAX_NEW = 32
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("vllm")
-
-
-@pytest.fixture(scope="module")
-def store(work):
-    from specui.store import Store
-
-    s = Store(work / "specui.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
 def prompts():
     from specui.data import load_prompts
 
@@ -262,7 +246,8 @@ def plain_server(request, work):
 
 @pytest.fixture(scope="module")
 def dflash_dir(work, embedded_verifier) -> Path:
-    from specui.algorithms import create_drafter, save_drafter
+    from specui.algorithms import create_drafter
+    from specui.algorithms.checkpoint import save_drafter
 
     # mask id 16 (<empty_output>): unused, inside the vocabulary, not pad/eos (REFERENCE.md 4).
     d = create_drafter(
@@ -320,7 +305,7 @@ def test_plain_vllm_greedy_matches_the_local_engine_token_for_token(
 def test_random_dflash_is_lossless_and_its_run_is_stored_comparably(
     store, runs, dflash_server, prompts
 ) -> None:
-    from specui.metrics import compare
+    from specui.metrics.comparison import compare
     from specui.store import Backend, RunStatus
 
     run = bench(store, dflash_server, prompts, "demo", max_new_tokens=MAX_NEW)
@@ -380,7 +365,7 @@ def test_server_and_all_its_processes_are_gone_after_stop(dflash_server) -> None
 def test_accepted_drafts_are_reconstructed_exactly(request, work, store, runs, prompts) -> None:
     """The verifier as its own draft model: (nearly) every draft is accepted,
     so the stored steps carry multi-token emissions the counters must agree with."""
-    from specui.metrics import compare
+    from specui.metrics.comparison import compare
     from specui.verifier.embedded import embedded_folder
 
     server = launch(
@@ -412,8 +397,9 @@ def test_accepted_drafts_are_reconstructed_exactly(request, work, store, runs, p
 @needs_vllm
 @pytest.mark.vllm
 def test_dspark_on_vllm_cpu_is_refused_in_one_plain_message(work, embedded_verifier) -> None:
-    from specui.algorithms import create_drafter, save_drafter
-    from specui.vllm.server import is_cpu_build
+    from specui.algorithms import create_drafter
+    from specui.algorithms.checkpoint import save_drafter
+    from specui.vllm.install import is_cpu_build
 
     if not is_cpu_build(vllm_python()):
         pytest.skip("a GPU build of vLLM serves DSpark")

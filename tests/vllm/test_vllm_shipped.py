@@ -53,20 +53,6 @@ MIN_STEP_AGREEMENT = {"peagle": 0.95, "eagle3": 0.95, "dflash": 0.95}
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("vllm-shipped")
-
-
-@pytest.fixture(scope="module")
-def store(work):
-    from specui.store import Store
-
-    s = Store(work / "specui.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture(scope="module")
 def prompts():
     from specui.data import load_prompts
 
@@ -91,7 +77,7 @@ def plain_outputs(request, work, store, prompts) -> dict[int, list[int]]:
 def _local(store, verifier, folder: Path, prompts):
     """SpecUI's engine with the same drafter and prompts, through the same store and metrics."""
     from specui.algorithms.resolve import resolve_drafter
-    from specui.metrics import compare
+    from specui.metrics.comparison import compare
     from specui.service import DecodeRequest, record_run
 
     drafter = resolve_drafter(str(folder), verifier)
@@ -125,8 +111,8 @@ def _algo(name: str):
 def test_shipped_speculator_served_by_vllm_is_lossless_with_the_local_acceptance(
     algo, request, work, store, prompts, plain_outputs, embedded_verifier
 ) -> None:
-    from specui.metrics import compare
     from specui.metrics.agreement import step_agreement
+    from specui.metrics.comparison import compare
 
     folder = SHIPPED[algo]
     drafter, local = _local(store, embedded_verifier, folder, prompts)

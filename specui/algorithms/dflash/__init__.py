@@ -5,7 +5,7 @@ options.py (DFlashOptions: its training knobs),
 objective.py (DFlashObjective); the registry entry below.
 """
 
-from specui.algorithms.spec import package_exports, package_spec, register_algorithm
+from specui.algorithms.spec import package_spec, register_algorithm
 
 SPEC = register_algorithm(
     package_spec(
@@ -17,5 +17,3 @@ SPEC = register_algorithm(
         default_layers=2,
     )
 )
-
-__getattr__, __dir__ = package_exports(__name__, "DFlash", BlockOutput="model")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from specui.algorithms.base import DraftConfig
+from specui.algorithms.dflash import options
+from specui.algorithms.draft_config import DraftConfig
 
 
 @dataclass(kw_only=True)
@@ -14,7 +15,7 @@ class DFlashConfig(DraftConfig):
     architecture: ClassVar[str] = "DFlashDraftModel"
     config_class_name: ClassVar[str] = "DFlashSpeculatorConfig"
 
-    block_size: int = 8
+    block_size: int = options.DEFAULT_BLOCK_SIZE
     mask_token_id: int | None = None
     # False: slot k predicts p+k, slot 0 unused (B-1 drafts).
     # True: slot k predicts p+k+1 (B drafts).

@@ -26,13 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specui.algorithms.base import Borrowed, DraftConfig, DraftModel, verifier_identity
+from specui.algorithms.base import Borrowed, DraftModel, verifier_identity
 from specui.algorithms.dflash.config import DFlashConfig
+from specui.algorithms.dflash.options import DEFAULT_BLOCK_SIZE
+from specui.algorithms.draft_config import DraftConfig
+from specui.algorithms.layer_config import LayerConfig
 from specui.algorithms.layers import (
     KV,
     CacheWrite,
     DecoderLayer,
-    LayerConfig,
     RMSNorm,
     Rotary,
     draft_vocab_rows,
@@ -92,7 +94,7 @@ class DFlashModel(DraftModel):
     ) -> DFlashModel:
         """A randomly initialised drafter with the verifier's widths, ready to train.
 
-        ``block_size`` (default 8) or ``num_speculative_tokens`` K sets the
+        ``block_size`` (default DEFAULT_BLOCK_SIZE) or ``num_speculative_tokens`` K sets the
         block: K+1 slots (K with sample_from_anchor, DSpark's default).
         ``mask_token_id`` defaults to ``verifier.default_mask_token_id()`` (pick an unused
         special token where the tokenizer has one; never pad/eos).
@@ -116,7 +118,7 @@ class DFlashModel(DraftModel):
                     " tokens"
                 )
             block_size = implied
-        block_size = block_size or 8
+        block_size = block_size or DEFAULT_BLOCK_SIZE
         aux = list(aux_layer_ids) if aux_layer_ids is not None else verifier.default_aux_layer_ids()
         verifier.check_aux_layer_ids(aux)
         mask = verifier.default_mask_token_id() if mask_token_id is None else mask_token_id
@@ -152,14 +154,25 @@ class DFlashModel(DraftModel):
     def bind_verifier(self, verifier: Any) -> None:
         lm_head = verifier.lm_head
         if self.d2t is not None:  # reduced vocabulary: the verifier head's rows for kept tokens
-            lm_head = nn.Linear(
-                self.config.layer.hidden_size, self.config.draft_vocab_size, bias=False
+            lm_head = nn.Linear(  # on meta: no random init, the rows replace its weight
+                self.config.layer.hidden_size,
+                self.config.draft_vocab_size,
+                bias=False,
+                device="meta",
             )
             lm_head.weight = nn.Parameter(
                 draft_vocab_rows(verifier.lm_head.weight, self.d2t).detach().clone(),
                 requires_grad=False,
             )
         self.borrowed = Borrowed(embed_tokens=verifier.embed_tokens, lm_head=lm_head)
+
+    @classmethod
+    def bound_elements(cls, config: DFlashConfig) -> int:
+        """Elements ``bind_verifier`` adds to the model's own (the draft vocabulary's head rows),
+        for a load's memory estimate (``specui.algorithms.serving.load_bytes``)."""
+        if config.draft_vocab_size >= config.layer.vocab_size:
+            return 0  # the verifier's head itself, not a copy
+        return config.draft_vocab_size * config.layer.hidden_size
 
     def head_module(self) -> nn.Module | None:
         return None if self.borrowed is None else self.borrowed.lm_head
@@ -208,7 +221,7 @@ class DFlashModel(DraftModel):
             self.config.layer.window(layer_idx) is not None
             and not self.config.sliding_window_non_causal
         )
-        full = torch.ones(B, B, dtype=torch.bool, device=self.fc.weight.device)
+        full = torch.ones(B, B, dtype=torch.bool, device=self.hidden_norm.weight.device)
         return full.tril() if causal else full
 
     def run_block(

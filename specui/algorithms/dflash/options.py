@@ -8,12 +8,16 @@ from typing import ClassVar
 from specui.algorithms.options import TrainOptions, knob
 from specui.errors import SpecUIError
 
+# The block a DFlash drafter is trained and created with unless told (B slots: B-1 drafts, B with
+# sample_from_anchor); the training option, the checkpoint config and DFlashModel.create read it.
+DEFAULT_BLOCK_SIZE = 8
+
 
 @dataclass(kw_only=True)
 class DFlashOptions(TrainOptions):
     positive: ClassVar[tuple[str, ...]] = ("max_anchors",)
 
-    block_size: int = knob(8, "block size B")
+    block_size: int = knob(DEFAULT_BLOCK_SIZE, "block size B")
     max_anchors: int = knob(64, "anchors per sequence")
     gamma: float = knob(4.0, "slot weight exp(-(k-1)/gamma)", group="loss")
     dpace: bool = knob(False, "D-PACE adaptive slot weights instead", group="loss")

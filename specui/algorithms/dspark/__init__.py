@@ -6,7 +6,7 @@ drafter.py (DSparkDrafter, ConfidencePolicy), objective.py (DSparkObjective), op
 the registry entry below.
 """
 
-from specui.algorithms.spec import package_exports, package_spec, register_algorithm
+from specui.algorithms.spec import package_spec, register_algorithm
 
 SPEC = register_algorithm(
     package_spec(
@@ -24,14 +24,4 @@ SPEC = register_algorithm(
             " here, or serve this one on a machine with an NVIDIA GPU."
         ),
     )
-)
-
-__getattr__, __dir__ = package_exports(
-    __name__,
-    "DSpark",
-    MARKOV_HEAD_TYPES="config",
-    SparkBlockOutput="model",
-    ConfidencePolicy="drafter",
-    policy_label="policy",
-    policy_option="policy",
 )

@@ -23,8 +23,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from specui.algorithms.base import DraftConfig
 from specui.algorithms.dflash.model import BlockOutput, DFlashModel
+from specui.algorithms.draft_config import DraftConfig
 from specui.algorithms.dspark.config import DSparkConfig
 
 

@@ -6,7 +6,7 @@ drafter.py (Eagle3Drafter, EagleRowCache), objective.py (Eagle3Objective,
 pack_shifted); the registry entry below.
 """
 
-from specui.algorithms.spec import package_exports, package_spec, register_algorithm
+from specui.algorithms.spec import package_spec, register_algorithm
 
 SPEC = register_algorithm(
     package_spec(
@@ -17,13 +17,4 @@ SPEC = register_algorithm(
         speculators_rank=0,
         default_layers=1,
     )
-)
-
-__getattr__, __dir__ = package_exports(
-    __name__,
-    "Eagle3",
-    Eagle3FirstLayer="model",
-    TTTOutput="model",
-    EagleRowCache="drafter",
-    pack_shifted="objective",
 )

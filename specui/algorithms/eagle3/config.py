@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from specui.algorithms.base import DraftConfig
+from specui.algorithms.draft_config import DraftConfig
 
 
 @dataclass(kw_only=True)

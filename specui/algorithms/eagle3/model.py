@@ -31,12 +31,13 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from specui.algorithms.base import DraftConfig, DraftModel, verifier_identity
+from specui.algorithms.base import DraftModel, verifier_identity
+from specui.algorithms.draft_config import DraftConfig
 from specui.algorithms.eagle3.config import Eagle3Config
+from specui.algorithms.layer_config import LayerConfig
 from specui.algorithms.layers import (
     KV,
     DecoderLayer,
-    LayerConfig,
     RMSNorm,
     Rotary,
     draft_vocab_rows,

@@ -5,7 +5,7 @@ config.py (PEagleConfig), model.py (PEagleModel), drafter.py (PEagleDrafter),
 objective.py (PEagleObjective, cod_rows); the registry entry below.
 """
 
-from specui.algorithms.spec import package_exports, package_spec, register_algorithm
+from specui.algorithms.spec import package_spec, register_algorithm
 
 SPEC = register_algorithm(
     package_spec(
@@ -21,5 +21,3 @@ SPEC = register_algorithm(
         vllm_extra={"parallel_drafting": True},
     )
 )
-
-__getattr__, __dir__ = package_exports(__name__, "PEagle", RowsOutput="model", cod_rows="objective")

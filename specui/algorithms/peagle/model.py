@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from specui.algorithms.base import DraftConfig
+from specui.algorithms.draft_config import DraftConfig
 from specui.algorithms.eagle3.model import Eagle3Model
 from specui.algorithms.peagle.config import PEagleConfig
 
