@@ -59,17 +59,17 @@ class DrafterEce:
 
 
 def drafter_eces(store: Store, recorded: Sequence[Any]) -> list[DrafterEce]:
-    """The ECE of each drafter run's stored estimates, raw and after the temperature its
+    """The ECE of each drafter run's stored estimates, raw and through the calibration its
     policy read (a hybrid's steps mix two proposers: reported raw)."""
     out = []
     for run in recorded:
         info = store.get_run(run.run_id)
         if info.algorithm == "none":
             continue
-        temps = getattr(run.policy, "temperatures", None) or {}
-        t = 1.0 if "+" in info.algorithm else temps.get(info.algorithm, 1.0)
+        fits = getattr(run.policy, "calibrations", None) or {}
+        cal = None if "+" in info.algorithm else fits.get(info.algorithm)
         out.append(
-            DrafterEce(run.run_id, info.drafter, info.algorithm, slot_ece(store, [run.run_id], t))
+            DrafterEce(run.run_id, info.drafter, info.algorithm, slot_ece(store, [run.run_id], cal))
         )
     return out
 
@@ -86,7 +86,7 @@ class BenchResult:
     cost_model: CostModel | None = None
     # Per drafter run: the ECE of its per-slot estimates (raw and as the policy read them).
     slot_ece: list[DrafterEce] = field(default_factory=list)
-    # The temperatures refitted after this bench (``specui.policy.calibration``), by proposer.
+    # The calibrations refitted after this bench (``specui.policy.calibration``), by proposer.
     calibrations: dict[str, SlotCalibration] = field(default_factory=dict)
 
     def groups(self, store: Store) -> dict[str, Comparison]:

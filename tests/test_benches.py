@@ -50,6 +50,8 @@ QUICK: dict[str, str] = {
     # run through engine_peer.py (it needs a GGUF and a driver)
     "llamacpp_worker.py": "",
     "load_test.py": "--sessions 1 --duration 3 --max-new-tokens 4 --warmup 0",
+    # the newcomer's race once, after the first round (it waits for the lanes, not "decoding")
+    "newcomer.py": "--repeats 1 --modes race",
     "ngram_settings.py": "--limit 1 --max-new-tokens 4 --settings 3:1 --db '{tmp}/b.db'",
     "pending_load.py": "--pending-s 1 --repeats 1 --max-new-tokens 4",
     "pipeline_throughput.py": "--smoke --stages train --algorithms dflash",

@@ -135,21 +135,20 @@ def run(args: argparse.Namespace) -> int:
 
 def print_slot_ece(eces, calibrations) -> None:
     """ECE of each drafter's per-slot estimates (DSpark's confidence head, the suffix lookup's
-    match shares, learned drafters' top-1 probabilities), and the temperatures refitted now."""
-    print("per-slot estimates: drafter, slots, ECE raw, ECE as the policy read them (T)")
+    match shares, learned drafters' top-1 probabilities), and the fits refitted now."""
+    from specui.metrics.slot_calibration import describe_calibration
+
+    print(
+        "per-slot estimates: drafter, slots (sent, up to each step's first rejection), ECE raw,"
+        " ECE as the policy read them (its fit may have seen these prompts)"
+    )
     for e in eces:
         if e.ece is None:
             print(f"  {e.drafter}\t-\tno per-slot estimates (the policy reads running rates)")
             continue
-        print(
-            f"  {e.drafter}\t{e.ece.slots}\t{e.ece.ece_raw:.3f}\t"
-            f"{e.ece.ece_calibrated:.3f} (T={e.ece.temperature:.2f})"
-        )
+        print(f"  {e.drafter}\t{e.ece.slots}\t{e.ece.ece_raw:.3f}\t{e.ece.ece_calibrated:.3f}")
     for name, c in sorted(calibrations.items()):
-        print(
-            f"  refitted {name}: T={c.temperature:.2f} on {c.slots} slots of {c.runs} runs,"
-            f" ECE {c.ece_raw:.3f} -> {c.ece_calibrated:.3f}"
-        )
+        print(f"  refitted {describe_calibration(name, c)}")
 
 
 def _print_costs(cost, comparison) -> None:

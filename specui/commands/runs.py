@@ -347,7 +347,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from specui.metrics.slot_calibration import refit_calibrations
+    from specui.metrics.slot_calibration import describe_calibration, refit_calibrations
 
     fitted_any = False
     with Store(args.db) as store:
@@ -356,11 +356,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 continue
             for proposer, c in sorted(refit_calibrations(store, fingerprint).items()):
                 fitted_any = True
-                print(
-                    f"{name} ({fingerprint[:12]}) {proposer}: T={c.temperature:.3f} on"
-                    f" {c.slots} slots of {c.runs} runs, ECE {c.ece_raw:.3f} ->"
-                    f" {c.ece_calibrated:.3f}"
-                )
+                print(f"{name} ({fingerprint[:12]}) {describe_calibration(proposer, c)}")
     if not fitted_any:
         print("no drafter has enough stored per-slot estimates to fit (runs of one drafter)")
     return 0

@@ -8,7 +8,8 @@ What it reads, and when (the sampled output stays the verifier's; docs/decoding.
 
 * per-slot estimates from the proposal (``Proposal.confidences``: DSpark's confidence head, a
   learned drafter's top-1 probability, a lookup's match shares), each made from the slots
-  before it, calibrated by a temperature per proposer (fitted on stored runs);
+  before it, calibrated per proposer by a Platt scaling with an offset per slot position
+  (fitted on stored runs, ``calibration.py``);
 * per proposer, the running conditional acceptance of each slot position over the run so far
   (each position's prior the one before it), updated after each verify, never from this
   step's drafts;
@@ -29,13 +30,12 @@ prompt's first draft reads the whole prompt).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from specui.algorithms.base import DraftContext, Drafter
 from specui.algorithms.simple import LOOKUPS
-from specui.policy.calibration import load_temperatures
+from specui.policy.calibration import SlotCalibration, load_calibrations
 from specui.policy.choose import best_gain, draft_gain, sequential_keep
 from specui.policy.cost import CostModel, cost_model, drafter_key
 from specui.trace import Proposal
@@ -99,7 +99,12 @@ def split(drafter: Drafter) -> tuple[tuple[str, Drafter] | None, tuple[str, Draf
 
 
 class FixedPolicy:
-    """Every draft the drafter makes, up to the room left; a hybrid's lookup first."""
+    """Every draft the drafter makes, up to the room left; a hybrid's lookup first.
+
+    It asks for the per-slot estimates too (a softmax over the draft logits the drafter made
+    anyway): it sends every drafted slot, so its runs store each drafted slot's estimate with
+    its outcome, the unselected sample the calibration is measured on
+    (``specui.metrics.slot_calibration``)."""
 
     name = "fixed"
 
@@ -109,6 +114,7 @@ class FixedPolicy:
     def propose(self, ctx: DraftContext, drafter: Drafter, max_k: int) -> Decision:
         if drafter.num_speculative_tokens == 0 or max_k <= 0:
             return Decision(Proposal(token_ids=[]))
+        ctx = replace(ctx, estimates=True)
         lookup, learned = split(drafter)
         drafted: list[str] = []
         for pair in (lookup, learned):
@@ -175,14 +181,6 @@ class Rates:
                 self.accepted[j] += 1
 
 
-def calibrate(confidence: float, temperature: float) -> float:
-    """sigmoid(logit(c) / T): temperature scaling of a per-slot estimate."""
-    c = min(max(confidence, 1e-6), 1 - 1e-6)
-    if temperature == 1.0:
-        return c
-    return 1 / (1 + math.exp(-math.log(c / (1 - c)) / temperature))
-
-
 class AdaptivePolicy:
     """See the module docstring.  One instance per run (lane): it learns over its prompts."""
 
@@ -191,18 +189,18 @@ class AdaptivePolicy:
     def __init__(
         self,
         cost: CostModel | None = None,
-        temperatures: dict[str, float] | None = None,
+        calibrations: dict[str, SlotCalibration] | None = None,
         shared_rates: dict[str, Rates] | None = None,
     ) -> None:
-        """``cost``: the cost model (None: measured or read at ``start``).  ``temperatures``:
+        """``cost``: the cost model (None: measured or read at ``start``).  ``calibrations``:
         each proposer's calibration (None: the ones fitted on stored runs, read at ``start``,
         ``specui.policy.calibration``; a proposer without one is read raw).  ``shared_rates``:
         running rates by drafter, shared with the process's other runs (``make_policy`` passes
         one): a run starts from what the last run of its drafter learned, so the Playground's
         second Generate does not probe a drafter that the first found useless."""
         self.cost = cost
-        self.temperatures = dict(temperatures or {})
-        self._read_temperatures = temperatures is None
+        self.calibrations = dict(calibrations or {})
+        self._read_calibrations = calibrations is None
         self.rates: dict[str, Rates] = {}
         self.shared = shared_rates
         self.tokens = 0.0
@@ -216,9 +214,9 @@ class AdaptivePolicy:
     def start(self, verifier: Any, drafter: Drafter) -> None:
         """Measure (or read) the cost model this run's choices need, and read the fitted
         calibration (refitted after each bench: a run started later reads the newer fit)."""
-        if self._read_temperatures:
+        if self._read_calibrations:
             fingerprint = getattr(verifier, "fingerprint", None)
-            self.temperatures = load_temperatures(fingerprint) if fingerprint else {}
+            self.calibrations = load_calibrations(fingerprint) if fingerprint else {}
         lookup, learned = split(drafter)
         named = [p for p in (lookup, learned) if p is not None]
         parts = tuple(d for _, d in named)
@@ -245,8 +243,11 @@ class AdaptivePolicy:
 
     def estimates(self, name: str, proposal: Proposal) -> list[float]:
         if proposal.confidences is not None and len(proposal.confidences) == len(proposal):
-            t = self.temperatures.get(name, 1.0)
-            return [calibrate(c, t) for c in proposal.confidences]
+            cal = self.calibrations.get(name)
+            if cal is None:
+                return [min(max(c, 1e-6), 1 - 1e-6) for c in proposal.confidences]
+            # Slot j's estimate and its position: both known before the verify.
+            return [cal.probability(c, j) for j, c in enumerate(proposal.confidences)]
         return self._rates(name).conditional(len(proposal))
 
     def propose(self, ctx: DraftContext, drafter: Drafter, max_k: int) -> Decision:
@@ -352,6 +353,9 @@ class AdaptivePolicy:
         out: dict[str, Any] = {"policy": self.name}
         if self.cost is not None:
             out["cost_model"] = self.cost.to_dict()
-        if self.temperatures:
-            out["calibration_temperatures"] = dict(self.temperatures)
+        if self.calibrations:
+            out["calibration"] = {
+                name: {"scale": c.scale, "biases": list(c.biases)}
+                for name, c in sorted(self.calibrations.items())
+            }
         return out

@@ -133,4 +133,10 @@ def test_decode_with_each_fixture_checkpoint(capsys, fixture_dir, algorithm, tmp
             "--policy",
             "fixed",
         )
-        assert all(s["confidences"] is None for s in fixed)  # asked for by no one
+        # The fixed policy asks for them too, for every slot it sends (every drafted slot):
+        # the unselected sample the calibration is measured on.
+        assert all(
+            s["confidences"] is not None and len(s["confidences"]) == len(s["draft_token_ids"])
+            for s in fixed
+            if s["draft_token_ids"]
+        )

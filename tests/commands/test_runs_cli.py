@@ -121,7 +121,7 @@ def test_jobs_list_show_cancel(db: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_calibrate_refits_each_drafter_per_verifier_weights(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specui.policy.calibration import load_temperatures
+    from specui.policy.calibration import load_calibrations
     from tests.support.store_helpers import overconfident_steps
 
     monkeypatch.setenv("SPECUI_DATA_DIR", str(tmp_path))
@@ -131,8 +131,10 @@ def test_calibrate_refits_each_drafter_per_verifier_weights(
         run = store.create_run(
             verifier="tiny", prompt_set="p", algorithm="dspark", verifier_fingerprint=fingerprint
         )
-        record(store, run.id, [overconfident_steps(300, 4, 5, 3.0)], [1.0], 4)
+        prompts = [overconfident_steps(300, 4, seed, 3.0) for seed in (5, 6)]
+        record(store, run.id, prompts, [1.0, 1.0], 4)
     assert main(["runs", "calibrate", "--db", str(db)]) == 0
     out = capsys.readouterr().out
-    assert "dspark: T=" in out
-    assert load_temperatures(fingerprint)["dspark"] > 1.5  # over-confident: T well above 1
+    assert "dspark: scale" in out and "held out (cross-fitted by prompt)" in out
+    # over-confident: the logits are shrunk (a temperature well above 1)
+    assert load_calibrations(fingerprint)["dspark"].temperature > 1.5

@@ -18,6 +18,7 @@ from specui.algorithms.suffix import SuffixDrafter
 from specui.engine import Decoding, generate
 from specui.policy import AdaptivePolicy, FixedPolicy
 from specui.policy.adaptive import Decision
+from specui.policy.calibration import SlotCalibration
 from specui.policy.choose import sequential_keep
 from specui.policy.cost import CostModel
 from specui.trace import Proposal, SamplingParams
@@ -101,19 +102,59 @@ def test_greedy_output_equals_plain_for_every_policy_and_drafter(tiny, name, pol
             assert out.output_token_ids == plain.output_token_ids, (name, trial, drafter.name)
 
 
-def test_sampled_distribution_with_the_adaptive_policy_matches_verifier(small_vocab):
-    drafter = RandomDrafter(small_vocab.vocab_size, k=3, seed=11, sharpness=2.0)
-    # A curve where the estimates decide: some blocks are cut, some sent whole, some not drafted.
-    curve = CostModel(verify_s=[1.0, 1.35, 1.6, 1.8])
+# A curve where the estimates decide: some blocks are cut, some sent whole, some not drafted.
+SAMPLING_CURVE = CostModel(verify_s=[1.0, 1.35, 1.6, 1.8])
+# A calibration that moves the estimates by slot position (what a stored fit does): the policy
+# reads it, and the choice must stay on what is known before each slot's token.
+POSITION_FIT = SlotCalibration("random", 1.6, (0.8, -0.4, -1.5), 0, 0, 0.0, 0.0)
+
+
+def _sampling_cases():
+    def learned():
+        return RandomDrafter(8, k=3, seed=11, sharpness=2.0)
+
+    adaptive = lambda: AdaptivePolicy(cost=SAMPLING_CURVE, calibrations={})  # noqa: E731
+    calibrated = lambda: AdaptivePolicy(  # noqa: E731
+        cost=SAMPLING_CURVE, calibrations={"random": POSITION_FIT}
+    )
+    yield pytest.param("adaptive", learned(), adaptive, id="adaptive")
+    yield pytest.param(
+        "adaptive-hybrid-suffix",
+        HybridDrafter(learned(), SuffixDrafter(3)),
+        calibrated,
+        id="adaptive-hybrid-suffix",
+    )
+    yield pytest.param("adaptive-calibrated", learned(), calibrated, id="adaptive-calibrated")
+    yield pytest.param(
+        "adaptive-hybrid-ngram",
+        HybridDrafter(learned(), NgramDrafter(3)),
+        calibrated,
+        id="adaptive-hybrid-ngram",
+    )
+    yield pytest.param(
+        "fixed-hybrid-suffix",
+        HybridDrafter(learned(), SuffixDrafter(3)),
+        FixedPolicy,
+        id="fixed-hybrid-suffix",
+    )
+
+
+@pytest.mark.parametrize("name,drafter,policy", list(_sampling_cases()))
+def test_sampled_distribution_with_each_policy_and_hybrid_matches_verifier(
+    small_vocab, name, drafter, policy
+):
+    """T=1: the adaptive policy (raw and calibrated estimates) and the hybrids leave the output
+    distribution the verifier's.  The prompt repeats itself, so the lookups match (a hybrid's
+    steps choose between its two proposers)."""
     p = sampled_pvalue(
         small_vocab,
-        [1, 2, 3],
+        [1, 2, 3, 1, 2],
         SamplingParams(temperature=1.0),
         n=3000,
         drafter=drafter,
-        policy=lambda: AdaptivePolicy(cost=curve),
+        policy=policy,
     )
-    assert p > 1e-3, f"chi-square p={p:.2e}: the policy changed the sampled distribution"
+    assert p > 1e-3, f"{name}: chi-square p={p:.2e}: the policy changed the sampled distribution"
 
 
 class PeekingPolicy(FixedPolicy):

@@ -65,7 +65,7 @@ def _selective_run(tiny, plain) -> tuple[list, SelectivelyRight]:
     # only the sure slots, all accepted: by them alone, drafting gains.
     cost = CostModel(verify_s=[1.0, 1.5, 2.0], draft_s={key: 0.3})
     shared = {key: Rates(reached=[20], accepted=[20])}
-    policy = AdaptivePolicy(cost=cost, temperatures={}, shared_rates=shared)
+    policy = AdaptivePolicy(cost=cost, calibrations={}, shared_rates=shared)
     run = Decoding(tiny, drafter, PROMPT, max_new_tokens=200, stop_on_eos=False, policy=policy)
     steps = list(run)
     assert run.result.output_token_ids == plain.output_token_ids
@@ -119,7 +119,7 @@ def _probes(tiny, plain, catchup_s: float) -> tuple[list[int], list]:
     drafter = NeverRightWithCache()
     key = drafter_key(drafter)
     cost = CostModel([1.0, 1.2, 1.4], draft_s={key: 0.1}, catchup_s={key: catchup_s})
-    policy = AdaptivePolicy(cost=cost, temperatures={})
+    policy = AdaptivePolicy(cost=cost, calibrations={})
     run = Decoding(tiny, drafter, PROMPT, max_new_tokens=200, stop_on_eos=False, policy=policy)
     steps = list(run)
     assert run.result.output_token_ids == plain.output_token_ids

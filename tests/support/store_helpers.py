@@ -69,9 +69,12 @@ def record(
             rec.end_prompt(make_result(steps, wall, k))
 
 
-def overconfident_steps(n_steps: int, k: int, seed: int, temperature: float) -> list[StepTrace]:
+def overconfident_steps(
+    n_steps: int, k: int, seed: int, temperature: float, shift: float = 0.0
+) -> list[StepTrace]:
     """Steps with per-slot estimates c whose slots are accepted one after another with
-    probability sigmoid(logit(c) / temperature): estimates that over-confident."""
+    probability sigmoid(logit(c) / temperature + shift): estimates that over-confident, and
+    off by that base rate."""
     rng = random.Random(seed)
     out = []
     for i in range(n_steps):
@@ -80,7 +83,7 @@ def overconfident_steps(n_steps: int, k: int, seed: int, temperature: float) -> 
         n_acc = 0
         while n_acc < k:
             c = conf[n_acc]
-            if rng.random() >= 1 / (1 + math.exp(-math.log(c / (1 - c)) / temperature)):
+            if rng.random() >= 1 / (1 + math.exp(-math.log(c / (1 - c)) / temperature - shift)):
                 break
             n_acc += 1
         trace.confidences = conf

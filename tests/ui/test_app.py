@@ -247,6 +247,26 @@ def test_browser_playground_shows_accepted_and_rejected_tokens(page, app_url):
     page.screenshot(path=str(SHOTS / "playground.png"), full_page=True)
 
 
+def test_browser_newcomer_race_shows_both_tok_s_figures(page, app_url):
+    """A newcomer's page (a fresh one: the Playground's defaults), the newcomer's prompt, "Side
+    by side" against plain decoding: both lanes show their speculator and a tok/s figure that
+    parses, read as ``bench/newcomer.py`` reads them (it times them; this test does not)."""
+    from specui.workbench import PLAYGROUND_SPECULATOR
+    from tests.support.playground_race import generate, open_as_a_newcomer, side_by_side
+
+    fresh = page.context.browser.new_page()
+    try:
+        fresh.set_default_timeout(120_000)
+        assert open_as_a_newcomer(fresh, app_url[0]) == PLAYGROUND_SPECULATOR
+        side_by_side(fresh, True)
+        lanes = generate(fresh, ("a", "b"), timeout_ms=120_000)
+        (spec, spec_rate), (plain, plain_rate) = lanes["a"], lanes["b"]
+        assert spec.startswith(PLAYGROUND_SPECULATOR) and plain == "none", lanes
+        assert spec_rate > 0 and plain_rate > 0, lanes
+    finally:
+        fresh.close()
+
+
 def test_browser_stop_ends_the_run_as_stopped(page, app_url):
     from specui.store import Store
 
