@@ -110,33 +110,29 @@ def test_decode_with_each_fixture_checkpoint(capsys, fixture_dir, algorithm, tmp
         capsys, *folders, "--prompt-ids", "5 17 300 42 7 99 12", "--max-new-tokens", "12"
     )
     assert len(summary["output_token_ids"]) == 12
-    assert any(s["draft_token_ids"] for s in steps)
-    if algorithm == "dspark":
-        assert all(
-            s["confidences"] and all(0 <= c <= 1 for c in s["confidences"])
-            for s in steps
-            if s["draft_token_ids"]
-        )
-    else:  # the adaptive policy asks each learned drafter for its top-1 estimates
-        assert all(
-            s["confidences"] and all(0 <= c <= 1 for c in s["confidences"])
-            for s in steps
-            if s["draft_token_ids"]
-        )
-        fixed, _ = _decode_json(
-            capsys,
-            *folders,
-            "--prompt-ids",
-            "5 17 300 42 7",
-            "--max-new-tokens",
-            "6",
-            "--policy",
-            "fixed",
-        )
-        # The fixed policy asks for them too, for every slot it sends (every drafted slot):
-        # the unselected sample the calibration is measured on.
-        assert all(
-            s["confidences"] is not None and len(s["confidences"]) == len(s["draft_token_ids"])
-            for s in fixed
-            if s["draft_token_ids"]
-        )
+    # The adaptive policy (the default) may send no draft at all: whether a random drafter
+    # pays depends on this machine's measured costs.  What it sends carries its estimates: the
+    # confidence head's (DSpark) or the drafter's top-1 probabilities.
+    assert all(
+        s["confidences"] and all(0 <= c <= 1 for c in s["confidences"])
+        for s in steps
+        if s["draft_token_ids"]
+    )
+    fixed, _ = _decode_json(
+        capsys,
+        *folders,
+        "--prompt-ids",
+        "5 17 300 42 7",
+        "--max-new-tokens",
+        "6",
+        "--policy",
+        "fixed",
+    )
+    # The fixed policy drafts every step, and keeps the estimates of every slot it sends: the
+    # unselected sample the calibration is measured on.
+    assert any(s["draft_token_ids"] for s in fixed)
+    assert all(
+        s["confidences"] is not None and len(s["confidences"]) == len(s["draft_token_ids"])
+        for s in fixed
+        if s["draft_token_ids"]
+    )
