@@ -193,6 +193,13 @@ def main() -> int:
             f" {end - args.window:.0f}-{end:.0f} s against {first / 2**20:.0f} MiB over"
             f" {w:.0f}-{w + args.window:.0f} s (the first {w:.0f} s: warm-up)"
         )
+        # The warm-up must cover every drafter's first load: each session's first answer.
+        firsts = [min(c.end_s for c in ok if c.session == s) for s in {c.session for c in ok}]
+        last_first = max(firsts, default=float("nan"))
+        print(
+            f"warm-up      every session's first call (its drafter's first load) answered by"
+            f" {last_first:.0f} s" + ("" if last_first <= w else f": after the {w:.0f} s warm-up")
+        )
         print(
             "RSS by minute (median MiB): "
             + ", ".join(f"{res.rss_median(m, m + 60) / 2**20:.0f}" for m in range(0, int(end), 60))

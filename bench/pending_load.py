@@ -130,6 +130,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed decodes per phase")
     ap.add_argument("--rounds", type=int, default=3, help="alone-pending rounds, alone last too")
     ap.add_argument("--max-new-tokens", type=int, default=400)
+    ap.add_argument("--warm", type=int, default=2, help="untimed decodes before an alone phase")
     args = ap.parse_args()
 
     from gradio_client import Client
@@ -147,8 +148,9 @@ def main() -> int:
             used = 0
             for r in range(args.rounds + 1):
                 # Untimed: (re)loads the embedded verifier, which the loaded hub models pushed
-                # out of the two kept (VERIFIERS_KEPT).
-                timed_decodes(b, 1, args.max_new_tokens)
+                # out of the two kept (VERIFIERS_KEPT), and a decode more: the first after a
+                # load runs on cold memory, which would make "alone" read slow.
+                timed_decodes(b, args.warm, args.max_new_tokens)
                 alone.append(timed_decodes(b, args.repeats, args.max_new_tokens, "alone"))
                 if r < args.rounds:
                     times, used = pending_decodes(b, hub, app.url, args, used)
