@@ -10,7 +10,9 @@ decodes (the embedded verifier, n-gram, a long answer) in alternating phases of
 (as many loads as there are decode slots: before issue 50 they held both), ``--rounds``
 times, and alone once more.  Alternating phases put the machine's drift (other processes,
 a clock that slows) on both kinds alike; one alone phase then one pending phase did not
-(runs of that bench moved 0.83-1.26 with the same code).  Prints each phase's median, the
+(runs of that bench moved 0.83-1.26 with the same code).  Timing starts after the app's
+start-up preload (its cost measure), and each alone phase follows ``--warm`` untimed decodes
+(the embedded verifier is loaded again after each round).  Prints each phase's median, the
 ratio pending / alone of the medians of all their decodes (passes within 1.2), each pending
 phase against its two alone neighbours, and where the CPU went: per decode, the decode
 thread's CPU and the time beside it (waiting: on the GIL, on the HTTP round trips), and the
