@@ -51,6 +51,7 @@ class Call:
     num_output_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     message: str = ""
+    end_s: float = 0.0  # when it returned, seconds into the load
 
 
 @dataclass
@@ -63,9 +64,21 @@ class LoadResult:
     rss_last_bytes: int
     rss_samples: list[tuple[float, int]] = field(default_factory=list)  # (s since start, RSS)
 
-    def rss_at(self, t_s: float) -> int:
-        """The first RSS sample at or after ``t_s`` seconds into the load (0: none)."""
-        return next((rss for t, rss in self.rss_samples if t >= t_s), 0)
+    def rss_median(self, start_s: float, end_s: float) -> float:
+        """The median RSS of the samples taken from ``start_s`` up to ``end_s`` seconds into
+        the load (nan: none).  A window's median, not one sample: a decode's transient
+        buffers come and go within a second, and one sample may catch them or not."""
+        window = [rss for t, rss in self.rss_samples if start_s <= t < end_s]
+        return statistics.median(window) if window else float("nan")
+
+    def rss_growth(self, warmup_s: float, window_s: float, duration_s: float) -> float:
+        """Growth after warm-up: the median RSS of the load's last ``window_s`` seconds over
+        that of the ``window_s`` seconds right after ``warmup_s``, minus 1.  Only samples
+        taken while the sessions call count (up to ``duration_s``): after it the sessions
+        end and their drafters go idle, which is not growth."""
+        first = self.rss_median(warmup_s, warmup_s + window_s)
+        last = self.rss_median(duration_s - window_s, duration_s)
+        return last / first - 1
 
     def count(self, outcome: str) -> int:
         return sum(1 for c in self.calls if c.outcome == outcome)
@@ -358,6 +371,7 @@ def run_load(
             deadline is not None and time.monotonic() < deadline
         ):
             c = decode_call(client, s, i, max_new_tokens, drafters[s % len(drafters)], k)
+            c.end_s = time.monotonic() - t_start[0]
             with lock:
                 calls.append(c)
             i += 1

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from specui.service import DECODE_EVENTS
-from tests.support.load_driver import App, check_store, run_load
+from tests.support.load_driver import App, LoadResult, check_store, run_load
 from tests.support.paths import REPO
 
 # One more than the app admits at once (DECODE_EVENTS running, one queued) and one to spare.
@@ -79,3 +79,16 @@ def test_queue_size_must_be_positive():
     )
     assert p.returncode == 2
     assert "--queue-size must be at least 1" in p.stderr
+
+
+def test_growth_counts_only_samples_taken_while_the_sessions_call():
+    # RSS 100 through the warm-up's window, 104 at the end of the load, then a drop after it
+    # (the sessions ended): growth is 4%, the drop after the load does not count, and one
+    # sample's spike inside a window does not move its median.
+    samples = [(t / 2, 100 * 2**20) for t in range(0, 240)]  # 0-120 s
+    samples += [(120 + t / 2, 104 * 2**20) for t in range(0, 120)]  # 120-180 s
+    samples[150] = (75.0, 900 * 2**20)  # a transient inside the first window
+    samples += [(180 + t / 2, 60 * 2**20) for t in range(0, 40)]  # after the load
+    res = LoadResult([], 180.0, {}, 900 * 2**20, 100 * 2**20, 60 * 2**20, samples)
+    assert res.rss_growth(warmup_s=60, window_s=60, duration_s=180) == pytest.approx(0.04)
+    assert res.rss_median(180, 200) == 60 * 2**20
