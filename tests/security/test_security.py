@@ -354,9 +354,14 @@ def test_api_paths_outside_the_data_dir_are_refused(app, tmp_path) -> None:
     secret.write_text('{"prompt": "secret"}\n')
     status = client.predict(["ngram"], str(secret), 1, 4, 0.0, api_name="/bench_job")
     assert "outside the folders" in status
-    status, _ = client.predict(
-        "dflash", "embedded", str(secret), 1, 4, 4, 0, 1e-3, "evil", "local", api_name="/train"
-    )
+    leading = ["dflash", "embedded", str(secret), 1, 4, 4, 0, 1e-3, "evil", "local"]
+    # The tab's generated settings follow (one per TrainConfig field): their defaults, or None.
+    params = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/train"]
+    rest = [
+        q.get("parameter_default") if q.get("parameter_has_default") else None
+        for q in params["parameters"][len(leading) :]
+    ]
+    status, _ = client.predict(*leading, *rest, api_name="/train")
     assert "outside the folders" in status
 
 

@@ -494,12 +494,15 @@ def test_bench_endpoint_matches_store_and_library_decoding(app_url, embedded_ver
             assert got[key] == pytest.approx(row[key]), key
     # ... and what the library decodes on the same prompt
     ids = load_prompts("demo", split="eval", limit=1)[0].encode(embedded_verifier)
+    # The endpoint decodes under the app's adaptive policy, whose choices follow the costs this
+    # machine measured (a loaded machine drafts less): the tokens are the library's, greedy
+    # and lossless; the drafting is compared where the library runs the same fixed K.
     expected = generate(embedded_verifier, NgramDrafter(4), ids, max_new_tokens=16)
-    assert rows[ngram_id]["acceptance_length"] == pytest.approx(expected.acceptance_length)
-    assert rows[ngram_id]["num_accepted_tokens"] == sum(s.num_accepted for s in expected.steps)
-    assert [s.num_accepted for s in store.get_steps(ngram_id)] == [
-        s.num_accepted for s in expected.steps
-    ]
+    steps = [s.to_trace() for s in store.get_steps(ngram_id)]
+    assert [t for s in steps for t in s.emitted_token_ids] == list(expected.output_token_ids)
+    assert rows[ngram_id]["num_accepted_tokens"] == sum(s.num_accepted for s in steps)
+    if '"policy": "fixed"' in store.get_run(ngram_id).settings_json:
+        assert [s.num_accepted for s in steps] == [s.num_accepted for s in expected.steps]
     assert rows[base_id]["algorithm"] == "none" and rows[base_id]["acceptance_length"] == 1.0
     assert rows[ngram_id]["baseline_run_id"] == base_id and rows[ngram_id]["speedup"] > 0
     assert store.get_run(ngram_id).owner == client.session_hash  # the calling session owns its runs
@@ -536,7 +539,9 @@ def test_replay_endpoint_renders_local_and_vllm_runs(app_url, embedded_verifier)
     assert _text_of(out) == embedded_verifier.tokenizer.decode(
         decoded["output_token_ids"], skip_special_tokens=False
     )
-    assert f"**{decoded['acceptance_length']:.2f}**" in stats and 'class="tok accepted"' in steps
+    assert f"**{decoded['acceptance_length']:.2f}**" in stats
+    # (whether the adaptive policy drafted at all follows this machine's measured costs)
+    assert ('class="tok accepted"' in steps) == (decoded["acceptance_length"] > 1)
 
     output = embedded_verifier.encode(
         "The quick brown fox jumps over the lazy dog again and again.", chat=False
