@@ -100,7 +100,7 @@ def finished(run: Path) -> bool:
 
 def held_out(run: Path) -> float | None:
     """The last held-out expected acceptance length a run logged."""
-    best = None
+    last = None
     path = run / "metrics.jsonl"
     if path.is_file():
         for line in path.read_text().splitlines():
@@ -109,8 +109,8 @@ def held_out(run: Path) -> float | None:
             except ValueError:
                 continue
             if value is not None:
-                best = value
-    return best
+                last = value
+    return last
 
 
 def plan(folder: Path, world: int, lr: float | None) -> list[Stage]:
