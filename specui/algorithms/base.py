@@ -99,6 +99,12 @@ class DraftModel(nn.Module):
     verifier modules are kept out of the module tree).  Keys in
     ``verifier_fallback`` may be absent from a checkpoint and are then copied
     from the verifier (the library does the same).
+
+    What serving reads of a model (``layer_call``: the drafter's one serving path, in C or in
+    torch), stated here once: ``layers`` (``DecoderLayer``s; the EAGLE family's first one reads
+    ``[embedding; feature]``), ``norm`` (the final norm), ``rotary``, ``config.layer`` (widths
+    and sliding windows), ``lm_head`` (normed rows -> draft logits), ``d2t`` (draft -> target
+    ids, or None), and the two hooks below: ``head_module`` and ``context_projection``.
     """
 
     config_class: ClassVar[type[DraftConfig]]
@@ -249,13 +255,11 @@ class LearnedDrafter:
     """
 
     model_class: type
-    # Caches in preallocated per-layer buffers written in place, attention in one SDPA call
-    # (``layers.CacheWrite``); False keeps the eager path (concatenated caches, explicit
-    # masks) -- set it before ``reset()``.
-    in_place: bool = True
-    # The layers in one C call on the bf16 kernels (``layer_call``), set by ``matmuls_in_bf16``
-    # where it serves the model; read through ``one_call``.
+    # The layers in one C call on the bf16 kernels (``layer_call.DraftLayerCall``), set by
+    # ``matmuls_in_bf16`` where it serves the model; else the same contract in torch
+    # (``layer_call.TorchLayerCall``).  Either is the drafter's one serving path: ``call``.
     layer_call: Any = None
+    _torch_call: Any = None
 
     def __init__(
         self,
@@ -352,6 +356,8 @@ class LearnedDrafter:
         from specui.algorithms.layer_call import DraftLayerCall
 
         self.layer_call = DraftLayerCall.build(self.model, self.model.head_module())
+        self._torch_call = None  # a cache of the other path's is no longer the drafter's
+        self.reset()
 
     def call_linears(self) -> list[nn.Module]:
         """The linears the one call multiplies by: each layer's stacked q/k/v and gate/up (not
@@ -374,10 +380,16 @@ class LearnedDrafter:
         return own + stacked
 
     @property
-    def one_call(self) -> Any:
-        """The one-call layers (``layer_call.DraftLayerCall``) where the drafter runs them in
-        place, else None (the torch ops)."""
-        return self.layer_call if self.in_place else None
+    def call(self) -> Any:
+        """The drafter's layers as one call: the C one where ``matmuls_in_bf16`` built it, else
+        the same contract in torch ops over the model's modules (``layer_call``), made once."""
+        if self.layer_call is not None:
+            return self.layer_call
+        if self._torch_call is None:
+            from specui.algorithms.layer_call import TorchLayerCall
+
+            self._torch_call = TorchLayerCall(self.model)
+        return self._torch_call
 
     def empty_proposal(self) -> Any:
         return Proposal(token_ids=[], probs=torch.zeros(0, self.model.config.layer.vocab_size))

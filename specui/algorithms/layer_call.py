@@ -1,19 +1,27 @@
-"""A drafter's decoder layers in one C call (``specui.kernels.layers``), at inference.
+"""A drafter's decoder layers, final norm and head as one call: the one serving path of every
+learned drafter, in C (``specui.kernels.layers``) or in torch.
 
 A draft block is 1-9 rows through one to three small layers.  Its matmuls on the bf16 kernel are
 about half of a draft; the rest were ~25 torch ops a layer between them (norms, rotary, views,
 KV writes, SDPA, SiLU, residual adds), each a few microseconds.  :class:`DraftLayerCall` runs the
-layers of a block in one call instead, on the weights ``LearnedDrafter.matmuls_in_bf16`` packed
+layers of a block in one C call instead, on the weights ``LearnedDrafter.matmuls_in_bf16`` packed
 (q/k/v and gate/up stacked), over :class:`DraftKV`, every layer's keys and values in one buffer.
+:class:`TorchLayerCall` keeps the same contract in torch ops over the model's own modules, where
+the C call cannot serve: no kernels here, a GPU, sliding-window layers, a float32 reference run.
+A drafter holds one of the two (``LearnedDrafter.call``) and drafts through it alone.
 
-The drafters call it where they would run their layers in place (``LearnedDrafter.in_place``):
+The contract (``run``): rows in cache order, written at ``start``..; a query row sees every
+cached key up to its own (causal), or with ``see_block`` all of this call's query rows too; the
+first ``ctx_rows`` rows are keys and values only.  What each drafter sends:
 - DFlash and DSpark: the new context rows (keys and values only) and the block, which sees all of
   itself (``see_block``);
 - EAGLE-3: the new step-0 rows, then one row a sequential step; P-EAGLE: the new depth-0 rows and
   the mask rows, causally in cache order.  Their first layer reads the feature beside the token
   embedding (``hidden_norm``).
 
-Sliding-window layers are not served (the call has no window): such drafters keep the torch ops.
+What a call reads of a model is ``DraftModel``'s serving surface (``specui.algorithms.base``):
+``layers``, ``norm``, ``rotary``, ``config.layer``, ``lm_head``, ``head_module()``,
+``context_projection()`` and ``d2t``.
 
 :class:`MarkovChainCall` is DSpark's vanilla Markov head drawn greedily, the block's slots one after
 another in one call as well.
@@ -22,13 +30,14 @@ another in one call as well.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from specui import kernels
-from specui.algorithms.layers import DecoderLayer, RMSNorm, Rotary
+from specui.algorithms.layers import CacheWrite, DecoderLayer, KVBuffer, RMSNorm, Rotary
 from specui.kernels.layers import (
     WEIGHT_BF16,
     CallContext,
@@ -183,17 +192,25 @@ class DraftLayerCall:
         start: int,
         *,
         ctx_rows: int = 0,
-        see_block: bool = False,
+        see_block: bool | Sequence[bool] = False,
         feature: torch.Tensor | None = None,
         logits_from: int | None = None,
         context_features: torch.Tensor | None = None,
         kv_only_before_logits: bool = False,
+        window_base: int | None = None,
+        tail_from: int | None = None,
     ) -> DraftCallOut:
         """Rows ``h`` [n, H] at RoPE ``positions`` [n], cached at ``start``.. (see
         ``OneCallLayers.run``; ``context_features`` [ctx_rows, taps] where ``has_context``: the
         context rows' taps, their rows in ``h`` then only room; ``kv_only_before_logits``: the
         query rows before ``logits_from`` are only keys and values in the last layer, as the
-        EAGLE family's committed rows are, and their output rows are NaN)."""
+        EAGLE family's committed rows are, and their output rows are NaN).  ``see_block`` may be
+        one flag a layer (``TorchLayerCall``), all of them True here; ``window_base`` and
+        ``tail_from`` shape sliding windows, which this call never serves (``build``)."""
+        if not isinstance(see_block, bool):
+            if not all(see_block):
+                raise ValueError("the C layer call: a block causal in some layers is not served")
+            see_block = True
         if h.dim() != 2 or h.dtype != torch.float32 or not h.is_contiguous():
             h = h.reshape(-1, h.shape[-1]).float().contiguous()
         cos, sin = self._rotary(
@@ -218,6 +235,108 @@ class DraftLayerCall:
         if kv_only_before_logits and self.has_head and logits_from:
             h[ctx_rows : ctx_rows + logits_from] = float("nan")  # not computed: never read as out
         return DraftCallOut(h[ctx_rows:], out.get("normed"), out.get("logits"), out.get("tokens"))
+
+
+class TorchLayerCall:
+    """``DraftLayerCall``'s contract in torch ops over the model's own modules (their bf16 kernel
+    linears where ``matmuls_in_bf16`` converted them), with a ``KVBuffer`` a layer: where the C
+    call cannot serve, and the reference the C call is held to.
+
+    Sliding-window layers are served here.  A windowed layer hides the keys at cache index
+    ``<= base - window`` from a query, ``base`` being the query's own index, or ``window_base``
+    for the query rows from ``tail_from`` on (DFlash's block measures its window from the
+    anchor's context, EAGLE-3's steps from the anchor row); the keys from ``tail_from`` on (a
+    block's or a rollout's own rows) are never hidden by a window.
+    """
+
+    has_head = True
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.has_context = model.context_projection() is not None
+        self.kv = [KVBuffer() for _ in model.layers]
+
+    def run(
+        self,
+        h: torch.Tensor,
+        positions: torch.Tensor | range,
+        start: int,
+        *,
+        ctx_rows: int = 0,
+        see_block: bool | Sequence[bool] = False,
+        feature: torch.Tensor | None = None,
+        logits_from: int | None = None,
+        context_features: torch.Tensor | None = None,
+        kv_only_before_logits: bool = False,
+        window_base: int | None = None,
+        tail_from: int | None = None,
+    ) -> DraftCallOut:
+        """See ``DraftLayerCall.run``.  The rows before ``logits_from`` are computed in full
+        (``kv_only_before_logits`` is the C call's saving; their rows are never read)."""
+        m = self.model
+        dev = m.norm.weight.device
+        if isinstance(positions, range):
+            positions = torch.arange(positions.start, positions.stop, positions.step)
+        cos, sin = m.rotary(positions.reshape(-1).to(dev)[None, None])  # [1, 1, n, D]
+        h = h.reshape(-1, h.shape[-1]).float()
+        q0 = start + ctx_rows
+        if ctx_rows:
+            if context_features is not None:  # the rows are room: made from the taps here
+                linear, norm = m.context_projection()
+                ctx = norm(linear(context_features.float()))
+            else:
+                ctx = h[:ctx_rows]
+            for layer, buffer in zip(m.layers, self.kv, strict=True):
+                # keys and values straight from the context rows, no input norm (the reference)
+                k, v = layer.self_attn.key_value(
+                    ctx[None, None], cos[..., :ctx_rows, :], sin[..., :ctx_rows, :]
+                )
+                buffer.write(start, k, v)
+        x = h[ctx_rows:][None, None]
+        if feature is not None:  # the EAGLE family's first layer splits [embedding; feature]
+            x = torch.cat([x, feature.reshape(x.shape[2], -1).float()[None, None]], -1)
+        cos, sin = cos[..., ctx_rows:, :], sin[..., ctx_rows:, :]
+        for i, (layer, buffer) in enumerate(zip(m.layers, self.kv, strict=True)):
+            block = see_block if isinstance(see_block, bool) else see_block[i]
+            visible = self._visible(i, q0, x.shape[2], block, window_base, tail_from, dev)
+            x, _ = layer(x, cos, sin, visible, past=CacheWrite(buffer, q0))
+        hidden = x[0, 0]
+        if logits_from is None:
+            return DraftCallOut(hidden, None, None, None)
+        normed = m.norm(hidden[logits_from:])
+        logits = m.lm_head(normed)
+        best = logits.argmax(-1)
+        d2t = getattr(m, "d2t", None)
+        return DraftCallOut(hidden, normed, logits, best if d2t is None else best + d2t[best])
+
+    def _visible(
+        self,
+        layer_idx: int,
+        q0: int,
+        n: int,
+        see_block: bool,
+        window_base: int | None,
+        tail_from: int | None,
+        device: torch.device,
+    ) -> torch.Tensor | None:
+        """[1, 1, n, q0 + n]: which cached keys the query rows at ``q0..`` see; None for all."""
+        window = self.model.config.layer.window(layer_idx)
+        if window is None and see_block:
+            return None
+        query = torch.arange(q0, q0 + n, device=device)[:, None]
+        key = torch.arange(q0 + n, device=device)[None]
+        visible = torch.ones(n, q0 + n, dtype=torch.bool, device=device)
+        if not see_block:
+            visible &= key <= query
+        if window is not None:
+            base = query
+            if tail_from is not None and window_base is not None:
+                base = torch.where(query >= tail_from, torch.full_like(query, window_base), query)
+            near = key > base - window
+            if tail_from is not None:
+                near |= key >= tail_from
+            visible &= near
+        return visible[None, None]
 
 
 class MarkovChainCall:

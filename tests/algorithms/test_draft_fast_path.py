@@ -1,9 +1,10 @@
-"""The drafters' serving path (``LearnedDrafter.matmuls_in_bf16``: bf16 kernels, fused weights,
-preallocated caches) drafts what the float32 eager path drafts.
+"""The drafters' serving path beside a kernel verifier (``LearnedDrafter.matmuls_in_bf16``: bf16
+kernels, fused weights, the layers in one C call) drafts what the float32 drafter drafts (its call
+in torch ops, ``layer_call.TorchLayerCall``, held to the training forward in test_drafters.py).
 
 Real shipped drafters beside the embedded verifier, on the contexts of real greedy decodes: each
 step's draft logits of both paths, their argmax compared slot by slot.  The sequential drafters
-(EAGLE-3's steps, DSpark's Markov head) feed the serving path the eager path's tokens, so a slot
+(EAGLE-3's steps, DSpark's Markov head) feed the serving path the reference's tokens, so a slot
 is compared on the same prefix rather than after an earlier flip.  bf16 weights move near-ties, so
 the bar is agreement on 99% of slots, not equality (the verifier decides every token anyway).
 """
@@ -60,12 +61,10 @@ def recorded_contexts(drafter: LearnedDrafter, verifier, prompt: torch.Tensor) -
 
 
 @pytest.mark.parametrize("algo", ALGOS)
-def test_serving_path_drafts_what_the_float32_eager_path_drafts(
+def test_serving_path_drafts_what_the_float32_torch_call_drafts(
     algo, embedded_verifier, prompt_ids
 ):
-    eager = resolve_drafter(algo, embedded_verifier)  # a float32 verifier: the eager path
-    eager.in_place = False
-    eager.reset()
+    reference = resolve_drafter(algo, embedded_verifier)  # float32, its call in torch ops
     serving = resolve_drafter(algo, embedded_verifier)
     serving.matmuls_in_bf16()
     # the serving path is on: stacked q/k/v and gate/up, the bf16 kernel's copy where it runs
@@ -74,19 +73,20 @@ def test_serving_path_drafts_what_the_float32_eager_path_drafts(
     if kernels.bf16_kernel_available():
         linears = [m for m in serving.model.modules() if isinstance(m, BF16Linear)]
         assert linears and all(m.weight_kernel is not None for m in linears)
-        assert serving.one_call is not None  # the layers, norm and head in one C call
+        assert serving.layer_call is not None  # the layers, norm and head in one C call
         if algo == "dspark":
             assert serving.markov_call is not None  # and the Markov chain
     same = total = 0
     for prompt in prompt_ids:
-        contexts = recorded_contexts(eager, embedded_verifier, prompt)
-        eager.reset()
+        contexts = recorded_contexts(reference, embedded_verifier, prompt)
+        reference.reset()
         serving.reset()
         for ctx in contexts:
             if ctx.token_ids.numel() < 2:
                 continue
-            want = draft_logits(eager, ctx, None).argmax(-1)
-            from_draft = want + eager.model.d2t[want] if eager.model.d2t is not None else want
+            want = draft_logits(reference, ctx, None).argmax(-1)
+            d2t = reference.model.d2t
+            from_draft = want + d2t[want] if d2t is not None else want
             got = draft_logits(serving, ctx, from_draft.tolist()).argmax(-1)
             same += int((got == want).sum())
             total += want.numel()

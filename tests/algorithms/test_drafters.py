@@ -220,6 +220,15 @@ def _variant(variants: dict, variant: str, verifier: Verifier, seq, seed: int): 
     return algo, *_drafter(algo, verifier, seq, seed, **variants[variant])
 
 
+def test_every_registered_learned_algorithm_is_held_to_its_training_forward() -> None:
+    """The two tests below hold each drafter's one serving path (its call, in torch ops here: the
+    same contract the C call is held to in test_one_call_drafting.py) to its module's training
+    forward.  A newly registered algorithm fails here until a variant of it is added."""
+    covered = {v.split("-")[0] for v in [*DFLASH_VARIANTS, *EAGLE_VARIANTS]}
+    registered = set(algorithm_names())
+    assert registered and registered <= covered, sorted(registered - covered)
+
+
 @pytest.mark.parametrize("variant", DFLASH_VARIANTS)
 def test_dflash_family_inference_matches_training_forward(
     variant: str, verifier: Verifier, seq

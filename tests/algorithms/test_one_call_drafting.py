@@ -1,5 +1,5 @@
-"""The drafters' one-call path (``specui.algorithms.layer_call``) against the torch ops it replaces,
-on the same bf16-kernel weights.
+"""The drafters' C call (``specui.algorithms.layer_call.DraftLayerCall``) against the same call in
+torch ops (``TorchLayerCall``), on the same bf16-kernel weights.
 
 - The layers, final norm and head in one C call (``DraftLayerCall``) give each step's draft logits
   close to the torch ops' (the same matmul kernel; norms, rotary and attention summed in another
@@ -55,9 +55,9 @@ def draft(drafter: LearnedDrafter, ctx: DraftContext, forced: list[int] | None =
 def test_one_call_drafts_the_torch_ops_logits(algo, embedded_verifier, prompt):
     one_call = resolve_drafter(algo, embedded_verifier)
     one_call.matmuls_in_bf16()
-    assert one_call.one_call is not None, f"{algo}: the one-call layers do not serve it"
+    assert one_call.layer_call is not None, f"{algo}: the one-call layers do not serve it"
     # DFlash's family: the context rows are made in the call, from the verifier's taps
-    assert one_call.one_call.has_context == (algo in dflash_family())
+    assert one_call.layer_call.has_context == (algo in dflash_family())
     torch_ops = resolve_drafter(algo, embedded_verifier)
     torch_ops.matmuls_in_bf16()
     torch_ops.layer_call = None
@@ -70,7 +70,7 @@ def test_one_call_drafts_the_torch_ops_logits(algo, embedded_verifier, prompt):
         return propose(ctx)
 
     one_call.propose = record  # type: ignore[method-assign]
-    call, picks = one_call.one_call, []
+    call, picks = one_call.layer_call, []
     run = call.run
 
     def run_and_check(*args, **kwargs):
@@ -152,7 +152,7 @@ def test_the_markov_chain_call_gives_the_torch_loops_bits(embedded_verifier):
 def test_context_features_of_the_wrong_shape_are_refused(embedded_verifier):
     drafter = resolve_drafter("dflash", embedded_verifier)
     drafter.matmuls_in_bf16()
-    call = drafter.one_call
+    call = drafter.layer_call
     assert call is not None and call.has_context
     hidden = drafter.model.config.layer.hidden_size
     rows = torch.zeros(3, hidden)
@@ -189,7 +189,7 @@ def test_committed_rows_as_keys_and_values_only_leave_the_read_rows_bits(algo, e
     get the very bits of the full pass: they see the same keys and values."""
     drafter = resolve_drafter(algo, embedded_verifier)
     drafter.matmuls_in_bf16()
-    call, m = drafter.one_call, drafter.model
+    call, m = drafter.layer_call, drafter.model
     assert call is not None and call.has_head
     gen = torch.Generator().manual_seed(5)
     n, hidden = 12, m.config.layer.hidden_size

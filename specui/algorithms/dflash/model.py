@@ -33,7 +33,6 @@ from specui.algorithms.draft_config import DraftConfig
 from specui.algorithms.layer_config import LayerConfig
 from specui.algorithms.layers import (
     KV,
-    CacheWrite,
     DecoderLayer,
     RMSNorm,
     Rotary,
@@ -215,37 +214,30 @@ class DFlashModel(DraftModel):
         cos, sin = self.rotary(positions)
         return layer.self_attn.key_value(C, cos, sin)
 
+    def sees_block(self, layer_idx: int) -> bool:
+        """Whether a slot sees all of its block in this layer (bidirectional) or only the slots up
+        to itself (a sliding layer, unless ``sliding_window_non_causal``)."""
+        return self.config.layer.window(layer_idx) is None or self.config.sliding_window_non_causal
+
     def block_mask(self, layer_idx: int, B: int) -> torch.Tensor:
         """[B, B] which block slots a slot sees: all (bidirectional) or k' <= k (causal)."""
-        causal = (
-            self.config.layer.window(layer_idx) is not None
-            and not self.config.sliding_window_non_causal
-        )
         full = torch.ones(B, B, dtype=torch.bool, device=self.hidden_norm.weight.device)
-        return full.tril() if causal else full
+        return full if self.sees_block(layer_idx) else full.tril()
 
     def run_block(
         self,
         h: torch.Tensor,
         block_pos: torch.Tensor,
-        ctx_kv: list[KV] | list[CacheWrite],
-        ctx_visible: list[torch.Tensor] | list[torch.Tensor | None],
+        ctx_kv: list[KV],
+        ctx_visible: list[torch.Tensor],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """h [N, A, B, H] slot embeddings at ``block_pos`` [N|1, A, B]; per layer context K/V and
-        visibility [N|1, A, B, T]  ->  (normed hidden [N, A, B, H], per-layer outputs).
-
-        At inference the context K/V may be a ``CacheWrite`` into a buffer holding it (N = A =
-        1): the block's keys go after it, and the visibility covers both ([1, 1, B, T+B], or
-        None for all)."""
+        visibility [N|1, A, B, T]  ->  (normed hidden [N, A, B, H], per-layer outputs)."""
         cos, sin = self.rotary(block_pos)
         outs = []
         for i, layer in enumerate(self.layers):
-            kv = ctx_kv[i]
-            if isinstance(kv, CacheWrite):
-                h, _ = layer(h, cos, sin, ctx_visible[i], past=kv)
-            else:
-                own = self.block_mask(i, h.shape[-2])[None, None]  # [1, 1, B, B]
-                h, _ = layer(h, cos, sin, own, ctx=kv, ctx_visible=ctx_visible[i])
+            own = self.block_mask(i, h.shape[-2])[None, None]  # [1, 1, B, B]
+            h, _ = layer(h, cos, sin, own, ctx=ctx_kv[i], ctx_visible=ctx_visible[i])
             outs.append(h)
         return self.norm(h), outs
 

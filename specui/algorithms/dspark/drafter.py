@@ -91,52 +91,65 @@ class DSparkDrafter(DFlashDrafter):
         """Draft the block slot by slot: (tokens [K], q [K, V] (None when greedy), logits [K, Vd],
         confidence logits [K]).
 
-        ``forced_tokens`` replaces the drafted tokens (teacher forcing, for tests).
-        Confidence logits are NaN without a confidence head.
+        DFlash's one call gives every slot's hidden state and base logits; the heads then go left
+        to right, each slot's Markov bias after the token drawn before it: greedily in one C call
+        where ``matmuls_in_bf16`` built one (``layer_call.MarkovChainCall``), else in torch
+        (``_chain``: every head type, sampled or greedy).  The confidence head reads no earlier
+        slot's output, so it scores every slot at the end.  ``forced_tokens`` replaces the drafted
+        tokens (teacher forcing, for tests).  Confidence logits are NaN without a confidence head.
         """
         m = self.model
         first = m.config.first_draft_slot  # DFlash-style: a slot 0 that predicts the anchor
-        hidden, base = self.draft_block(ctx, first)  # [B, H], [B - first, Vd]
+        chain = self.markov_call if ctx.sampling.greedy else None
+        # the torch chain runs slot 0's heads too (an rnn head's state advances the way training's
+        # does), so it takes every slot
+        hidden, base = self.draft_block(ctx, first if chain is not None else 0)
         anchor = ctx.token_ids.reshape(-1)[-1].to(hidden.device)
-        # The confidence head reads no earlier slot: in place, one call for all slots at the end.
-        later = self.in_place and m.confidence_head is not None
-        if self.markov_call is not None and self.in_place and ctx.sampling.greedy:
-            # the call's confidence head, where it has one (matmuls_in_bf16 decides)
-            in_call = self.markov_call.confidence is not None
-            tokens, logits, conf_logits = self.markov_call.run(
-                base, int(anchor), forced_tokens, hidden[first:] if in_call else None
+        conf_logits = None
+        if chain is not None:
+            in_call = chain.confidence is not None  # matmuls_in_bf16 decides
+            tokens, logits, conf_logits = chain.run(
+                base, int(anchor), forced_tokens, hidden if in_call else None
             )
-            if conf_logits is None and m.confidence_head is not None:  # not in the call
-                fed = torch.tensor(forced_tokens or tokens.tolist())
-                prevs = torch.cat([anchor.reshape(1), fed])
-                conf_logits = m.confidence(hidden[first:], prevs[: len(tokens)])
-            if conf_logits is None:
-                conf_logits = torch.full((len(tokens),), float("nan"))
-            return tokens, None, logits, conf_logits
+            q = None
+        else:
+            tokens, q, logits = self._chain(hidden, base, anchor, ctx, forced_tokens)
+            hidden = hidden[first:]
+        if conf_logits is None and m.confidence_head is not None:
+            fed = torch.tensor(forced_tokens or tokens.tolist(), device=hidden.device)
+            prevs = torch.cat([anchor.reshape(1), fed])[: len(tokens)]
+            conf_logits = m.confidence(hidden, prevs)
+        if conf_logits is None:
+            conf_logits = torch.full((len(tokens),), float("nan"))
+        return tokens, q, logits, conf_logits
+
+    def _chain(
+        self,
+        hidden: torch.Tensor,
+        base: torch.Tensor,
+        anchor: torch.Tensor,
+        ctx: DraftContext,
+        forced_tokens: list[int] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """The heads over every slot of the block (hidden [B, H], base logits [B, Vd]) in torch:
+        (tokens [K], q [K, V] or None, logits [K, Vd]) of the slots from ``first_draft_slot``."""
+        m = self.model
+        first = m.config.first_draft_slot
         prev, state = anchor, None
-        tokens, qs, logits_out, confs, prevs = [], [], [], [], []
+        tokens, qs, logits_out = [], [], []
         for k in range(hidden.shape[0]):
-            bias, conf, state = m.heads(hidden[k], prev, state, confidence=not later)
+            bias, _, state = m.heads(hidden[k], prev, state, confidence=False)
             if k < first:  # runs only to advance an rnn state the way training does
                 continue
-            logits = base[k - first] + bias if bias is not None else base[k - first]
+            logits = base[k] + bias if bias is not None else base[k]
             token, q = self.pick(logits[None], ctx)
             if forced_tokens is not None:
                 token = torch.tensor([forced_tokens[len(tokens)]], device=hidden.device)
             tokens.append(token[0])
             qs.append(None if q is None else q[0])
             logits_out.append(logits)
-            if not later:
-                confs.append(
-                    conf if conf is not None else torch.tensor(float("nan"), device=hidden.device)
-                )
-            prevs.append(prev)
             prev = token[0]
-        if later:
-            conf_logits = m.confidence(hidden[first:], torch.stack(prevs))
-        else:
-            conf_logits = torch.stack(confs)
-        return torch.stack(tokens), stack_probs(qs), torch.stack(logits_out), conf_logits
+        return torch.stack(tokens), stack_probs(qs), torch.stack(logits_out)
 
     def matmuls_in_bf16(self, int8_rows: bool = False) -> None:
         super().matmuls_in_bf16(int8_rows)

@@ -20,7 +20,10 @@ class PEagleDrafter(Eagle3Drafter):
 
     @torch.inference_mode()
     def draft_rows(self, ctx: DraftContext) -> torch.Tensor:
-        """Draft logits [K, Vd] of the newest anchor's rollout, depths 0..K-1."""
+        """Draft logits [K, Vd] of the newest anchor's rollout, depths 0..K-1: one call over the
+        new depth-0 rows (the anchor row last) and the K-1 mask rows, in that order.  In cache
+        order each row sees the keys up to itself: depth-0 rows j <= its anchor, then its own
+        rollout, which no window hides (``tail_from``)."""
         m = self.model
         ids, feats = self.inputs(ctx)
         a = ids.numel() - 2  # anchor row: token ids[-1], feature of the position before it
@@ -29,66 +32,23 @@ class PEagleDrafter(Eagle3Drafter):
 
         new = torch.arange(have, a + 1, device=dev)  # new depth-0 rows, the anchor row last
         depth = torch.arange(1, K, device=dev)  # mask rows (a, 1..K-1)
-        n, R = new.numel(), new.numel() + K - 1
+        n = new.numel()
         tokens = torch.cat([ids[new + 1], torch.full_like(depth, m.config.mask_token_id)])
         feats_in = torch.cat([feats[new], m.mask_hidden.reshape(1, -1).expand(K - 1, -1)])
-        pos = torch.cat([new, a + depth])  # [R]
-
-        if self.one_call is not None:  # the order below, causal: the call needs no masks
-            h, _, logits, self._greedy_tokens = self.one_call.run(
-                m.embed_tokens(tokens),
-                pos,
-                have,
-                feature=m.features(feats_in),
-                logits_from=n - 1,
-                kv_only_before_logits=True,  # depth-0 rows before the anchor: cache only
-            )
-            self._cache.append(ids, [], n)  # depth-0 rows only: mask rows depend on this anchor
-            return logits if logits is not None else m.lm_head(m.norm(h[n - 1 :]))
-        if self.in_place and all(m.config.layer.window(li) is None for li in range(len(m.layers))):
-            # In key order (cached rows, new rows, mask rows) each query sees the keys up to
-            # itself: depth-0 rows j <= its anchor, then its own rollout.  No per-row test.
-            causal = torch.ones(R, have + R, dtype=torch.bool, device=dev).tril(have)[None, None]
-            return self._run_rows(ids, tokens, feats_in, pos, [causal] * len(m.layers), n)
-        # Queries: new depth-0 rows, then mask rows.  Keys: cached depth-0 rows 0..have-1, then
-        # the queries.
-        key_row = torch.cat(
-            [torch.arange(a + 1, device=dev), torch.full_like(depth, a)]
-        )  # anchor of each key
-        key_depth = torch.cat([torch.zeros(a + 1, dtype=torch.long, device=dev), depth])
-        q_row = torch.cat([new, torch.full_like(depth, a)])
-        q_depth = torch.cat([torch.zeros(n, dtype=torch.long, device=dev), depth])
-        own = (key_row[None] == q_row[:, None]) & (key_depth[None] <= q_depth[:, None])
-        context = (key_depth[None] == 0) & (key_row[None] <= q_row[:, None])
-        visible = []
-        for li in range(len(m.layers)):
-            w = m.config.layer.window(li)
-            ctx_li = context & (key_row[None] > (pos - w)[:, None]) if w is not None else context
-            visible.append((ctx_li | own)[None, None])
-        assert visible[0].shape == (1, 1, R, have + R)
-        return self._run_rows(ids, tokens, feats_in, pos, visible, n)
-
-    def _run_rows(
-        self,
-        ids: torch.Tensor,
-        tokens: torch.Tensor,
-        feats_in: torch.Tensor,
-        pos: torch.Tensor,
-        visible: list[torch.Tensor],
-        n: int,
-    ) -> torch.Tensor:
-        """``draft_rows``' pass over its R rows (``n`` new depth-0 ones, then the mask rows)."""
-        m = self.model
-        h, kv = m.run_layers(
-            m.embed_tokens(tokens)[None, None],
-            m.features(feats_in)[None, None],
-            pos[None, None],
-            visible,
-            self._cache.past(m, ids.device),
+        out = self.call.run(
+            m.embed_tokens(tokens),
+            torch.cat([new, a + depth]),
+            have,
+            feature=m.features(feats_in),
+            logits_from=n - 1,
+            kv_only_before_logits=True,  # depth-0 rows before the anchor: cache only
+            tail_from=a,
         )
-        self._cache.append(ids, kv, n)  # depth-0 rows only: mask rows depend on this anchor
-        h = h[0, 0, n - 1 :]  # the anchor row and its mask rows
-        return m.lm_head(m.norm(h))
+        self._cache.append(ids, n)  # depth-0 rows only: mask rows depend on this anchor
+        self._greedy_tokens = out.tokens
+        if out.logits is None:  # no kernel copy of the head
+            return m.lm_head(m.norm(out.hidden[n - 1 :]))
+        return out.logits
 
     def propose(self, ctx: DraftContext) -> Proposal:
         if ctx.token_ids.numel() < 2:
