@@ -44,7 +44,7 @@ WEIGHTS_FILE = "model.safetensors"
 # --- loading -------------------------------------------------------------------------------
 
 
-def _read_config(folder: Path) -> dict[str, Any]:
+def read_checkpoint_config(folder: Path) -> dict[str, Any]:
     if folder.is_file():
         raise SpecUIError(
             f"a drafter checkpoint is a folder (config.json + {WEIGHTS_FILE}); {folder} is a file"
@@ -63,7 +63,7 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return d
 
 
-def _model_class(d: dict[str, Any]) -> type[DraftModel]:
+def checkpoint_model_class(d: dict[str, Any]) -> type[DraftModel]:
     model_type = d.get("speculators_model_type")
     if not isinstance(model_type, str):
         raise SpecUIError(
@@ -88,8 +88,8 @@ def _inspect(
 ) -> tuple[list[str], DraftConfig | None, dict[str, torch.Tensor]]:
     """(problems, config, tensors) -- the shared core of validate and load."""
     try:
-        d = _read_config(folder)
-        model_cls = _model_class(d)
+        d = read_checkpoint_config(folder)
+        model_cls = checkpoint_model_class(d)
         config = model_cls.config_class.from_dict(d)
     except SpecUIError as e:
         return [str(e)], None, {}
@@ -141,7 +141,7 @@ def load_model(path: str | os.PathLike, verifier: Verifier) -> DraftModel:
     if problems:
         raise SpecUIError(f"cannot load drafter {folder}: {'; '.join(problems)}")
     assert config is not None
-    model_cls = _model_class(_read_config(folder))
+    model_cls = checkpoint_model_class(read_checkpoint_config(folder))
     model = model_cls(config)
     state = model.state_dict()  # views of the model's float32 parameters and buffers
     present = [k for k in state if k in tensors]

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specui.algorithms.checkpoint import _model_class, _read_config
+from specui.algorithms.checkpoint import checkpoint_model_class, read_checkpoint_config
 from specui.algorithms.layers import MLP, Attention
 from specui.verifier.admission import Weights, folder_weights
 from specui.verifier.fingerprint import model_fingerprint
@@ -121,8 +121,8 @@ def load_weights(folder: Path, verifier: Any) -> Weights:
     kernel verifier the linears are then converted (``SERVING_BYTES`` each element once served,
     ``CONVERTING_BYTES`` while converting) and an embedding equal to the verifier's is shared."""
     stored = folder_weights(folder)
-    d = _read_config(folder)
-    model_cls = _model_class(d)
+    d = read_checkpoint_config(folder)
+    model_cls = checkpoint_model_class(d)
     config = model_cls.config_class.from_dict(d)
     with torch.device("meta"):
         model = model_cls(config)
