@@ -129,7 +129,69 @@ class DraftCallOut(NamedTuple):
     tokens: torch.Tensor | None
 
 
-class DraftLayerCall:
+class CallRows(NamedTuple):
+    """How a call's rows relate (``LayerCall.run``'s keywords, passed on as one value)."""
+
+    ctx_rows: int
+    see_block: bool | Sequence[bool]
+    feature: torch.Tensor | None
+    logits_from: int | None
+    context_features: torch.Tensor | None
+    kv_only_before_logits: bool
+    window_base: int | None
+    tail_from: int | None
+
+
+class LayerCall:
+    """A draft model's layers, final norm and head as one call over its own cache: the contract
+    both implementations keep (``DraftLayerCall`` in C, ``TorchLayerCall`` in torch ops)."""
+
+    has_head: bool  # the call gives normed rows, logits and greedy tokens where asked
+    has_context: bool  # the call makes context rows from the verifier's taps itself
+
+    def run(
+        self,
+        h: torch.Tensor,
+        positions: torch.Tensor | range,
+        start: int,
+        *,
+        ctx_rows: int = 0,
+        see_block: bool | Sequence[bool] = False,
+        feature: torch.Tensor | None = None,
+        logits_from: int | None = None,
+        context_features: torch.Tensor | None = None,
+        kv_only_before_logits: bool = False,
+        window_base: int | None = None,
+        tail_from: int | None = None,
+    ) -> DraftCallOut:
+        """Rows ``h`` [n, H] at RoPE ``positions`` [n], cached at ``start``..: the first
+        ``ctx_rows`` only keys and values (``context_features`` [ctx_rows, taps] where
+        ``has_context``: their taps, their rows in ``h`` then only room), the rest queries that
+        see every cached key up to their own, and with ``see_block`` (one flag, or one a layer)
+        all of the call's query rows.  ``feature``: the EAGLE family's second input of the first
+        layer; ``logits_from``: the query rows from which the head runs;
+        ``kv_only_before_logits``: the query rows before it are only keys and values in the last
+        layer (the C call then leaves their output rows NaN); ``window_base`` and ``tail_from``:
+        sliding windows (``TorchLayerCall``)."""
+        rows = CallRows(
+            ctx_rows,
+            see_block,
+            feature,
+            logits_from,
+            context_features,
+            kv_only_before_logits,
+            window_base,
+            tail_from,
+        )
+        return self._run(h, positions, start, rows)
+
+    def _run(
+        self, h: torch.Tensor, positions: torch.Tensor | range, start: int, rows: CallRows
+    ) -> DraftCallOut:
+        raise NotImplementedError
+
+
+class DraftLayerCall(LayerCall):
     """A draft model's layers, final norm and LM head as one call, with their cache and rotary
     tables.  Without a kernel copy of the head (``DraftModel.head_module``) the call has none;
     with one of the context projection (``DraftModel.context_projection``) the call makes the
@@ -185,28 +247,14 @@ class DraftLayerCall:
             self._cos, self._sin = cos.contiguous(), signed_sin(sin).contiguous()
         return self._cos[index], self._sin[index]
 
-    def run(
-        self,
-        h: torch.Tensor,
-        positions: torch.Tensor | range,
-        start: int,
-        *,
-        ctx_rows: int = 0,
-        see_block: bool | Sequence[bool] = False,
-        feature: torch.Tensor | None = None,
-        logits_from: int | None = None,
-        context_features: torch.Tensor | None = None,
-        kv_only_before_logits: bool = False,
-        window_base: int | None = None,
-        tail_from: int | None = None,
+    def _run(
+        self, h: torch.Tensor, positions: torch.Tensor | range, start: int, rows: CallRows
     ) -> DraftCallOut:
-        """Rows ``h`` [n, H] at RoPE ``positions`` [n], cached at ``start``.. (see
-        ``OneCallLayers.run``; ``context_features`` [ctx_rows, taps] where ``has_context``: the
-        context rows' taps, their rows in ``h`` then only room; ``kv_only_before_logits``: the
-        query rows before ``logits_from`` are only keys and values in the last layer, as the
-        EAGLE family's committed rows are, and their output rows are NaN).  ``see_block`` may be
-        one flag a layer (``TorchLayerCall``), all of them True here; ``window_base`` and
-        ``tail_from`` shape sliding windows, which this call never serves (``build``)."""
+        """``OneCallLayers.run``; sliding windows are never served here (``build``), so
+        ``window_base`` and ``tail_from`` go unread."""
+        ctx_rows, see_block, feature = rows.ctx_rows, rows.see_block, rows.feature
+        logits_from, kv_only_before_logits = rows.logits_from, rows.kv_only_before_logits
+        context_features = rows.context_features
         if not isinstance(see_block, bool):
             if not all(see_block):
                 raise ValueError("the C layer call: a block causal in some layers is not served")
@@ -237,7 +285,7 @@ class DraftLayerCall:
         return DraftCallOut(h[ctx_rows:], out.get("normed"), out.get("logits"), out.get("tokens"))
 
 
-class TorchLayerCall:
+class TorchLayerCall(LayerCall):
     """``DraftLayerCall``'s contract in torch ops over the model's own modules (their bf16 kernel
     linears where ``matmuls_in_bf16`` converted them), with a ``KVBuffer`` a layer: where the C
     call cannot serve, and the reference the C call is held to.
@@ -256,23 +304,14 @@ class TorchLayerCall:
         self.has_context = model.context_projection() is not None
         self.kv = [KVBuffer() for _ in model.layers]
 
-    def run(
-        self,
-        h: torch.Tensor,
-        positions: torch.Tensor | range,
-        start: int,
-        *,
-        ctx_rows: int = 0,
-        see_block: bool | Sequence[bool] = False,
-        feature: torch.Tensor | None = None,
-        logits_from: int | None = None,
-        context_features: torch.Tensor | None = None,
-        kv_only_before_logits: bool = False,
-        window_base: int | None = None,
-        tail_from: int | None = None,
+    def _run(
+        self, h: torch.Tensor, positions: torch.Tensor | range, start: int, rows: CallRows
     ) -> DraftCallOut:
-        """See ``DraftLayerCall.run``.  The rows before ``logits_from`` are computed in full
-        (``kv_only_before_logits`` is the C call's saving; their rows are never read)."""
+        """The rows before ``logits_from`` are computed in full (``kv_only_before_logits`` is
+        the C call's saving; their rows are never read)."""
+        ctx_rows, see_block, feature = rows.ctx_rows, rows.see_block, rows.feature
+        logits_from, context_features = rows.logits_from, rows.context_features
+        window_base, tail_from = rows.window_base, rows.tail_from
         m = self.model
         dev = m.norm.weight.device
         if isinstance(positions, range):
