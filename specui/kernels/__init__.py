@@ -95,7 +95,10 @@ def load() -> Kernel | None:
             reason = cpu_reason()
         if reason is None:
             try:
-                kernel = open_kernel(data_dir() / "kernels")
+                # The self-checks compare with float32 torch: a first load under autocast (an
+                # extraction's bf16 forward) would fail them and turn the kernels off for good.
+                with torch.autocast("cpu", enabled=False):
+                    kernel = open_kernel(data_dir() / "kernels")
             except (RuntimeError, OSError) as e:
                 reason = str(e)
         if reason is not None:

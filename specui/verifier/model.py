@@ -283,7 +283,10 @@ class Verifier:
         alone keeps it out of them (and attention stays on SDPA's fast causal path); the
         real positions match ``taps`` of the row alone.
         """
-        taps = self._run(input_ids, None, None, layer_ids, keep=1)
+        from specui.verifier.batch_invariant import prefill_on_kernel
+
+        with prefill_on_kernel(self.model):
+            taps = self._run(input_ids, None, None, layer_ids, keep=1)
         return torch.stack([taps[i] for i in layer_ids], dim=2)
 
     def _run(

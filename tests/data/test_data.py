@@ -21,6 +21,7 @@ from specui.data.hidden import (
 from specui.data.prompts import Prompt, split_of, write_prompt_file
 from specui.errors import SpecUIError
 from specui.verifier.batched import reference_greedy
+from tests.support.kernel_marks import needs_kernel
 
 # --- prompt sets -----------------------------------------------------------------------------
 
@@ -400,6 +401,40 @@ def test_batched_extraction_equals_one_sample_at_a_time(fixture_verifier, sample
             ta["hidden_states"].float(), tb["hidden_states"].float(), atol=2e-2, rtol=0
         )
         assert torch.equal(ta["target_ids"][:, 0], tb["target_ids"][:, 0])
+
+
+@needs_kernel
+@pytest.mark.parametrize("autocast", [False, True])
+def test_extraction_attention_runs_on_the_kernel_near_sdpa(
+    fixture_verifier, samples, monkeypatch, autocast
+):
+    """``taps_batch`` (an extraction's forward) runs its causal attention on the kernel, right
+    padding and all, stays near SDPA's taps, and leaves the model on SDPA after."""
+    from specui import kernels
+
+    calls = []
+    attention = kernels.attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "attention", counted)
+    lengths = [len(s) for s in samples]
+    ids = torch.zeros(len(samples), max(lengths), dtype=torch.long)
+    for row, s in enumerate(samples):
+        ids[row, : len(s)] = torch.tensor(s.input_ids)
+    model = fixture_verifier.model
+    dtype = torch.bfloat16 if autocast else torch.float32
+    with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+        got = fixture_verifier.taps_batch(ids, AUX)
+        assert model.config._attn_implementation == "sdpa"
+        sdpa = fixture_verifier._run(ids, None, None, AUX, keep=1)  # the model as loaded
+    want = torch.stack([sdpa[i] for i in AUX], dim=2)
+    assert len(calls) == model.config.num_hidden_layers * len(samples)  # every layer, every row
+    for row, n in enumerate(lengths):  # real positions only: padding's rows are never read
+        scale = want[row, :n].abs().max()
+        assert (got[row, :n] - want[row, :n]).abs().max() <= (2e-2 if autocast else 1e-5) * scale
 
 
 def test_a_file_without_targets_gets_them_once(fixture_verifier, samples, tmp_path):

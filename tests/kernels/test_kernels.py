@@ -152,6 +152,15 @@ def test_switched_off_it_says_so_and_packs_nothing(monkeypatch):
     assert torch.equal(kernels.matmul(q, w), packing.onednn_matmul(q, w))
 
 
+@needs_kernel
+def test_a_first_load_under_autocast_keeps_the_kernels(monkeypatch):
+    """The self-checks compare with float32 torch; an extraction's bf16 autocast around the
+    process's first load once failed them and turned the kernels off for the whole process."""
+    monkeypatch.setattr(kernels, "_state", {})
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert kernels.load() is not None, kernels.status()
+
+
 def test_rows_of_the_wrong_shape_are_refused():
     if not runnable():
         pytest.skip("no kernel here")
