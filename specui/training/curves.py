@@ -101,6 +101,10 @@ def read_metrics(run: Path) -> dict[str, Points]:
     return series_from_points(points)
 
 
+def _every(steps: int) -> str:
+    return "every step" if steps == 1 else f"every {steps} steps"
+
+
 def heldout_note(groups: CurveGroups, eval_every: int) -> str:
     """The line under the plots: the last held-out expected acceptance length, or why there is
     none."""
@@ -111,10 +115,10 @@ def heldout_note(groups: CurveGroups, eval_every: int) -> str:
                 "held-out evaluation is off for this run (eval every 0 steps; set it under"
                 " More training settings)"
             )
-        return f"no held-out evaluation yet (every {eval_every} steps)"
+        return f"no held-out evaluation yet ({_every(eval_every)})"
     step, value = last
     count = len(groups.acceptance[HELDOUT_ACCEPT])
-    every = f"every {eval_every} steps, " if eval_every > 0 else ""
+    every = f"{_every(eval_every)}, " if eval_every > 0 else ""
     return (
         f"held-out expected acceptance length **{value:.3f}** at step {step} ({every}"
         f"{count} evaluation{'s' if count != 1 else ''})"

@@ -41,10 +41,14 @@ def _trace(name: str, points, **style) -> go.Scatter:
 # A third of the tab's width each: short titles, the legend under the plot, thin margins.
 _LAYOUT = {
     "xaxis_title": "step",
-    "margin": {"l": 40, "r": 10, "t": 40, "b": 40},
-    "legend": {"orientation": "h", "yanchor": "top", "y": -0.25, "font": {"size": 10}},
-    "height": 380,
+    "margin": {"l": 40, "r": 10, "t": 60, "b": 40},
+    "legend": {"orientation": "h", "yanchor": "top", "y": -0.35, "font": {"size": 10}},
+    "height": 420,
 }
+
+
+def _title(text: str, sub: str) -> dict:
+    return {"text": text, "subtitle": {"text": sub}}
 
 
 def _colour(position: int) -> str:
@@ -98,13 +102,17 @@ def curve_figures(groups: CurveGroups, eval_every: int) -> tuple[go.Figure, go.F
             x=0.5,
             y=0.5,
         )
-    loss.update_layout(title="Loss (held-out dashed)", **_LAYOUT)
+    loss.update_layout(title=_title("Loss", "held-out dashed"), **_LAYOUT)
     acc.update_layout(
-        title="Per-position accuracy (held-out dashed)", yaxis_range=[0, 1], **_LAYOUT
+        title=_title("Per-position accuracy", "held-out dashed"), yaxis_range=[0, 1], **_LAYOUT
     )
     held.update_layout(
-        title="Held-out acceptance preview", yaxis_title="expected tokens per step", **_LAYOUT
+        title=_title("Held-out acceptance preview", "expected tokens per step"), **_LAYOUT
     )
+    values = [v for points in groups.acceptance.values() for _, v in points]
+    if values and max(values) - min(values) < 0.2:
+        # A flat start (1.0000001 vs 1.0) is not drawn as a climb: a tenth of a token each side.
+        held.update_yaxes(range=[min(values) - 0.1, max(values) + 0.1])
     return loss, acc, held
 
 
@@ -178,7 +186,9 @@ def wire_open_button(
     the Playground tab opens, its status line saying what was set; without a ``target`` (the tab
     built alone) only ``line`` says."""
     if target is None:
-        button.click(lambda c: open_in_playground(store, c)[0], pick, line)
+        button.click(
+            lambda c: open_in_playground(store, c)[0], pick, line, api_visibility="private"
+        )
         return
 
     def on_open(choice):
@@ -193,7 +203,13 @@ def wire_open_button(
             said,
         )
 
-    button.click(on_open, pick, [line, target.tabs, target.speculator, target.status])
+    # UI conveniences over library calls (specui.training.curves): no API endpoints of their own.
+    button.click(
+        on_open,
+        pick,
+        [line, target.tabs, target.speculator, target.status],
+        api_visibility="private",
+    )
 
 
 def campaign_view(stage: str | None):
@@ -240,11 +256,11 @@ def build_campaign() -> None:
             loss, acc, held = gr.Plot(), gr.Plot(), gr.Plot(elem_id="campaign-heldout-plot")
         note = gr.Markdown(elem_id="campaign-heldout")
     outputs = [head, loss, acc, held, note]
-    stage.change(campaign_view, stage, outputs)
+    stage.change(campaign_view, stage, outputs, api_visibility="private")
 
     def on_refresh(current):
         names = list(campaign_stages())
         keep = current if current in names else None
         return gr.update(choices=names, value=keep), *campaign_view(keep)
 
-    refresh.click(on_refresh, stage, [stage, *outputs])
+    refresh.click(on_refresh, stage, [stage, *outputs], api_visibility="private")

@@ -140,3 +140,11 @@ def test_campaign_stages_default_to_the_operators_campaign_folder(tmp_path, monk
     (tmp_path / "runs" / "peagle").mkdir(parents=True)
     (tmp_path / "runs" / "peagle" / "metrics.jsonl").write_text('{"step": 20, "loss": 1.0}\n')
     assert list(campaign_stages()) == ["peagle"]
+
+
+def test_the_held_out_line_says_every_step_in_words():
+    groups = group_curves({HELDOUT_ACCEPT: [(1, 1.25)]})
+    assert heldout_note(groups, 1) == (
+        "held-out expected acceptance length **1.250** at step 1 (every step, 1 evaluation)"
+    )
+    assert heldout_note(group_curves({}), 1) == "no held-out evaluation yet (every step)"

@@ -365,7 +365,7 @@ def test_browser_train_job_opens_its_checkpoint_in_the_playground(page, app_url)
     assert "draft_vocab_size" not in job.params and "mask_token_id" not in job.params
     _wait_for_text(page, "#job-status", "· done ·", timeout=300_000)
     _wait_for_text(page, "#job-heldout", "held-out expected acceptance length", timeout=30_000)
-    assert "(every 1 steps, 2 evaluations)" in page.locator("#job-heldout").inner_text()
+    assert "(every step, 2 evaluations)" in page.locator("#job-heldout").inner_text()
 
     page.screenshot(path=str(SHOTS / "train-heldout.png"), full_page=True)
     page.locator("#job-open-checkpoint").click()

@@ -58,6 +58,7 @@ def test_a_jobs_held_out_preview_and_its_line(store):
     )
     assert [t.name for t in held.data] == ["heldout_accept_len_expected"]
     assert list(held.data[0].y) == [1.4, 1.7] and not held.layout.annotations
+    assert held.layout.yaxis.range is None  # 0.3 tokens apart: plotly's own range
     assert [t.name for t in acc.data] == ["acc_1", "heldout_acc_1"]
     # The held-out twin: dashed, the position's colour, the position's one legend entry.
     assert acc.data[1].line.dash == "dash" and acc.data[1].line.color == acc.data[0].line.color
@@ -146,3 +147,12 @@ def test_optional_number_settings_left_empty_stay_unset(store):
     assert "draft_vocab_size" not in job.params
     with pytest.raises(SpecUIError, match="num prompts must be a whole number, got '8.5'"):
         start_training(store, *leading, "opt2", None, options={"num_prompts": "8.5"})
+
+
+def test_a_flat_held_out_start_is_not_drawn_as_a_climb():
+    from specui.training.curves import group_curves
+    from specui.ui.train_view import curve_figures
+
+    groups = group_curves({"heldout_accept_len_expected": [(1, 1.0), (2, 1.0000001)]})
+    low, high = curve_figures(groups, 1)[2].layout.yaxis.range
+    assert low == pytest.approx(0.9) and high == pytest.approx(1.1)
