@@ -11,13 +11,25 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 from specui.jobs import JobContext, job_kind
+from specui.store import Job
 
 # How often a running stage writes its count and ETA into the job's log (its message, which
 # the Train tab shows, follows every report).
 LOG_EVERY_S = 60.0
+
+# A job's run folder when its params name none: inside the job's own folder.
+DEFAULT_OUT = "drafter"
+
+
+def output_folder(job: Job, jobs_dir: Path) -> Path:
+    """The run folder a train job writes (``out``: its params', else the job folder's
+    default; ``jobs_dir``: the store's ``jobs_dir``)."""
+    out = job.params.get("out") or (job.result or {}).get("out")
+    return Path(out) if out else jobs_dir / str(job.id) / DEFAULT_OUT
 
 
 @job_kind("train")
@@ -29,7 +41,7 @@ def train_job(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     from specui.training.progress import StageClock
 
     p = dict(params)
-    p.setdefault("out", str(ctx.checkpoint_dir / "drafter"))
+    p.setdefault("out", str(ctx.checkpoint_dir / DEFAULT_OUT))
     p["resume"] = True
     cfg = TrainConfig.from_dict(p)
 

@@ -28,11 +28,12 @@ def build_app(store: Store, queue_size: int | None = None) -> gr.Blocks:
             f"# {TITLE}\nP-EAGLE · DFlash · DSpark, with EAGLE-3 and plain / n-gram decoding as"
             " baselines."
         )
-        with gr.Tabs():
+        with gr.Tabs() as tabs:
             with gr.Tab("Playground", id="playground"):
-                playground.build(store)
+                speculator, status = playground.build(store)
             with gr.Tab("Train", id="train"):
-                train.build(store)
+                # The Train tab's Open button sets the Playground's speculator and shows it.
+                train.build(store, train.PlaygroundTarget(tabs, speculator, status, "playground"))
             with gr.Tab("Compare", id="compare"):
                 compare.build(store)
             with gr.Tab("Speculators", id="speculators"):

@@ -146,8 +146,9 @@ def run_playground(
             yield event.lanes
 
 
-def build(store: Store) -> None:
-    """Components and events of the Playground tab (inside a gr.Blocks context)."""
+def build(store: Store) -> tuple[gr.Dropdown, gr.Markdown]:
+    """Components and events of the Playground tab (inside a gr.Blocks context); returns its
+    Speculator dropdown and its status line (the Train tab's Open button sets both)."""
     examples = example_prompts()
     choices = drafter_choices()
     default = default_drafter(choices)
@@ -410,6 +411,7 @@ def build(store: Store) -> None:
         concurrency_limit=4,
         concurrency_id="replay",
     )
+    return drafter_a, status
 
 
 class _Feed:

@@ -1,5 +1,6 @@
-"""Train tab: start a training job in a background worker, watch progress, loss and
-per-position accuracy, read the log tail, cancel or resume."""
+"""Train tab: start a training job in a background worker, watch progress, loss, per-position
+accuracy and the held-out acceptance preview, read the log tail, cancel or resume, open the
+newest checkpoint in the Playground; the training campaign's curves (``train_view``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import gradio as gr
-import plotly.graph_objects as go
 
 from specui.algorithms.spec import algorithm, algorithm_names, labels, train_defaults, train_knobs
 from specui.choices import ui_prompts, ui_verifier
@@ -19,6 +19,7 @@ from specui.errors import SpecUIError
 from specui.jobs import queue as jobs
 from specui.store import Job, JobStatus, Store, admin_mode, check_owner
 from specui.training.config import DEFAULT_PROMPTS, TrainConfig
+from specui.ui.train_view import PlaygroundTarget, build_campaign, job_view, wire_open_button
 from specui.workbench import trained_drafters_dir
 
 
@@ -83,6 +84,11 @@ def setting_widgets() -> dict[str, Any]:
             widgets[f.name] = gr.Checkbox(f.default, **kw)
         elif choices:
             widgets[f.name] = gr.Dropdown(list(choices), value=f.default, **kw)
+        elif kind in (int, float) and f.default is None:
+            # An optional number (unset: the run decides): gr.Number shows None as empty but
+            # sends 0 once the accordion is drawn, which would reach the job as a setting of 0
+            # (draft vocab 0: a failed job); a textbox sends its empty value as unset.
+            widgets[f.name] = gr.Textbox("", placeholder="default", **kw)
         elif kind in (int, float):
             widgets[f.name] = gr.Number(f.default, precision=0 if kind is int else None, **kw)
         else:
@@ -93,10 +99,16 @@ def setting_widgets() -> dict[str, Any]:
 def _setting_value(name: str, value: Any) -> Any:
     """A setting widget's value as its field's type (None: left unset)."""
     f = next(f for f in TrainConfig.settings() if f.name == name)
-    if value is None or value == "":
+    if value is None or (isinstance(value, str) and not value.strip()):
         return None
     kind = TrainConfig.setting_type(f)
-    return kind(value) if kind in (int, float, str, bool) else value
+    if kind not in (int, float, str, bool):
+        return value
+    try:
+        return kind(value.strip() if isinstance(value, str) else value)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise SpecUIError(f"{name.replace('_', ' ')} must be {what}, got {value!r}") from None
 
 
 # Where the verifier's hidden states come from (TrainConfig.extractor): (label, value).
@@ -112,30 +124,6 @@ def job_choices(store: Store) -> list[str]:
         f" {j.params.get('out', '').rsplit('/', 1)[-1]}"
         for j in store.list_jobs(limit=50)
     ]
-
-
-def job_view(store: Store, choice: str | None):
-    if not choice:
-        return "no job selected", go.Figure(), go.Figure(), ""
-    job = store.get_job(int(choice.split(":", 1)[0]))
-    pct = f"{100 * (job.progress or 0):.0f}%"
-    head = f"**job {job.id}** · {job.kind} · **{job.status}** · {pct} · {job.message or ''}"
-    if job.error:
-        head += f"  \n⚠️ {job.error}"
-    loss = go.Figure()
-    acc = go.Figure()
-    series: dict[str, list] = {}
-    for m in store.job_metrics(job.id):
-        series.setdefault(m.name, []).append((m.step, m.value))
-    for name, pts in sorted(series.items()):
-        xs, ys = zip(*pts, strict=True)
-        if "loss" in name:
-            loss.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name))
-        elif name.startswith(("acc", "pos_acc", "accuracy")) or "acc" in name:
-            acc.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=name))
-    loss.update_layout(title="Loss", xaxis_title="step")
-    acc.update_layout(title="Per-position accuracy", xaxis_title="step", yaxis_range=[0, 1])
-    return head, loss, acc, job.log_tail or ""
 
 
 def start_training(
@@ -221,7 +209,12 @@ def resume_training(store: Store, job_id: int, requester: str | None) -> Job:
     return jobs.enqueue(store, old.kind, {**old.params, "resume": True}, owner=requester)
 
 
-def build(store: Store) -> None:
+__all__ = ["PlaygroundTarget", "build", "job_view", "start_training"]
+
+
+def build(store: Store, playground: PlaygroundTarget | None = None) -> None:
+    """The tab's components and events; ``playground``: where the Open button sends a job's
+    newest speculator (None: the tab built alone, the button only says which)."""
     with gr.Row():
         with gr.Column(scale=1):
             choices = algorithm_choices()
@@ -278,7 +271,15 @@ def build(store: Store) -> None:
             with gr.Row():
                 loss = gr.Plot()
                 acc = gr.Plot()
+                held = gr.Plot(elem_id="job-heldout-plot")
+            held_note = gr.Markdown(elem_id="job-heldout")
+            with gr.Row():
+                open_ckpt = gr.Button(
+                    "Open latest checkpoint in Playground", elem_id="job-open-checkpoint"
+                )
+                opened = gr.Markdown(elem_id="job-open-status")
             log = gr.Textbox(label="Log tail", lines=10, max_lines=20, autoscroll=True)
+            build_campaign()
     timer = gr.Timer(2.0)
 
     generated = {**options, **settings}  # the /train API's inputs after the hand-wired ones
@@ -326,8 +327,10 @@ def build(store: Store) -> None:
     inputs = [algorithm, verifier, prompts, steps, block, anchors, layers, lr, name, extractor]
     start.click(on_start, [*inputs, *generated.values()], [started, pick], api_name="train")
     refresh.click(lambda: gr.update(choices=job_choices(store)), None, pick)
-    pick.change(lambda c: job_view(store, c), pick, [head, loss, acc, log])
-    timer.tick(lambda c: job_view(store, c), pick, [head, loss, acc, log])
+    view = [head, loss, acc, held, held_note, log]
+    pick.change(lambda c: job_view(store, c), pick, view)
+    timer.tick(lambda c: job_view(store, c), pick, view)
+    wire_open_button(store, open_ckpt, pick, opened, playground)
 
     def on_cancel(choice, request: gr.Request):
         if not choice:

@@ -64,13 +64,16 @@ def wait_until_serving(proc: subprocess.Popen, url: str, deadline: float, log_ta
 
 
 @contextmanager
-def running_app(data_dir: Path, timeout_s: float = 180.0):
+def running_app(data_dir: Path, timeout_s: float = 180.0, env: dict[str, str] | None = None):
+    """``app.py`` serving ``data_dir`` (``env``: more environment variables) until the block
+    ends; yields its URL."""
     port = free_port()
     env = {
         **os.environ,
         "SPECUI_DATA_DIR": str(data_dir),
         "PYTHONUNBUFFERED": "1",
         "GRADIO_ANALYTICS_ENABLED": "False",
+        **(env or {}),
     }
     log = open(data_dir / "app.log", "wb")  # noqa: SIM115 - closed below
     proc = launch_app([sys.executable, "app.py", "--port", str(port)], env, log)

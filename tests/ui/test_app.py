@@ -28,7 +28,8 @@ PROMPT = "Repeat this sentence three times: the quick brown fox jumps over the l
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
     data = tmp_path_factory.mktemp("appdata")
-    with running_app(data) as url:
+    # The campaign's folder: absent until a test makes a stage in it (the Train tab says so).
+    with running_app(data, env={"SPECUI_CAMPAIGN_DIR": str(data / "campaign")}) as url:
         yield url, data
 
 
@@ -326,6 +327,74 @@ def test_browser_train_tab_shows_only_the_picked_algorithms_options(page):
             time.sleep(0.2)
         seen[name] = shown
     assert len({tuple(v) for v in seen.values()}) > 1, seen  # the options did change with the pick
+
+
+def test_browser_train_job_opens_its_checkpoint_in_the_playground(page, app_url):
+    """A two-step job started in the tab with a held-out evaluation every step (the generated
+    settings: max_new_tokens, eval_every), its held-out preview, and the Open button: the
+    Playground opens on the job's final drafter.  The run, copied as a campaign stage, shows in
+    the Campaign accordion."""
+    from specui.store import Store
+
+    _tab(page, "Train")
+    name = f"ui-open-{int(time.time())}"
+    page.locator("#train-name textarea, #train-name input").first.fill(name)
+    page.locator("#train-steps input").fill("2")
+    page.get_by_role("button", name="More training settings").click()
+    assert page.locator("#train-setting-max_new_tokens input").input_value() == "128"
+    assert page.locator("#train-setting-eval_every input").input_value() == "0"
+    # The shipped general responses (n128): nothing to generate; a few seconds of training.
+    settings = {"eval_every": "1", "eval_samples": "2", "num_prompts": "8", "checkpoint_every": "1"}
+    for setting, value in settings.items():
+        widget = page.locator(f"#train-setting-{setting}")
+        widget.locator("textarea, input").first.fill(value)
+    store = Store(app_url[1] / "specui.db")
+    earlier = store.list_jobs(limit=1)  # an earlier test's job: the line says it was queued
+    page.locator("#train-start").click()
+    page.wait_for_function(
+        "(old) => { const m = /^job (\\d+) queued$/.exec("
+        "(document.querySelector('#train-started')?.innerText || '').trim());"
+        " return m && Number(m[1]) !== old; }",
+        arg=earlier[0].id if earlier else -1,
+    )
+    job = store.list_jobs(limit=1)[0]
+    assert page.locator("#train-started").inner_text().strip() == f"job {job.id} queued"
+    assert {k: job.params.get(k) for k in settings} == {k: int(v) for k, v in settings.items()}
+    assert "max_new_tokens" not in job.params  # at its default: left out of the params
+    # The optional numbers left empty stay unset (a drawn gr.Number would have sent 0).
+    assert "draft_vocab_size" not in job.params and "mask_token_id" not in job.params
+    _wait_for_text(page, "#job-status", "· done ·", timeout=300_000)
+    _wait_for_text(page, "#job-heldout", "held-out expected acceptance length", timeout=30_000)
+    assert "(every step, 2 evaluations)" in page.locator("#job-heldout").inner_text()
+
+    page.screenshot(path=str(SHOTS / "train-heldout.png"), full_page=True)
+    page.locator("#job-open-checkpoint").click()
+    run = (app_url[1] / "speculators" / name).resolve()
+    said = f"job {job.id}'s final drafter (step 2): {run}"
+    page.wait_for_function(
+        "(said) => document.querySelector('#job-open-status')?.innerText.includes(said)",
+        arg=said,
+    )
+    page.wait_for_function(
+        f"() => document.querySelector('#drafter-a input')?.value === {str(run)!r}",
+        timeout=30_000,
+    )
+    assert page.get_by_role("tab", name="Playground").get_attribute("aria-selected") == "true"
+    assert said in page.locator("#status").inner_text()  # the Playground says what it got
+    page.screenshot(path=str(SHOTS / "train-open-checkpoint.png"), full_page=True)
+
+    _tab(page, "Train")
+    page.get_by_role("button", name="Campaign (read-only)").click()
+    assert page.locator("#campaign-status").inner_text().startswith("no training campaign")
+    stage = app_url[1] / "campaign" / "runs" / "dflash"
+    stage.mkdir(parents=True)
+    for f in ("metrics.jsonl", "train_run.json"):
+        shutil.copy(run / f, stage / f)
+    page.locator("#campaign-refresh").click()
+    page.locator("#campaign-stage input").click()
+    page.get_by_role("option", name="dflash", exact=True).click()
+    _wait_for_text(page, "#campaign-status", "dflash · finished · step 2/2")
+    _wait_for_text(page, "#campaign-heldout", "held-out expected acceptance length")
 
 
 def test_browser_compare_two_runs_and_download_csv(page, app_url):
