@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specui.paths import shipped_drafters_dir
+from specui.training.curves import HELDOUT_ACCEPT, read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ SHAPES: dict[str, dict[str, object]] = {
 BUDGET = {"dflash": 30_000_000, "dspark": 5_000_000, "peagle": 15_000_000, "eagle3": 15_000_000}
 LR_CHECK = (3e-4, 6e-4, 1.2e-3)
 LR_CHECK_STEPS = 300
-HELD_OUT = "heldout_accept_len_expected"
+HELD_OUT = HELDOUT_ACCEPT
 
 
 @dataclass
@@ -99,18 +100,10 @@ def finished(run: Path) -> bool:
 
 
 def held_out(run: Path) -> float | None:
-    """The last held-out expected acceptance length a run logged."""
-    last = None
-    path = run / "metrics.jsonl"
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                value = json.loads(line).get(HELD_OUT)
-            except ValueError:
-                continue
-            if value is not None:
-                last = value
-    return last
+    """The last held-out expected acceptance length a run logged (the Train tab's reading of
+    its metrics, ``curves.read_metrics``)."""
+    points = read_metrics(run).get(HELD_OUT)
+    return points[-1][1] if points else None
 
 
 def plan(folder: Path, world: int, lr: float | None) -> list[Stage]:
