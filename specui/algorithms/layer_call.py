@@ -301,7 +301,8 @@ class TorchLayerCall(LayerCall):
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.has_context = model.context_projection() is not None
+        self.projection = model.context_projection()
+        self.has_context = self.projection is not None
         self.kv = [KVBuffer() for _ in model.layers]
 
     def _run(
@@ -320,8 +321,8 @@ class TorchLayerCall(LayerCall):
         h = h.reshape(-1, h.shape[-1]).float()
         q0 = start + ctx_rows
         if ctx_rows:
-            if context_features is not None:  # the rows are room: made from the taps here
-                linear, norm = m.context_projection()
+            if context_features is not None and self.projection is not None:
+                linear, norm = self.projection  # the rows are room: made from the taps here
                 ctx = norm(linear(context_features.float()))
             else:
                 ctx = h[:ctx_rows]

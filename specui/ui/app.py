@@ -12,6 +12,7 @@ import gradio as gr
 
 from specui.store import Store
 from specui.ui import api, compare, playground, render, speculators, train, vllm_tab
+from specui.ui.train_view import PlaygroundTarget
 
 TITLE = "SpecUI — parallel speculative decoding workbench"
 
@@ -33,7 +34,7 @@ def build_app(store: Store, queue_size: int | None = None) -> gr.Blocks:
                 speculator, status = playground.build(store)
             with gr.Tab("Train", id="train"):
                 # The Train tab's Open button sets the Playground's speculator and shows it.
-                train.build(store, train.PlaygroundTarget(tabs, speculator, status, "playground"))
+                train.build(store, PlaygroundTarget(tabs, speculator, status, "playground"))
             with gr.Tab("Compare", id="compare"):
                 compare.build(store)
             with gr.Tab("Speculators", id="speculators"):

@@ -209,9 +209,6 @@ def resume_training(store: Store, job_id: int, requester: str | None) -> Job:
     return jobs.enqueue(store, old.kind, {**old.params, "resume": True}, owner=requester)
 
 
-__all__ = ["PlaygroundTarget", "build", "job_view", "start_training"]
-
-
 def build(store: Store, playground: PlaygroundTarget | None = None) -> None:
     """The tab's components and events; ``playground``: where the Open button sends a job's
     newest speculator (None: the tab built alone, the button only says which)."""

@@ -119,8 +119,7 @@ def curve_figures(groups: CurveGroups, eval_every: int) -> tuple[go.Figure, go.F
 def job_view(store: Store, choice: str | None):
     """The selected job: its header, its three plots, the held-out line and its log tail."""
     if not choice:
-        empty = go.Figure()
-        return "no job selected", empty, go.Figure(), go.Figure(), "", ""
+        return "no job selected", go.Figure(), go.Figure(), go.Figure(), "", ""
     job = store.get_job(int(choice.split(":", 1)[0]))
     pct = f"{100 * (job.progress or 0):.0f}%"
     head = f"**job {job.id}** · {job.kind} · **{job.status}** · {pct} · {job.message or ''}"

@@ -50,6 +50,7 @@ machine (a block against the same tokens one at a time, bit for bit) before
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -381,6 +382,7 @@ def prefill_on_kernel(model) -> Iterator[None]:
         model.set_attn_implementation("sdpa")
 
 
+@functools.cache  # once a process: taps_batch enters prefill_on_kernel for every batch
 def _register_attention() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask

@@ -59,7 +59,7 @@ def test_train_job_reports_progress_cancels_and_resumes(
             r"loss [\d.]+"
         )
         assert re.fullmatch(line, running.message), running.message
-        from specui.ui.train import job_view
+        from specui.ui.train_view import job_view
 
         # the job has moved on since: a later step
         head = job_view(store, f"{job.id}: train")[0]
