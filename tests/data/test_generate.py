@@ -263,3 +263,27 @@ def test_slot_attention_is_each_rows_own_attention():
         assert torch.equal(out[r : r + 1], alone)
     with pytest.raises(ValueError, match="slot attention"):
         kernels.slot_attention(q, keys, values, [40, 0, 0, 0], 0.25)
+
+
+def test_a_prompts_prefill_attention_runs_on_the_kernel(embedded_verifier, monkeypatch):
+    """Each prompt's prefill attends on the kernel (causal rows over its slot's cache), every
+    layer, and the responses stay those of one prompt at a time."""
+    from specui import kernels
+
+    generator = BatchedDecoder(embedded_verifier, torch.float32, slots=4)
+    if not generator.attention_kernel:
+        pytest.skip("SpecUI's CPU kernels do not run here")
+    rows = []
+    attention = kernels.attention
+
+    def counted(q, *args, **kwargs):
+        rows.append(q.shape[0])
+        return attention(q, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "attention", counted)
+    prompts = _prompts(5, vocab=500, lo=20, hi=60)
+    batched = generate_responses(embedded_verifier, prompts, 8, batch_size=4, generator=generator)
+    layers = len(embedded_verifier.model.model.layers)
+    assert sorted(rows) == sorted(len(p) for p in prompts for _ in range(layers))
+    monkeypatch.setattr(kernels, "attention", attention)
+    assert batched == [reference_greedy(embedded_verifier, [p], 8)[0] for p in prompts]
