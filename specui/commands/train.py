@@ -294,6 +294,14 @@ def _flag_overrides() -> dict[str, dict[str, Any]]:
             "metavar": "IDS",
             "help": "verifier layer ids, e.g. 2,15,27 (or 2 15 27)",
         },
+        "snapshot_steps": {
+            "type": int_list,
+            "nargs": "+",
+            "action": _IntsAction,
+            "metavar": "STEPS",
+            "help": "steps whose drafter is also kept for good in OUT/snapshots/step-N (bf16):"
+            " a scaling study's points, e.g. 250,500,1000",
+        },
         "loss": {"type": _loss, "default": None},
     }
 

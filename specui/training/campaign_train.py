@@ -64,6 +64,9 @@ SHAPES: dict[str, dict[str, object]] = {
 }
 # Sequence-token passes each drafter trains for (issue 49's budget).
 BUDGET = {"dflash": 30_000_000, "dspark": 5_000_000, "peagle": 15_000_000, "eagle3": 15_000_000}
+# Campaign tokens at which each drafter is also kept (OUT/snapshots): the scaling study's points
+# between the shipped drafter it starts from and the budget's end (docs/results.md).
+SNAPSHOT_TOKENS = (500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000)
 LR_CHECK = (3e-4, 6e-4, 1.2e-3)
 LR_CHECK_STEPS = 300
 HELD_OUT = HELDOUT_ACCEPT
@@ -142,14 +145,12 @@ def plan(folder: Path, world: int, lr: float | None) -> list[Stage]:
         ("eagle3", shipped / "eagle3", lr),
     ):
         shape = SHAPES[algo]
-        steps = steps_for(BUDGET[algo], int(shape["batch_size"]), world, mean)
-        stages.append(
-            Stage(
-                algo,
-                algo,
-                {**shape, "steps": steps, "lr": rate, "warmup_steps": 100, "init_from": str(start)},
-            )
-        )
+        batch = int(shape["batch_size"])
+        steps = steps_for(BUDGET[algo], batch, world, mean)
+        snapshots = [steps_for(t, batch, world, mean) for t in SNAPSHOT_TOKENS if t < BUDGET[algo]]
+        settings = {**shape, "steps": steps, "lr": rate, "warmup_steps": 100}
+        settings |= {"init_from": str(start), "snapshot_steps": [*snapshots, steps]}
+        stages.append(Stage(algo, algo, settings))
     return stages
 
 

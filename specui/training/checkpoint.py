@@ -75,6 +75,24 @@ def checkpoint(
     )
 
 
+SNAPSHOTS = "snapshots"
+
+
+def snapshot(out: Path, step: int, model: nn.Module) -> Path:
+    """Step ``step``'s drafter as a speculator folder, OUT/snapshots/step-N, kept for good (the
+    rolling checkpoints are pruned): one point of a scaling study, benched like any speculator.
+    bf16, as drafters ship; no optimizer state, since nothing resumes from it."""
+    path = out / SNAPSHOTS / f"step-{step:08d}"
+    try:
+        save_drafter(model, path, dtype="bfloat16")
+    except (OSError, SafetensorError) as e:
+        reason = getattr(e, "strerror", None) or e
+        raise SpecUIError(
+            f"could not save the snapshot of step {step} in {path}: {reason}"
+        ) from None
+    return path
+
+
 def close_run(
     out: Path,
     step: int,

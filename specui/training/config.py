@@ -201,6 +201,13 @@ class TrainConfig:
     log_every: int = setting(10, "steps between metrics lines", group="bookkeeping")
     checkpoint_every: int = setting(50, "steps between checkpoints", group="bookkeeping")
     keep_checkpoints: int = setting(2, "checkpoints kept", group="bookkeeping")
+    snapshot_steps: list[int] | None = setting(
+        None,
+        "steps whose drafter is also kept for good as a speculator in OUT/snapshots/step-N"
+        " (bf16, no optimizer state): a scaling study's points, e.g. 250,500,1000",
+        group="bookkeeping",
+        tab=False,
+    )
     eval_every: int = setting(
         0,
         "every N steps, the drafter's metrics on held-out samples of the prompt set (expected"
@@ -250,6 +257,8 @@ class TrainConfig:
                 "eval_samples": self.eval_samples,
             }
         )
+        if self.snapshot_steps is not None and any(int(s) < 1 for s in self.snapshot_steps):
+            raise SpecUIError(f"snapshot-steps must be >= 1, got {self.snapshot_steps}")
         if self.eval_every < 0:
             raise SpecUIError(f"eval-every must be >= 0, got {self.eval_every}")
         if self.layers is not None and self.layers < 1:
@@ -312,8 +321,9 @@ class TrainConfig:
         """Flat, this algorithm's options beside the shared fields: a job's params, a saved
         run's config."""
         d = {f.name: getattr(self, f.name) for f in self.settings()}
-        if d["aux_layer_ids"] is not None:
-            d["aux_layer_ids"] = list(d["aux_layer_ids"])
+        for key in ("aux_layer_ids", "snapshot_steps"):
+            if d[key] is not None:
+                d[key] = list(d[key])
         return d | (dataclasses.asdict(self.options) if self.options is not None else {})
 
     @classmethod

@@ -138,6 +138,8 @@ def _train(
         if step % cfg.checkpoint_every == 0 and step < cfg.steps and d.is_main:
             path = output.checkpoint(out, step, model, stepper.optimizer, cfg, hooks)
             hooks.say(f"checkpoint {path}")
+        if cfg.snapshot_steps and step in cfg.snapshot_steps and d.is_main:
+            hooks.say(f"snapshot {output.snapshot(out, step, model)}")
 
     if d.is_main:
         output.close_run(out, step, status, model, stepper.optimizer, cfg, hooks, metrics.last)

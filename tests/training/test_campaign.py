@@ -331,6 +331,13 @@ def test_every_training_stage_is_a_train_command_the_cli_accepts(tmp_path):
     assert configs["dspark"].init_from.endswith("runs/dflash")
     assert configs["peagle"].options.num_depths == 8 and configs["peagle"].options.freeze_embeddings
     assert configs["eagle3"].options.ttt_steps == 4
+    # The scaling study's points: log-spaced in tokens, within each budget, the last at its end.
+    assert dflash.snapshot_steps[0] == math.ceil(500_000 / (4 * 2 * 800))
+    assert dflash.snapshot_steps[-1] == dflash.steps and len(dflash.snapshot_steps) == 7
+    assert configs["dspark"].snapshot_steps[-2] == math.ceil(4_000_000 / (4 * 2 * 800))
+    for name in ("dflash", "dspark", "peagle", "eagle3"):
+        got = configs[name].snapshot_steps
+        assert got == sorted(set(got)) and got[-1] == configs[name].steps
 
 
 def test_the_check_picks_the_rate_with_the_best_held_out_acceptance(tmp_path):

@@ -138,6 +138,29 @@ def test_train_lowers_the_loss_and_saves_a_loadable_drafter(
     assert all(torch.equal(final[k], last[k]) for k in final)
 
 
+def test_snapshot_steps_keep_servable_drafters_the_rolling_checkpoints_prune(
+    data, fixture_verifier, tmp_path, capsys
+):
+    out = tmp_path / "snap"
+    extra = ["--algorithm", "dflash", "--checkpoint-every", "2", "--keep-checkpoints", "1"]
+    assert main(args(data, out, *extra, "--snapshot-steps", "3,4", "6", steps=6)) == 0
+    assert [c.step for c in list_checkpoints(out)] == [6]  # the rolling ones: the newest only
+    snaps = sorted(p.name for p in (out / "snapshots").iterdir())
+    assert snaps == ["step-00000003", "step-00000004", "step-00000006"]
+    for name in snaps:
+        assert validate_checkpoint(out / "snapshots" / name, fixture_verifier) == []
+        assert json.loads((out / "snapshots" / name / "config.json").read_text())["dtype"] == (
+            "bfloat16"
+        )
+    # The last snapshot is the final drafter, rounded to bf16; an earlier one differs from it.
+    final = load_file(str(out / "model.safetensors"))
+    last = load_file(str(out / "snapshots" / "step-00000006" / "model.safetensors"))
+    first = load_file(str(out / "snapshots" / "step-00000003" / "model.safetensors"))
+    assert all(torch.equal(final[k].to(torch.bfloat16), last[k]) for k in final)
+    assert any(not torch.equal(first[k], last[k]) for k in last)
+    assert "snapshot" in capsys.readouterr().out
+
+
 def test_dspark_warm_start_copies_the_dflash_backbone(data, fixture_dir, fixture_verifier):
     from specui.algorithms.objective import objective_for
     from specui.training.model import warm_start
