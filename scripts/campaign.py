@@ -2,6 +2,9 @@
 
     python scripts/campaign.py run       # every stage that is not done, in order
     python scripts/campaign.py status    # where it stands
+    python scripts/campaign.py commit    # once generation is done: prompts and responses into
+                                         # data/corpus (xz), to commit; a bare machine restarts
+                                         # from them
     bash scripts/campaign.sh             # the same `run`, in the background, at low priority
 
 Stages: prompts, generate (in shards), materialize, then the training stages of
@@ -129,13 +132,20 @@ def status(folder: Path) -> None:
     print(f"{folder}: generate {p.done}/{p.total} prompts, {p.response_tokens} response tokens")
 
 
+def commit(folder: Path) -> None:
+    from specui.training import campaign
+
+    for path in campaign.commit_corpus(_verifier(), folder):
+        print(f"{path.relative_to(REPO)}: {path.stat().st_size / 1e6:.1f} MB")
+
+
 def main() -> None:
     from specui.training.campaign import state_dir
 
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("stage", choices=("run", "status"))
+    ap.add_argument("stage", choices=("run", "status", "commit"))
     ap.add_argument("--state", type=Path, default=None, help="the state folder")
     ap.add_argument(
         "--shard",
@@ -146,8 +156,8 @@ def main() -> None:
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     folder = a.state or state_dir()
-    if a.stage == "status":
-        status(folder)
+    if a.stage in ("status", "commit"):
+        {"status": status, "commit": commit}[a.stage](folder)
         return
     index, count = (int(x) for x in a.shard.split("/"))
     if not 0 <= index < count:

@@ -15,6 +15,7 @@ import gzip
 import hashlib
 import json
 import logging
+import lzma
 import os
 import re
 from collections.abc import Callable, Collection, Sequence
@@ -302,7 +303,9 @@ def distill_in_processes(
         )
 
 
-_CACHE_FILE = re.compile(r"responses-(?P<fingerprint>[0-9a-f]+)-n(?P<cap>[0-9]+)\.jsonl(?:\.gz)?")
+_CACHE_FILE = re.compile(
+    r"responses-(?P<fingerprint>[0-9a-f]+)-n(?P<cap>[0-9]+)\.jsonl(?:\.gz|\.xz)?"
+)
 
 
 def cached_responses(
@@ -353,11 +356,26 @@ def serve_response(
     return None
 
 
+def read_text(path: Path) -> str:
+    """A text file as committed: plain, gzip (``.gz``) or xz (``.xz``, the campaign's corpus)."""
+    try:
+        data = path.read_bytes()
+        if path.suffix == ".gz":
+            data = gzip.decompress(data)
+        elif path.suffix == ".xz":
+            data = lzma.decompress(data)
+        return data.decode("utf-8")
+    except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
+        raise SpecUIError(
+            f"{path} cannot be read ({e}): restore a committed file with git, delete a cache"
+        ) from None
+
+
 def _read_cache(path: Path) -> dict[str, tuple[int, ...]]:
     cache: dict[str, tuple[int, ...]] = {}
     if not path.is_file():
         return cache
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    text = read_text(path)
     for lineno, line in enumerate(text.splitlines(), start=1):
         try:
             row = json.loads(line)

@@ -14,8 +14,9 @@ the campaign keeps all its state in one folder (``SPECUI_CAMPAIGN_DIR``, default
     STATE/campaign.log        what each stage did, with rates
     STATE/lock                held while a campaign runs (a second one exits at once)
 
-If the folder is gone, the campaign starts again from the committed corpus (``data/corpus/``),
-losing only what had not been committed.  Stages: ``prompts``, ``generate``, ``materialize``;
+If the folder is gone, the campaign starts again from the committed corpus (``commit_corpus``:
+the prompt parts in ``data/corpus/campaign/``, the responses in ``data/corpus/``), losing only
+what had not been committed.  Stages: ``prompts``, ``generate``, ``materialize``;
 hidden-state extraction and the drafters' training come next, in the same folder.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import lzma
 import os
 import random
 import time
@@ -38,6 +40,7 @@ from specui.data.distill import (
     cache_name,
     cached_responses,
     prompt_key,
+    read_text,
     self_distill,
     verifier_fingerprint,
 )
@@ -183,6 +186,14 @@ def build_prompts(
     path = folder / name
     if path.is_file():
         return path
+    committed = committed_dir() / f"{name}.xz"
+    if committed.is_file():  # a bare machine: the committed part, as it was built
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(read_text(committed), encoding="utf-8")
+        tmp.replace(path)
+        log.info("prompts: %s restored from %s", path, committed)
+        return path
     singles, seconds = sources(verifier, seed)
     # build() dedupes on the last user turn, which second turns share: check them on their own.
     rows = build(singles, seed=seed) + seconds
@@ -296,6 +307,50 @@ def generate(
         if on_chunk is not None:
             tokens = sum(len(s.response_ids) for s in samples)
             on_chunk(i, len(chunks), len(samples), tokens, time.time() - t0)
+
+
+def committed_dir() -> Path:
+    """Where the campaign's prompts are committed (``data/corpus/campaign``); its responses sit
+    beside the general corpus's (``data/corpus/responses-*-n256.jsonl.xz``), where every reader
+    of the response caches looks."""
+    return shipped_data_dir() / "corpus" / "campaign"
+
+
+def commit_corpus(verifier, folder: Path, corpus: Path | None = None) -> list[Path]:
+    """The campaign's prompt parts and its responses, xz-compressed, into ``corpus`` (default
+    ``data/corpus``): committed once generation is done, so a bare machine starts again from them
+    (``build_prompts`` restores a part, ``cached_responses`` reads the responses).  Only the
+    responses of the campaign's own prompts, in a fixed order (the same content, the same
+    bytes).  Refused while a prompt lacks its response."""
+    corpus = corpus or shipped_data_dir() / "corpus"
+    progress = status(verifier, folder)
+    if progress.done < progress.total:
+        raise SpecUIError(
+            f"{progress.total - progress.done} campaign prompts have no response yet: commit the"
+            " corpus once generation is done"
+        )
+    cache = cached_responses(
+        verifier_fingerprint(verifier),
+        MAX_NEW_TOKENS,
+        verifier.eos_token_ids,
+        [shipped_data_dir() / "corpus", folder / "cache"],
+    )
+    keys = sorted({prompt_key(row_prompt(r).encode(verifier)) for r in campaign_rows(folder)})
+    written = []
+    for name in PARTS:
+        written.append(_write_xz(corpus / "campaign" / f"{name}.xz", (folder / name).read_bytes()))
+    lines = "".join(json.dumps({"key": k, "response_ids": list(cache[k])}) + "\n" for k in keys)
+    name = cache_name(verifier, MAX_NEW_TOKENS) + ".xz"
+    written.append(_write_xz(corpus / name, lines.encode("utf-8")))
+    return written
+
+
+def _write_xz(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
+    tmp.replace(path)
+    return path
 
 
 def cache_file(verifier, folder: Path) -> Path:

@@ -219,6 +219,53 @@ def test_generation_resumes_where_a_kill_left_it(tmp_path, embedded_verifier):
     assert campaign.status(embedded_verifier, tmp_path, max_new_tokens=4).done == 3
 
 
+def test_a_bare_machine_starts_again_from_the_committed_corpus(
+    tmp_path, monkeypatch, embedded_verifier
+):
+    """commit_corpus writes the parts and the responses (xz); a campaign folder that is gone comes
+    back from them: the parts as they were built (nothing rebuilt), every prompt answered."""
+    from specui.data.distill import cache_name, prompt_key
+
+    def never(verifier, seed):
+        raise AssertionError("a committed part is restored, not built again")
+
+    state, corpus = tmp_path / "state", tmp_path / "data" / "corpus"
+    state.mkdir()
+    _write_rows(state, "c", ["Name a colour.", "Say hi.", "Count to three."])
+    cache = state / "cache" / cache_name(embedded_verifier, campaign.MAX_NEW_TOKENS)
+    cache.parent.mkdir()
+    eos = min(embedded_verifier.eos_token_ids)
+    for i, r in enumerate(campaign.campaign_rows(state)):
+        key = prompt_key(campaign.row_prompt(r).encode(embedded_verifier))
+        with cache.open("a") as f:
+            f.write(json.dumps({"key": key, "response_ids": [300 + i, eos]}) + "\n")
+    monkeypatch.setattr(campaign, "PARTS", {"prompts.jsonl": never})
+    monkeypatch.setattr(campaign, "shipped_data_dir", lambda: tmp_path / "data")
+    monkeypatch.setattr("specui.data.distill.shipped_data_dir", lambda: tmp_path / "data")
+    written = campaign.commit_corpus(embedded_verifier, state)
+    assert sorted(p.name for p in written) == sorted(["prompts.jsonl.xz", cache.name + ".xz"])
+    first = [p.read_bytes() for p in written]
+    assert campaign.commit_corpus(embedded_verifier, state) == written
+    assert [p.read_bytes() for p in written] == first  # the same content, the same bytes
+
+    bare = tmp_path / "bare"
+    campaign.build_all_prompts(embedded_verifier, bare)
+    assert (bare / "prompts.jsonl").read_bytes() == (state / "prompts.jsonl").read_bytes()
+    assert campaign.status(embedded_verifier, bare) == campaign.Progress(3, 3, 6)
+    m = campaign.materialize(embedded_verifier, bare)
+    assert m.missing == 0 and m.rows == m.general + 3
+
+    # A prompt without a response: nothing is committed.
+    _write_rows(state, "c", ["Name a colour.", "Not answered."])
+    with pytest.raises(SpecUIError, match="1 campaign prompts have no response"):
+        campaign.commit_corpus(embedded_verifier, state)
+    # A corrupt committed file: a clear error, not a traceback.
+    written[-1].write_bytes(b"not xz")
+    with pytest.raises(SpecUIError, match="cannot be read"):
+        campaign.status(embedded_verifier, bare)
+    assert corpus.is_dir()
+
+
 @pytest.mark.slow
 def test_shards_split_the_prompts_and_together_answer_all(tmp_path, embedded_verifier):
     _write_rows(tmp_path, "s", [f"Say the number {i}." for i in range(12)])
