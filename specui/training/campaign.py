@@ -412,6 +412,17 @@ def materialize(verifier, folder: Path, seed: int = SEED, partial: bool = False)
     return Materialized(path, len(out), general, missing)
 
 
+def mean_sequence_tokens(train_file: Path) -> float:
+    """The mean prompt + response length of the materialized rows."""
+    n = total = 0
+    with train_file.open(encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            n += 1
+            total += int(row.get("prompt_tokens", 0)) + len(row["response_ids"])
+    return total / max(n, 1)
+
+
 def _train_row(p: Prompt, response: Sequence[int], kind: str, prompt_tokens: int) -> dict:
     row: dict = {"id": p.id, "kind": kind, "prompt_tokens": prompt_tokens}
     if p.messages is not None:

@@ -9,6 +9,9 @@
     peagle     from the shipped P-EAGLE
     eagle3     from the shipped EAGLE-3
 
+After each drafter's stage, its snapshots are benched (``campaign_eval``: held-out tau, which
+picks the checkpoint, and Spec-Bench tau, the scaling study's points).
+
 Each stage is one ``specui train`` run into STATE/runs/<stage> with ``--resume``: a stop at any
 moment loses at most the steps since its last checkpoint, and a finished stage is skipped.
 Every run evaluates on the ``campaign`` set's held-out split (``--eval-every``), never on
@@ -27,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specui.paths import shipped_drafters_dir
+from specui.training import campaign_eval
+from specui.training.campaign import TRAIN_FILE, mean_sequence_tokens
 from specui.training.curves import HELDOUT_ACCEPT, read_metrics
 
 log = logging.getLogger(__name__)
@@ -84,17 +89,6 @@ def steps_for(tokens: int, batch_size: int, world: int, mean_tokens: float) -> i
     return max(1, math.ceil(tokens / (batch_size * world * mean_tokens)))
 
 
-def mean_sequence_tokens(train_file: Path) -> float:
-    """The mean prompt + response length of the materialized rows."""
-    n = total = 0
-    with train_file.open(encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            n += 1
-            total += int(row.get("prompt_tokens", 0)) + len(row["response_ids"])
-    return total / max(n, 1)
-
-
 def finished(run: Path) -> bool:
     try:
         return json.loads((run / "train_run.json").read_text())["status"] == "finished"
@@ -111,7 +105,7 @@ def held_out(run: Path) -> float | None:
 
 def plan(folder: Path, world: int, lr: float | None) -> list[Stage]:
     """The stages in order; the training stages' steps follow from the token budget."""
-    mean = mean_sequence_tokens(folder / "train.jsonl")
+    mean = mean_sequence_tokens(folder / TRAIN_FILE)
     shipped = shipped_drafters_dir()
     stages = [
         Stage(
@@ -174,9 +168,13 @@ def command(stage: Stage, out: Path, cache: Path, world: int) -> list[str]:
 
 
 def run(
-    folder: Path, world: int = 1, runner: Callable[[list[str], Path], int] | None = None
+    folder: Path,
+    world: int = 1,
+    runner: Callable[[list[str], Path], int] | None = None,
+    evaluate: Callable[[Path, str], object] = campaign_eval.evaluate,
 ) -> None:
-    """Every stage that is not finished, in order; a failed one stops the campaign."""
+    """Every stage that is not finished, in order, each drafter's snapshots benched once its
+    stage is (``campaign_eval``); a failed one stops the campaign."""
     runner = runner or _run_logged
     runs, cache = folder / "runs", folder / "train-cache"
     lr = choose_lr(runs)
@@ -184,12 +182,15 @@ def run(
         out = runs / stage.name
         if finished(out):
             log.info("%s: finished", stage.name)
-            continue
-        log.info("%s: training into %s", stage.name, out)
-        if runner(command(stage, out, cache, world), out) != 0:
-            raise SystemExit(f"campaign stage {stage.name} failed; see {out}/train.log")
+        else:
+            log.info("%s: training into %s", stage.name, out)
+            if runner(command(stage, out, cache, world), out) != 0:
+                raise SystemExit(f"campaign stage {stage.name} failed; see {out}/train.log")
+        if stage.name in BUDGET:
+            log.info("%s: evaluating its snapshots (%s)", stage.name, folder / campaign_eval.EVALS)
+            evaluate(folder, stage.name)
     if lr is None and choose_lr(runs) is not None:
-        run(folder, world, runner)  # the check is done: the drafters' stages now
+        run(folder, world, runner, evaluate)  # the check is done: the drafters' stages now
 
 
 def choose_lr(runs: Path) -> float | None:

@@ -357,7 +357,7 @@ def test_every_training_stage_is_a_train_command_the_cli_accepts(tmp_path):
 
     rows = [{"id": str(i), "prompt_tokens": 700, "response_ids": [1] * 100} for i in range(4)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert ct.mean_sequence_tokens(tmp_path / "train.jsonl") == 800
+    assert campaign.mean_sequence_tokens(tmp_path / "train.jsonl") == 800
     # Before the check has run: extraction and the three check runs only.
     early = ct.plan(tmp_path, world=2, lr=None)
     assert [s.name for s in early] == ["extract", "lr-0.0003", "lr-0.0006", "lr-0.0012"]

@@ -1,0 +1,105 @@
+"""The campaign's evaluations (specui.training.campaign_eval): each drafter stage's snapshots
+benched on the held-out split and Spec-Bench, the checkpoint chosen by the held-out split only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from specui.paths import shipped_drafters_dir
+from specui.training import campaign_eval as ce
+from specui.training import campaign_train as ct
+
+
+def _campaign(tmp_path, steps=(10,)):
+    """A campaign folder whose dflash stage finished with snapshots (copies of the shipped
+    DFlash), a train.jsonl of mean 100 sequence tokens, and a held-out prompt file."""
+    run = tmp_path / "runs" / "dflash"
+    for step in steps:
+        shutil.copytree(shipped_drafters_dir() / "dflash", run / "snapshots" / f"step-{step:08d}")
+    cfg = {"config": {"batch_size": 4}, "world_size": 2, "status": "finished"}
+    (run / "train_run.json").write_text(json.dumps(cfg))
+    rows = [{"id": str(i), "prompt_tokens": 60, "response_ids": [1] * 40} for i in range(3)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held = tmp_path / "held.jsonl"
+    held.write_text(json.dumps({"id": "h0", "prompt": "List three primary colours."}) + "\n")
+    return held
+
+
+@pytest.mark.slow
+def test_snapshots_are_benched_once_on_both_sets_and_become_points(tmp_path, monkeypatch):
+    held = _campaign(tmp_path)
+    monkeypatch.setattr(ce, "EVAL_SETS", {"heldout": str(held), "spec-bench": "spec-bench"})
+    monkeypatch.setattr(ce, "HELDOUT_PROMPTS", 1)
+    monkeypatch.setattr(ce, "SPEC_BENCH_PROMPTS", 2)  # an interval needs two
+    monkeypatch.setattr(ce, "MAX_NEW_TOKENS", 12)
+    files = ce.evaluate(tmp_path, "dflash")  # real `specui bench` runs, side by side
+    assert [f.name for f in files] == ["dflash-heldout.json", "dflash-spec-bench.json"]
+    pts = ce.points(tmp_path, "dflash")
+    assert [(p.path.name, p.step) for p in pts] == [("dflash", 0), ("step-00000010", 10)]
+    # The snapshot is the shipped drafter's copy: greedy, the same tau on the same prompt.
+    assert pts[0].heldout_tau == pts[1].heldout_tau and pts[1].heldout_tau >= 1.0
+    assert pts[0].spec_bench_tau == pts[1].spec_bench_tau
+    assert pts[1].spec_bench_ci is not None and pts[1].groups  # Spec-Bench's task group
+    assert pts[1].campaign_tokens == 10 * 4 * 2 * 100
+    assert ce.choose(tmp_path, "dflash").step == 10  # the shipped one is never a choice
+
+    def never(jobs):
+        assert jobs == []  # both files exist: nothing is benched again
+        return []
+
+    assert ce.evaluate(tmp_path, "dflash", runner=never) == files
+
+
+def test_a_failed_bench_leaves_no_file_and_stops_the_campaign(tmp_path):
+    _campaign(tmp_path)
+    seen = []
+
+    def runner(jobs):
+        seen.extend(jobs)
+        return [0, 3]
+
+    with pytest.raises(SystemExit, match="dflash-spec-bench"):
+        ce.evaluate(tmp_path, "dflash", runner=runner)
+    cmd = seen[0]["cmd"]
+    assert cmd[cmd.index("--policy") + 1] == "fixed" and cmd.count("--drafter") == 2
+    assert seen[0]["env"]["SPECUI_CAMPAIGN_DIR"] == str(tmp_path)
+    assert not ce.eval_file(tmp_path, "dflash", "spec-bench").exists()
+
+
+def test_the_checkpoint_is_chosen_by_the_held_out_split_not_spec_bench(tmp_path):
+    _campaign(tmp_path, steps=(10, 20, 30))
+    names = {"step-00000010": (1.9, 2.4), "step-00000020": (2.1, 1.5), "step-00000030": (2.1, 1.6)}
+    for name, column in (("heldout", 0), ("spec-bench", 1)):
+        runs = [{"drafter": d, "acceptance_length": v[column]} for d, v in names.items()]
+        ce.eval_file(tmp_path, "dflash", name).parent.mkdir(exist_ok=True)
+        ce.eval_file(tmp_path, "dflash", name).write_text(json.dumps({"runs": runs}))
+    assert ce.choose(tmp_path, "dflash").step == 30  # the best held-out; the later on a tie
+
+
+def test_each_drafter_stage_is_evaluated_after_it_finishes(tmp_path):
+    rows = [{"id": str(i), "prompt_tokens": 60, "response_ids": [1] * 40} for i in range(3)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    order = []
+
+    def runner(cmd, out):
+        order.append(out.name)
+        out.mkdir(parents=True)
+        if out.name.startswith("lr-"):
+            (out / "metrics.jsonl").write_text(json.dumps({"step": 1, ct.HELD_OUT: 1.5}) + "\n")
+        (out / "train_run.json").write_text(json.dumps({"status": "finished"}))
+        return 0
+
+    ct.run(tmp_path, world=2, runner=runner, evaluate=lambda f, s: order.append(f"eval:{s}"))
+    assert order[order.index("dflash") :] == [
+        "dflash",
+        "eval:dflash",
+        "dspark",
+        "eval:dspark",
+        "peagle",
+        "eval:peagle",
+        "eagle3",
+        "eval:eagle3",
+    ]
