@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -48,9 +49,14 @@ def candidates(folder: Path, stage: str) -> list[Path]:
 
 def command(drafters: Sequence[Path], name: str, db: Path) -> list[str]:
     limit = HELDOUT_PROMPTS if name == "heldout" else SPEC_BENCH_PROMPTS
-    args = ["--prompts", EVAL_SETS[name], "--limit", str(limit)]
-    args += ["--max-new-tokens", str(MAX_NEW_TOKENS), "--temperature", "0", "--policy", "fixed"]
-    args += ["--threads", "1", "--db", str(db), "--json"]
+    return _bench_command(drafters, EVAL_SETS[name], limit, "fixed", db)
+
+
+def _bench_command(
+    drafters: Sequence[str | Path], prompts: str, limit: int, policy: str, db: Path
+) -> list[str]:
+    args = ["--prompts", prompts, "--limit", str(limit), "--max-new-tokens", str(MAX_NEW_TOKENS)]
+    args += ["--temperature", "0", "--policy", policy, "--threads", "1", "--db", str(db), "--json"]
     for d in drafters:
         args += ["--drafter", str(d)]
     return [sys.executable, "-m", "specui", "bench", *args]
@@ -98,6 +104,59 @@ def _run_side_by_side(jobs: list[dict[str, object]]) -> list[int]:
             tmp.replace(out)
         codes.append(rc)
     return codes
+
+
+# The ship check, once every drafter is evaluated: each chosen snapshot beside the shipped drafter
+# it would replace and n-gram lookup, on issue 49's acceptance sets: (prompt set, prompts, policy).
+SHIP_SETS = {
+    "ship-spec-bench": ("spec-bench", 48, "fixed"),  # tau, paired per prompt: what ships
+    "ship-spec-bench-adaptive": ("spec-bench", 48, "adaptive"),  # speedup as users run it
+    "ship-math": ("gsm-symbolic", 36, "fixed"),  # no regression on held-out math
+}
+CANDIDATES = "candidates"
+
+
+def ship_check(
+    folder: Path,
+    stages: Sequence[str],
+    runner: Callable[[list[dict[str, object]]], list[int]] | None = None,
+) -> list[Path]:
+    """Bench every stage's chosen snapshot (copied to STATE/candidates/campaign-<stage>, so that
+    no two drafters of a run share a folder name) against the shipped ones on SHIP_SETS, two sets
+    side by side; the files (nothing until every stage has a choice)."""
+    chosen = {stage: choose(folder, stage) for stage in stages}
+    if any(c is None for c in chosen.values()):
+        return []
+    drafters: list[str | Path] = ["ngram"]
+    for stage, point in chosen.items():
+        shipped = shipped_drafters_dir() / stage
+        if shipped.is_dir():
+            drafters.append(shipped)
+        drafters.append(_candidate(folder, stage, point.path))  # type: ignore[union-attr]
+    jobs = []
+    for name, (prompts, limit, policy) in SHIP_SETS.items():
+        out = folder / EVALS / f"{name}.json"
+        if not out.is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            cmd = _bench_command(drafters, prompts, limit, policy, out.parent / "bench.db")
+            jobs.append({"cmd": cmd, "out": out, "env": dict(os.environ)})
+    run = runner or _run_side_by_side
+    codes = [rc for i in range(0, len(jobs), 2) for rc in run(jobs[i : i + 2])]
+    failed = [str(j["out"]) for j, rc in zip(jobs, codes, strict=True) if rc != 0]
+    if failed:
+        raise SystemExit(f"campaign ship check failed: {', '.join(failed)} (see their .log)")
+    return [folder / EVALS / f"{name}.json" for name in SHIP_SETS]
+
+
+def _candidate(folder: Path, stage: str, snapshot: Path) -> Path:
+    dest = folder / CANDIDATES / f"campaign-{stage}"
+    if not dest.is_dir():
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(snapshot, tmp)
+        (tmp / "SNAPSHOT").write_text(f"{snapshot}\n")  # which step it is
+        tmp.rename(dest)
+    return dest
 
 
 @dataclass(frozen=True)

@@ -172,9 +172,10 @@ def run(
     world: int = 1,
     runner: Callable[[list[str], Path], int] | None = None,
     evaluate: Callable[[Path, str], object] = campaign_eval.evaluate,
+    ship_check: Callable[[Path, list[str]], object] = campaign_eval.ship_check,
 ) -> None:
     """Every stage that is not finished, in order, each drafter's snapshots benched once its
-    stage is (``campaign_eval``); a failed one stops the campaign."""
+    stage is, then the ship check (``campaign_eval``); a failed one stops the campaign."""
     runner = runner or _run_logged
     runs, cache = folder / "runs", folder / "train-cache"
     lr = choose_lr(runs)
@@ -189,8 +190,11 @@ def run(
         if stage.name in BUDGET:
             log.info("%s: evaluating its snapshots (%s)", stage.name, folder / campaign_eval.EVALS)
             evaluate(folder, stage.name)
-    if lr is None and choose_lr(runs) is not None:
-        run(folder, world, runner, evaluate)  # the check is done: the drafters' stages now
+    if lr is None:
+        if choose_lr(runs) is not None:  # the check is done: the drafters' stages now
+            run(folder, world, runner, evaluate, ship_check)
+        return
+    log.info("ship check: %s", ship_check(folder, list(BUDGET)))
 
 
 def choose_lr(runs: Path) -> float | None:

@@ -92,7 +92,13 @@ def test_each_drafter_stage_is_evaluated_after_it_finishes(tmp_path):
         (out / "train_run.json").write_text(json.dumps({"status": "finished"}))
         return 0
 
-    ct.run(tmp_path, world=2, runner=runner, evaluate=lambda f, s: order.append(f"eval:{s}"))
+    ct.run(
+        tmp_path,
+        world=2,
+        runner=runner,
+        evaluate=lambda f, s: order.append(f"eval:{s}"),
+        ship_check=lambda f, stages: order.append(f"ship:{','.join(stages)}"),
+    )
     assert order[order.index("dflash") :] == [
         "dflash",
         "eval:dflash",
@@ -102,4 +108,36 @@ def test_each_drafter_stage_is_evaluated_after_it_finishes(tmp_path):
         "eval:peagle",
         "eagle3",
         "eval:eagle3",
+        "ship:dflash,dspark,peagle,eagle3",
     ]
+
+
+def test_the_ship_check_benches_each_choice_beside_the_shipped_drafters(tmp_path):
+    _campaign(tmp_path, steps=(10, 20))
+    for name, taus in (("heldout", (1.9, 2.1)), ("spec-bench", (2.4, 1.5))):
+        runs = [
+            {"drafter": f"step-000000{s}0", "acceptance_length": t}
+            for s, t in zip("12", taus, strict=True)
+        ]
+        ce.eval_file(tmp_path, "dflash", name).parent.mkdir(exist_ok=True)
+        ce.eval_file(tmp_path, "dflash", name).write_text(json.dumps({"runs": runs}))
+    assert ce.ship_check(tmp_path, ["dflash", "eagle3"]) == []  # eagle3 has no choice yet
+    batches = []
+
+    def runner(jobs):
+        batches.append(jobs)
+        for job in jobs:
+            job["out"].write_text("{}")
+        return [0] * len(jobs)
+
+    files = ce.ship_check(tmp_path, ["dflash"], runner=runner)
+    assert [len(b) for b in batches] == [2, 1]  # two side by side, one core each
+    assert [f.name for f in files] == [f"{n}.json" for n in ce.SHIP_SETS]
+    cmd = batches[0][0]["cmd"]
+    drafters = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--drafter"]
+    candidate = tmp_path / "candidates" / "campaign-dflash"
+    assert drafters == ["ngram", str(shipped_drafters_dir() / "dflash"), str(candidate)]
+    # The choice by held-out tau (step 20), never by Spec-Bench (where step 10 leads).
+    assert (candidate / "SNAPSHOT").read_text().strip().endswith("step-00000020")
+    assert cmd[cmd.index("--limit") + 1] == "48"
+    assert ce.ship_check(tmp_path, ["dflash"], runner=lambda jobs: [] if not jobs else 1 / 0)
