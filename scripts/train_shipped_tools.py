@@ -8,6 +8,8 @@
     python scripts/train_shipped_tools.py card ALGO RUN_DIR DEST ROOT [--force]
     python scripts/train_shipped_tools.py report BENCH-T0.json BENCH-T1.json OUT.svg
     python scripts/train_shipped_tools.py scaling RUNS [--svg OUT.svg]   (scripts/scaling_study.sh)
+    python scripts/train_shipped_tools.py campaign-scaling STATE [--svg OUT.svg]
+        [--shipped-tokens dflash=N ...]   (the campaign's snapshots beside the from-scratch study)
 
 ``distill`` is the self-distillation stage (the same cache ``specui train``
 reads, so training skips it).  ``heldout-file`` writes held-out prompts
@@ -650,31 +652,92 @@ def scaling(a: argparse.Namespace) -> None:
                 f"{wall / 60:.0f} min |"
             )
     if a.svg:
-        Path(a.svg).write_text(_scaling_svg(points))
+        series = {algo: [(p[1], p[2]) for p in pts] for algo, pts in points.items()}
+        Path(a.svg).write_text(
+            _curve_svg(series, "response tokens trained on (one epoch, log scale)")
+        )
         print(f"wrote {a.svg}", file=sys.stderr)
 
 
-def _scaling_svg(points: dict[str, list[tuple]]) -> str:
-    w, h, left, top = 520, 320, 56, 34
+# --- the campaign's scaling curve (issue 49) ----------------------------------------------------
+
+FROM_SCRATCH = Path(__file__).resolve().parents[1] / "docs" / "scaling-from-scratch.csv"
+
+
+def _general_sequence_tokens(n: int, cache: dict) -> int:
+    """Prompt + response tokens of the first ``n`` general training prompts (one epoch of the
+    from-scratch study), the unit the campaign counts in."""
+    from specui.data import load_prompts
+    from specui.data.distill import self_distill
+    from specui.verifier.model import Verifier
+
+    verifier = cache.setdefault("verifier", Verifier.load("embedded"))
+    samples = self_distill(verifier, load_prompts("general", split="train", limit=n), 128)
+    return sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+
+
+def campaign_scaling(a: argparse.Namespace) -> None:
+    """The campaign's snapshots (campaign_eval) beside the from-scratch study
+    (docs/scaling-from-scratch.csv): a markdown table and an SVG of Spec-Bench tau against
+    sequence tokens trained on, log x.  A campaign point's tokens are the shipped drafter's
+    (``--shipped-tokens ALGO=N``, from its model card) plus the campaign's before it."""
+    import csv
+
+    from specui.training import campaign_eval
+    from specui.training.campaign_train import BUDGET
+
+    state = Path(a.state)
+    shipped = {k: int(float(v)) for k, v in (x.split("=") for x in a.shipped_tokens)}
+    series: dict[str, list[tuple]] = {}
+    cache: dict = {}
+    print("| drafter | from | tokens trained on | held-out tau | Spec-Bench tau [95% CI] |")
+    print("|---|---|---|---|---|")
+    with FROM_SCRATCH.open() as f:
+        for r in csv.DictReader(f):
+            tokens = _general_sequence_tokens(int(r["prompts"]), cache)
+            tau = float(r["spec_bench_tau"])
+            series.setdefault(f"{r['drafter']} from scratch", []).append((tokens, tau))
+            print(
+                f"| {r['drafter']} | scratch, {r['prompts']} prompts | {tokens:,} | | {tau:.3f}"
+                f" [{r['ci_low']}-{r['ci_high']}] |"
+            )
+    for stage in BUDGET:
+        for p in campaign_eval.points(state, stage):
+            if p.spec_bench_tau is None:
+                continue
+            tokens = shipped.get(stage, 0) + p.campaign_tokens
+            series.setdefault(f"{stage} campaign", []).append((tokens, p.spec_bench_tau))
+            where = "shipped" if p.step == 0 else f"campaign step {p.step}"
+            ci = f" [{p.spec_bench_ci[0]:.2f}-{p.spec_bench_ci[1]:.2f}]" if p.spec_bench_ci else ""
+            held = f"{p.heldout_tau:.3f}" if p.heldout_tau is not None else ""
+            print(f"| {stage} | {where} | {tokens:,} | {held} | {p.spec_bench_tau:.3f}{ci} |")
+    if a.svg:
+        Path(a.svg).write_text(_curve_svg(series, "sequence tokens trained on (log scale)"))
+        print(f"wrote {a.svg}", file=sys.stderr)
+
+
+def _curve_svg(series: dict[str, list[tuple[int, float]]], x_label: str) -> str:
+    """Spec-Bench tau against tokens, log x, one line a series."""
+    w, h, left, top = 620, 360, 56, 34
     pw, ph = w - left - 24, h - top - 56
-    xs = [p[1] for pts in points.values() for p in pts]
-    ys = [p[2] for pts in points.values() for p in pts]
+    xs = [x for pts in series.values() for x, _ in pts]
+    ys = [y for pts in series.values() for _, y in pts]
     lx0, lx1 = math.log10(min(xs)) - 0.1, math.log10(max(xs)) + 0.1
     y0, y1 = 1.0, max(1.5, math.ceil(max(ys) * 10 + 1) / 10)
 
     def xy(x: float, y: float) -> tuple[float, float]:
-        return left + (math.log10(x) - lx0) / (lx1 - lx0) * pw, top + (
-            1 - (y - y0) / (y1 - y0)
-        ) * ph
+        return (
+            left + (math.log10(x) - lx0) / (lx1 - lx0) * pw,
+            top + (1 - (y - y0) / (y1 - y0)) * ph,
+        )
 
     out = [
         f'<rect width="{w}" height="{h}" fill="white"/>',
         f'<text x="{w / 2:.0f}" y="20" text-anchor="middle" font-size="14">Spec-Bench tau (T=0) '
         "against training tokens</text>",
     ]
-    steps = 5
-    for i in range(steps + 1):
-        y = y0 + (y1 - y0) * i / steps
+    for i in range(6):
+        y = y0 + (y1 - y0) * i / 5
         _, py = xy(10**lx0, y)
         out.append(
             f'<line x1="{left}" y1="{py:.1f}" x2="{left + pw}" y2="{py:.1f}" stroke="#ddd"/>'
@@ -682,26 +745,28 @@ def _scaling_svg(points: dict[str, list[tuple]]) -> str:
         out.append(
             f'<text x="{left - 6}" y="{py + 4:.1f}" text-anchor="end" font-size="11">{y:.2f}</text>'
         )
-    for x in sorted(set(xs)):
-        px, _ = xy(x, y0)
+    for e in range(math.ceil(lx0), math.floor(lx1) + 1):
+        px, _ = xy(10**e, y0)
+        label = f"{10**e / 1e6:g}M" if e >= 6 else f"{10**e / 1e3:g}k"
         out.append(
             f'<text x="{px:.1f}" y="{top + ph + 16}" text-anchor="middle" '
-            f'font-size="11">{x / 1000:.0f}k</text>'
+            f'font-size="11">{label}</text>'
         )
     out.append(
         f'<text x="{left + pw / 2}" y="{top + ph + 36}" text-anchor="middle" font-size="12">'
-        "response tokens trained on (one epoch, log scale)</text>"
+        f"{x_label}</text>"
     )
-    for i, (algo, pts) in enumerate(sorted(points.items())):
+    for i, (name, pts) in enumerate(sorted(series.items())):
         c = COLOURS[i % len(COLOURS)]
-        coords = [xy(p[1], p[2]) for p in sorted(pts, key=lambda p: p[0])]
+        dash = ' stroke-dasharray="4 3"' if "scratch" in name else ""
+        coords = [xy(x, y) for x, y in sorted(pts)]
         out.append(
-            f'<polyline fill="none" stroke="{c}" stroke-width="2" '
+            f'<polyline fill="none" stroke="{c}" stroke-width="2"{dash} '
             f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in coords)}"/>'
         )
         out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{c}"/>' for x, y in coords]
         out.append(
-            f'<text x="{left + 8}" y="{top + 14 + 16 * i}" font-size="12" fill="{c}">{algo}</text>'
+            f'<text x="{left + 8}" y="{top + 14 + 16 * i}" font-size="12" fill="{c}">{name}</text>'
         )
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
@@ -778,6 +843,17 @@ def main() -> None:
     p.add_argument("new", type=int)
     p.add_argument("old", type=int)
     p.set_defaults(func=paired)
+    p = sub.add_parser("campaign-scaling")
+    p.add_argument("state", help="the campaign's state folder (SPECUI_CAMPAIGN_DIR)")
+    p.add_argument("--svg", default=None)
+    p.add_argument(
+        "--shipped-tokens",
+        nargs="*",
+        default=[],
+        metavar="ALGO=N",
+        help="sequence tokens the shipped drafter was trained on (its model card)",
+    )
+    p.set_defaults(func=campaign_scaling)
     p = sub.add_parser("scaling")
     p.add_argument("runs")
     p.add_argument("--svg", default=None)

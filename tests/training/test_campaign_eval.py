@@ -141,3 +141,41 @@ def test_the_ship_check_benches_each_choice_beside_the_shipped_drafters(tmp_path
     assert (candidate / "SNAPSHOT").read_text().strip().endswith("step-00000020")
     assert cmd[cmd.index("--limit") + 1] == "48"
     assert ce.ship_check(tmp_path, ["dflash"], runner=lambda jobs: [] if not jobs else 1 / 0)
+
+
+@pytest.mark.slow
+def test_the_scaling_report_puts_the_campaign_beside_the_from_scratch_study(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.support.paths import REPO
+
+    _campaign(tmp_path, steps=(10, 20))
+    for name, taus in (("heldout", (1.9, 2.1)), ("spec-bench", (1.5, 1.6))):
+        runs = [{"drafter": "dflash", "acceptance_length": 1.45}]
+        runs += [
+            {
+                "drafter": f"step-000000{s}0",
+                "acceptance_length": t,
+                "acceptance_length_ci_low": t - 0.1,
+                "acceptance_length_ci_high": t + 0.1,
+            }
+            for s, t in zip("12", taus, strict=True)
+        ]
+        ce.eval_file(tmp_path, "dflash", name).parent.mkdir(exist_ok=True)
+        ce.eval_file(tmp_path, "dflash", name).write_text(json.dumps({"runs": runs}))
+    svg = tmp_path / "scaling.svg"
+    tools = REPO / "scripts" / "train_shipped_tools.py"
+    cmd = [sys.executable, str(tools), "campaign-scaling", str(tmp_path), "--svg", str(svg)]
+    out = subprocess.run(
+        [*cmd, "--shipped-tokens", "dflash=2.5e6"], capture_output=True, text=True, check=True
+    ).stdout
+    # 10 steps x batch 4 x 2 processes x 100 tokens a sequence, on top of the shipped 2.5 M.
+    assert "| dflash | campaign step 10 | 2,508,000 | 1.900 | 1.500 [1.40-1.60] |" in out
+    assert "| dflash | shipped | 2,500,000 |" in out
+    scratch = [line for line in out.splitlines() if "scratch, 2400 prompts" in line]
+    assert len(scratch) == 2  # DFlash and EAGLE-3 of the from-scratch study
+    # Its tokens are sequence tokens now: more than the 232,543 response tokens it reported.
+    assert int(scratch[0].split("|")[3].replace(",", "")) > 232_543
+    text = svg.read_text()
+    assert text.count("<polyline") == 3 and "dflash campaign" in text and "1M" in text
