@@ -114,3 +114,28 @@ def test_the_shipped_training_corpus_holds_no_evaluation_prompt():
     assert len(train) >= 1000
     held_out = {p.content_hash for p in load_prompts("general", split="eval")}
     assert held_out and not held_out & {p.content_hash for p in train}
+
+
+def test_the_committed_campaign_corpus_holds_no_evaluation_or_held_out_prompt():
+    """The training campaign's committed prompts (issue 49): no Spec-Bench question inside any
+    turn, and no prompt of the general corpus's held-out split, as a request or a first turn."""
+    from specui.data.distill import read_text
+    from specui.training.campaign import PARTS, committed_dir, row_prompt
+
+    rows = [
+        json.loads(line)
+        for name in PARTS
+        for line in read_text(committed_dir() / f"{name}.xz").splitlines()
+        if line.strip()
+    ]
+    assert len(rows) >= 20_000
+    prompts = [row_prompt(r) for r in rows]
+    check_training_prompts(prompts, "the committed campaign corpus")  # raises on a hit
+    held_out = {normalize_text(p.text) for p in load_prompts("general", split="eval") if p.text}
+    turns = {
+        normalize_text(m["content"])
+        for p in prompts
+        for m in (p.messages or ({"role": "user", "content": p.text},))
+        if m["role"] == "user"
+    }
+    assert not held_out & turns
