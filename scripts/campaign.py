@@ -93,20 +93,25 @@ def run(folder: Path, shard: tuple[int, int]) -> None:
         bar.close()
         logging.info("generate: done")
         if shard[0] == 0:  # the other shards stop here; shard 0 goes on once all are done
-            _after_generation(verifier, folder)
+            _after_generation(verifier, folder, shard[1])
 
 
-def _after_generation(verifier, folder: Path) -> None:
+def _after_generation(verifier, folder: Path, shards: int) -> None:
     from specui.training import campaign
 
-    done = campaign.status(verifier, folder)
-    if done.done < done.total:
+    while (done := campaign.status(verifier, folder)).done < done.total:
+        if not any(campaign.shard_running(folder, i) for i in range(1, shards)):
+            logging.info(
+                "generate: %d prompts still without a response and no other shard at work;"
+                " run again",
+                done.total - done.done,
+            )
+            return
+        # Another shard still answers its last prompts: wait for it, then go on.
         logging.info(
-            "generate: %d prompts still without a response (another shard at work); run again"
-            " once it ends",
-            done.total - done.done,
+            "generate: waiting for the other shards (%d prompts left)", done.total - done.done
         )
-        return
+        time.sleep(60)
     from specui.training import campaign_train
 
     if not (folder / campaign.TRAIN_FILE).is_file():

@@ -97,6 +97,20 @@ def lock_file(folder: Path, index: int) -> Path:
     return folder / ("lock" if index == 0 else f"lock-{index}")
 
 
+def shard_running(folder: Path, index: int) -> bool:
+    """Whether shard ``index``'s lock is held now (its process is alive and at work)."""
+    path = lock_file(folder, index)
+    if not path.is_file():
+        return False
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False
+
+
 def _read_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 

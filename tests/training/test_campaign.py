@@ -181,13 +181,17 @@ def test_one_campaign_at_a_time(tmp_path):
     with campaign.campaign_lock(tmp_path):  # released when the first one ends
         pass
     # The shards of one run each hold a lock of their own, with their pid in it.
+    assert not campaign.shard_running(tmp_path, 1)
     with campaign.campaign_lock(tmp_path, (0, 2)), campaign.campaign_lock(tmp_path, (1, 2)):
         assert campaign.lock_file(tmp_path, 1).read_text().strip() == str(os.getpid())
+        # What shard 0 reads when its own prompts are done: the other one is still at work.
+        assert campaign.shard_running(tmp_path, 1)
         with (
             pytest.raises(SpecUIError, match="already running"),
             campaign.campaign_lock(tmp_path, (1, 2)),
         ):
             pass
+    assert not campaign.shard_running(tmp_path, 1)  # released with its run
 
 
 def _write_rows(folder, prefix: str, prompts: list[str]) -> None:
