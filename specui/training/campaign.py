@@ -174,8 +174,25 @@ PARTS: dict[str, Callable[[object, int], tuple[list[list[dict]], list[dict]]]] =
 
 
 def build_all_prompts(verifier, folder: Path, seed: int = SEED) -> list[Path]:
-    """Every part of PARTS, built where missing."""
-    return [build_prompts(verifier, folder, seed, sources, name) for name, sources in PARTS.items()]
+    """Every part of PARTS where missing: restored from the committed corpus (a bare machine: the
+    part as it was built), else built."""
+    return [
+        restore_part(folder, name) or build_prompts(verifier, folder, seed, sources, name)
+        for name, sources in PARTS.items()
+    ]
+
+
+def restore_part(folder: Path, name: str) -> Path | None:
+    """STATE/``name`` from its committed copy when the folder lacks it (None: no copy)."""
+    path, committed = folder / name, committed_dir() / f"{name}.xz"
+    if path.is_file() or not committed.is_file():
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(read_text(committed), encoding="utf-8")
+    tmp.replace(path)
+    log.info("prompts: %s restored from %s", path, committed)
+    return path
 
 
 def part_paths(folder: Path) -> list[Path]:
@@ -199,14 +216,6 @@ def build_prompts(
     is afterwards."""
     path = folder / name
     if path.is_file():
-        return path
-    committed = committed_dir() / f"{name}.xz"
-    if committed.is_file():  # a bare machine: the committed part, as it was built
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(read_text(committed), encoding="utf-8")
-        tmp.replace(path)
-        log.info("prompts: %s restored from %s", path, committed)
         return path
     singles, seconds = sources(verifier, seed)
     # build() dedupes on the last user turn, which second turns share: check them on their own.

@@ -133,6 +133,7 @@ def test_a_later_part_keeps_the_earlier_parts_and_skips_what_they_hold(
         return [[_row("b/0", "Explain: four five."), _row("b/1", "translate:  UNO.")]], []
 
     monkeypatch.setattr(campaign, "PARTS", {"prompts.jsonl": first, "prompts-2.jsonl": second})
+    monkeypatch.setattr(campaign, "committed_dir", lambda: tmp_path / "none")  # nothing committed
     campaign.build_all_prompts(embedded_verifier, tmp_path)
     ids = [r["id"] for r in campaign.campaign_rows(tmp_path)]
     assert sorted(ids[:2]) == ["a/0", "a/1"] and ids[2:] == ["b/0"]  # a part is shuffled
