@@ -4,14 +4,31 @@
 # campaign that is still running keeps the lock and the new one exits at once.
 # SHARDS processes (default 2, one a core; nice 19, so foreground work comes first) share the
 # prompts by key hash and append to one cache.
-# Each shard runs in a process group of its own (setsid), its pid the group's id, so the training
-# stages' torchrun workers pause with it:
-#   Pause it for a benchmark:  for p in $(cat "$STATE"/lock*); do kill -STOP -- -$p; done
-#   ... and resume:            for p in $(cat "$STATE"/lock*); do kill -CONT -- -$p; done
+#   Pause it for a benchmark or a CI run:  bash scripts/campaign.sh pause
+#   ... and resume:                         bash scripts/campaign.sh resume
+# Pausing signals every process under each running shard: a training stage's torchrun workers
+# start sessions of their own, so signalling the shard's process group would miss them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${SPECUI_CAMPAIGN_DIR:-$HOME/specui-campaign}
 mkdir -p "$STATE"
+
+tree() {  # a pid and all its descendants, parents first
+  echo "$1"
+  local c
+  for c in $(pgrep -P "$1"); do tree "$c"; done
+}
+if [ "${1:-}" = pause ] || [ "${1:-}" = resume ]; then
+  sig=STOP; [ "$1" = resume ] && sig=CONT
+  n=0
+  for lock in "$STATE"/lock*; do
+    [ -f "$lock" ] || continue
+    flock -n "$lock" true && continue  # not held: that shard is not running (its pid is stale)
+    for q in $(tree "$(cat "$lock")"); do kill -"$sig" "$q" 2>/dev/null && n=$((n + 1)); done
+  done
+  echo "campaign: ${1}d ($n processes)"
+  exit 0
+fi
 bash scripts/setup.sh
 # The prompts stage reads packaged text (specui/data/passages.py); once every part of the
 # prompts exists nothing else needs them, but a part added later does.
