@@ -408,3 +408,52 @@ def test_the_check_picks_the_rate_with_the_best_held_out_acceptance(tmp_path):
         assert ct.choose_lr(runs) is None  # not finished yet
         (run / "train_run.json").write_text(json.dumps({"status": "finished"}))
     assert ct.choose_lr(runs) == ct.LR_CHECK[1]  # by the last evaluation of each
+
+
+def _state(pid: int) -> str:
+    """A process's state letter from /proc (T: stopped)."""
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+
+
+def test_pause_stops_every_process_of_a_running_shard_and_no_stale_pid(tmp_path):
+    """`campaign.sh pause`: the shard holding its lock, and a child in a session of its own (as
+    torchrun starts its workers), stop; a lock that is not held names a pid never signalled."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.support.paths import REPO
+
+    shard = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, subprocess, sys, time\n"
+            f"f = open({str(tmp_path / 'lock')!r}, 'a+'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+            "f.truncate(0); f.write(str(os.getpid())); f.flush()\n"
+            "w = subprocess.Popen(['sleep', '60'], start_new_session=True)\n"
+            f"open({str(tmp_path / 'worker')!r}, 'w').write(str(w.pid))\n"
+            "time.sleep(60)\n",
+        ]
+    )
+    bystander = subprocess.Popen(["sleep", "60"])
+    (tmp_path / "lock-1").write_text(str(bystander.pid))  # a finished shard's stale pid
+    try:
+        for _ in range(100):
+            if (tmp_path / "worker").is_file() and (tmp_path / "worker").read_text():
+                break
+            time.sleep(0.05)
+        worker = int((tmp_path / "worker").read_text())
+        env = {**os.environ, "SPECUI_CAMPAIGN_DIR": str(tmp_path)}
+        script = [str(REPO / "scripts" / "campaign.sh")]
+        out = subprocess.run(["bash", *script, "pause"], env=env, capture_output=True, text=True)
+        assert out.returncode == 0 and "paused (2 processes)" in out.stdout, out
+        assert _state(shard.pid) == "T" and _state(worker) == "T"
+        assert _state(bystander.pid) != "T"
+        subprocess.run(["bash", *script, "resume"], env=env, check=True, capture_output=True)
+        assert _state(shard.pid) != "T" and _state(worker) != "T"
+    finally:
+        for p in (shard, bystander):
+            p.kill()
+        if "worker" in locals():
+            os.kill(worker, 9)
