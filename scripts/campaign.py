@@ -99,19 +99,18 @@ def run(folder: Path, shard: tuple[int, int]) -> None:
 def _after_generation(verifier, folder: Path, shards: int) -> None:
     from specui.training import campaign
 
-    while (done := campaign.status(verifier, folder)).done < done.total:
-        if not any(campaign.shard_running(folder, i) for i in range(1, shards)):
-            logging.info(
-                "generate: %d prompts still without a response and no other shard at work;"
-                " run again",
-                done.total - done.done,
-            )
-            return
-        # Another shard still answers its last prompts: wait for it, then go on.
-        logging.info(
-            "generate: waiting for the other shards (%d prompts left)", done.total - done.done
-        )
+    # Another shard may still answer its last prompts: wait until its lock is free (a cheap
+    # check; the status below re-reads every response and prompt once).
+    while any(campaign.shard_running(folder, i) for i in range(1, shards)):
+        logging.info("generate: waiting for the other shards to finish")
         time.sleep(60)
+    done = campaign.status(verifier, folder)
+    if done.done < done.total:
+        logging.info(
+            "generate: %d prompts still without a response and no other shard at work; run again",
+            done.total - done.done,
+        )
+        return
     from specui.training import campaign_train
 
     if not (folder / campaign.TRAIN_FILE).is_file():

@@ -228,17 +228,6 @@ BAR_GROUP_TAU = 1.5  # every task group of a grouped evaluation set (Spec-Bench)
 BAR_MATH_DROP = 0.1  # the most held-out math tau may fall from the drafter it replaces
 
 
-def _group_taus(bench: dict, drafter: str) -> dict[str, float]:
-    """tau per task group of one drafter's row in a grouped bench (Spec-Bench); {} when
-    ungrouped."""
-    out = {}
-    for group, rows in (bench.get("groups") or {}).items():
-        row = next((r for r in rows if r.get("drafter") == drafter), None)
-        if row is not None:
-            out[group] = row.get("acceptance_length") or 1.0
-    return out
-
-
 def _math_check(root: Path, drafter: str) -> tuple[float, float, int] | None:
     """(new tau, replaced drafter's tau, prompts) on gsm-symbolic's held-out split, when measured.
 
@@ -352,8 +341,10 @@ def card(a: argparse.Namespace) -> None:
         sys.exit(f"card {a.algo}: {bench0} has no run of the shipped {dest.name}")
     cpath = root / "calibration-dspark.json"
     calib = json.loads(cpath.read_text()) if a.algo == "dspark" and cpath.is_file() else None
+    from specui.training.campaign_eval import group_taus
+
     bench0_all = json.loads(bench0.read_text())
-    groups = _group_taus(bench0_all, dest.name)
+    groups = group_taus(bench0_all, dest.name)
     math_check = _math_check(root, dest.name)
     problems = _bar_problems(a.algo, r0, rows0, calib, groups, math_check)
     eval_set = r0.get("prompt_set") or "gsm-symbolic"
@@ -597,26 +588,30 @@ def report(a: argparse.Namespace) -> None:
 # --- the data-scaling study (scripts/scaling_study.sh) ----------------------------------------
 
 
-def _training_tokens(n: int, cache: dict[int, int]) -> int:
-    """Response tokens of the first ``n`` general training prompts (what each epoch trains on)."""
+def _general_tokens(n: int, cache: dict) -> tuple[int, int]:
+    """(response, prompt + response) tokens of the first ``n`` general training prompts: what one
+    epoch of the from-scratch study trained on, in the unit it reported and in the campaign's."""
     if n not in cache:
         from specui.data import load_prompts
         from specui.data.distill import self_distill
         from specui.verifier.model import Verifier
 
-        verifier = cache.setdefault(-1, Verifier.load("embedded"))  # type: ignore[arg-type]
-        samples = self_distill(
-            verifier, load_prompts("general", split="train", limit=n), max_new_tokens=128
-        )
-        cache[n] = sum(len(s.response_ids) for s in samples)
+        if "verifier" not in cache:  # loaded once for all sizes
+            cache["verifier"] = Verifier.load("embedded")
+        prompts = load_prompts("general", split="train", limit=n)
+        samples = self_distill(cache["verifier"], prompts, max_new_tokens=128)
+        responses = sum(len(s.response_ids) for s in samples)
+        cache[n] = (responses, responses + sum(len(s.prompt_ids) for s in samples))
     return cache[n]
 
 
 def scaling(a: argparse.Namespace) -> None:
     """The scaling table (markdown) and plot (SVG: Spec-Bench tau over training tokens, log x)."""
+    from specui.training.campaign_eval import group_taus
+
     root = Path(a.runs)
     points: dict[str, list[tuple[int, int, float, dict, float]]] = {}
-    tokens: dict[int, int] = {}
+    tokens: dict = {}
     for run in sorted(root.glob("*-*")):
         bench_file = run / "eval-spec-bench-T0.json"
         if not bench_file.is_file():
@@ -628,9 +623,9 @@ def scaling(a: argparse.Namespace) -> None:
         points.setdefault(algo, []).append(
             (
                 int(n),
-                _training_tokens(int(n), tokens),
+                _general_tokens(int(n), tokens)[0],
                 row.get("acceptance_length") or 1.0,
-                _group_taus(bench, row["drafter"]),
+                group_taus(bench, row["drafter"]),
                 _wall_s(run, cfg),
                 row,
             )
@@ -664,18 +659,6 @@ def scaling(a: argparse.Namespace) -> None:
 FROM_SCRATCH = Path(__file__).resolve().parents[1] / "docs" / "scaling-from-scratch.csv"
 
 
-def _general_sequence_tokens(n: int, cache: dict) -> int:
-    """Prompt + response tokens of the first ``n`` general training prompts (one epoch of the
-    from-scratch study), the unit the campaign counts in."""
-    from specui.data import load_prompts
-    from specui.data.distill import self_distill
-    from specui.verifier.model import Verifier
-
-    verifier = cache.setdefault("verifier", Verifier.load("embedded"))
-    samples = self_distill(verifier, load_prompts("general", split="train", limit=n), 128)
-    return sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-
-
 def campaign_scaling(a: argparse.Namespace) -> None:
     """The campaign's snapshots (campaign_eval) beside the from-scratch study
     (docs/scaling-from-scratch.csv): a markdown table and an SVG of Spec-Bench tau against
@@ -694,7 +677,7 @@ def campaign_scaling(a: argparse.Namespace) -> None:
     print("|---|---|---|---|---|")
     with FROM_SCRATCH.open() as f:
         for r in csv.DictReader(f):
-            tokens = _general_sequence_tokens(int(r["prompts"]), cache)
+            tokens = _general_tokens(int(r["prompts"]), cache)[1]
             tau = float(r["spec_bench_tau"])
             series.setdefault(f"{r['drafter']} from scratch", []).append((tokens, tau))
             print(

@@ -280,15 +280,22 @@ def _length_class(row: dict) -> str:
     return "short" if row["prompt_tokens"] <= SHORT_TOKENS else "long"
 
 
-def status(verifier, folder: Path, max_new_tokens: int = MAX_NEW_TOKENS) -> Progress:
-    """How many of the campaign's prompts have a response, and how many response tokens."""
-    rows = campaign_rows(folder)
-    cache = cached_responses(
+def campaign_responses(
+    verifier, folder: Path, max_new_tokens: int = MAX_NEW_TOKENS
+) -> dict[str, tuple[int, ...]]:
+    """Prompt key -> response, from the committed corpus and the campaign's own cache (it wins)."""
+    return cached_responses(
         verifier_fingerprint(verifier),
         max_new_tokens,
         verifier.eos_token_ids,
         [shipped_data_dir() / "corpus", folder / "cache"],
     )
+
+
+def status(verifier, folder: Path, max_new_tokens: int = MAX_NEW_TOKENS) -> Progress:
+    """How many of the campaign's prompts have a response, and how many response tokens."""
+    rows = campaign_rows(folder)
+    cache = campaign_responses(verifier, folder, max_new_tokens)
     done = tokens = 0
     for r in rows:
         resp = cache.get(prompt_key(row_prompt(r).encode(verifier)))
@@ -342,23 +349,18 @@ def committed_dir() -> Path:
 def commit_corpus(verifier, folder: Path, corpus: Path | None = None) -> list[Path]:
     """The campaign's prompt parts and its responses, xz-compressed, into ``corpus`` (default
     ``data/corpus``): committed once generation is done, so a bare machine starts again from them
-    (``build_prompts`` restores a part, ``cached_responses`` reads the responses).  Only the
+    (``restore_part`` restores a part, ``cached_responses`` reads the responses).  Only the
     responses of the campaign's own prompts, in a fixed order (the same content, the same
     bytes).  Refused while a prompt lacks its response."""
     corpus = corpus or shipped_data_dir() / "corpus"
-    progress = status(verifier, folder)
-    if progress.done < progress.total:
-        raise SpecUIError(
-            f"{progress.total - progress.done} campaign prompts have no response yet: commit the"
-            " corpus once generation is done"
-        )
-    cache = cached_responses(
-        verifier_fingerprint(verifier),
-        MAX_NEW_TOKENS,
-        verifier.eos_token_ids,
-        [shipped_data_dir() / "corpus", folder / "cache"],
-    )
+    cache = campaign_responses(verifier, folder)
     keys = sorted({prompt_key(row_prompt(r).encode(verifier)) for r in campaign_rows(folder)})
+    missing = sum(k not in cache for k in keys)
+    if missing:
+        raise SpecUIError(
+            f"{missing} campaign prompts have no response yet: commit the corpus once generation"
+            " is done"
+        )
     written = []
     for name in PARTS:
         written.append(_write_xz(corpus / "campaign" / f"{name}.xz", (folder / name).read_bytes()))
@@ -404,9 +406,7 @@ def materialize(verifier, folder: Path, seed: int = SEED, partial: bool = False)
     eos = verifier.eos_token_ids
     shipped = [shipped_data_dir() / "corpus"]
     general_cache = cached_responses(fingerprint, 128, eos, shipped)
-    campaign_cache = cached_responses(
-        fingerprint, MAX_NEW_TOKENS, eos, [*shipped, folder / "cache"]
-    )
+    campaign_cache = campaign_responses(verifier, folder)
     out: list[dict] = []
     for p in load_prompts("general", split="train"):
         ids = p.encode(verifier)

@@ -175,7 +175,8 @@ class Point:
 
 def points(folder: Path, stage: str) -> list[Point]:
     """What the stage's evaluation files say, a point per candidate, by step."""
-    rows = {name: _rows(eval_file(folder, stage, name)) for name in EVAL_SETS}
+    benches = {name: _bench(eval_file(folder, stage, name)) for name in EVAL_SETS}
+    rows = {name: _rows(bench) for name, bench in benches.items()}
     per_token = _tokens_per_step(folder, stage)
     out = []
     for path in candidates(folder, stage):
@@ -194,7 +195,7 @@ def points(folder: Path, stage: str) -> list[Point]:
                 _tau(held),
                 _tau(bench),
                 ci,
-                _groups(eval_file(folder, stage, "spec-bench"), path.name),
+                group_taus(benches["spec-bench"], path.name),
             )
         )
     return out
@@ -223,16 +224,18 @@ def _bench(path: Path) -> dict:
         return {}
 
 
-def _rows(path: Path) -> dict[str, dict]:
-    return {str(r.get("drafter")): r for r in _bench(path).get("runs", []) if r.get("drafter")}
+def _rows(bench: dict) -> dict[str, dict]:
+    return {str(r.get("drafter")): r for r in bench.get("runs", []) if r.get("drafter")}
 
 
-def _groups(path: Path, drafter: str) -> dict[str, float]:
+def group_taus(bench: dict, drafter: str) -> dict[str, float]:
+    """tau per task group of one drafter's row in a grouped ``specui bench --json`` (Spec-Bench);
+    {} when ungrouped."""
     out = {}
-    for group, rows in (_bench(path).get("groups") or {}).items():
+    for group, rows in (bench.get("groups") or {}).items():
         row = next((r for r in rows if str(r.get("drafter")) == drafter), None)
         if row is not None:
-            out[group] = _tau(row) or 1.0
+            out[group] = float(row.get("acceptance_length") or 1.0)
     return out
 
 
