@@ -46,6 +46,7 @@ QUICK: dict[str, str] = {
     "gguf_layers.py": "--repeats 1 --context 8",
     "gguf_paths.py": "--rows 1 --repeats 1",
     "hidden_store.py": "--samples 2 --algorithms dflash",
+    "hybrid_ceiling.py": "--limit 1 --max-new-tokens 4 --lookup ngram --learned dflash",
     "k_sweep.py": "--drafter dflash --ks 2 --prompts 1 --tokens 4",
     # run through engine_peer.py (it needs a GGUF and a driver)
     "llamacpp_worker.py": "",
