@@ -4,6 +4,7 @@ benched on the held-out split and Spec-Bench, the checkpoint chosen by the held-
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -132,6 +133,13 @@ def test_the_ship_check_benches_each_choice_beside_the_shipped_drafters(tmp_path
 
     files = ce.ship_check(tmp_path, ["dflash"], runner=runner)
     assert [len(b) for b in batches] == [2, 1]  # two side by side, one core each
+    # The fixed-K sets share the machine; the adaptive one, timed, runs alone on a fresh curve.
+    assert [b["cmd"][b["cmd"].index("--policy") + 1] for b in batches[0]] == ["fixed", "fixed"]
+    (alone,) = batches[1]
+    assert alone["cmd"][alone["cmd"].index("--policy") + 1] == "adaptive"
+    assert alone["env"]["SPECUI_REMEASURE_COSTS"] == "1"
+    fixed_env = batches[0][0]["env"]
+    assert fixed_env.get("SPECUI_REMEASURE_COSTS") == os.environ.get("SPECUI_REMEASURE_COSTS")
     assert [f.name for f in files] == [f"{n}.json" for n in ce.SHIP_SETS]
     cmd = batches[0][0]["cmd"]
     drafters = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--drafter"]
