@@ -65,7 +65,9 @@ SHAPES: dict[str, dict[str, object]] = {
         "batch_size": 4,
     },
     "peagle": {"layers": 2, "num_depths": 8, "freeze_embeddings": True, "batch_size": 2},
-    "eagle3": {"layers": 1, "ttt_steps": 4, "batch_size": 2},
+    # Trained 4 TTT steps, written to draft 8 like the shipped one, so each snapshot is benched
+    # at the shipped drafter's K (scripts/train_shipped.sh converts it the same way).
+    "eagle3": {"layers": 1, "ttt_steps": 4, "num_speculative_tokens": 8, "batch_size": 2},
 }
 # Sequence-token passes each drafter trains for (issue 49's budget).
 BUDGET = {"dflash": 30_000_000, "dspark": 5_000_000, "peagle": 15_000_000, "eagle3": 15_000_000}

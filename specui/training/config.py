@@ -23,6 +23,7 @@ from specui.algorithms.options import TrainOptions, check_positive
 from specui.algorithms.spec import ALGORITHMS, algorithm_names, train_knobs
 from specui.data.prompts import mix_sources, refuse_evaluation_sets
 from specui.errors import SpecUIError
+from specui.trace import MAX_SPECULATIVE_TOKENS
 from specui.training.vllm_extraction import find_python
 
 SCHEDULES = ("cosine", "linear", "constant")
@@ -192,6 +193,14 @@ class TrainConfig:
     init_from: str | None = setting(
         None, "warm start from a checkpoint (DSpark from DFlash)", group="drafter", tab=False
     )
+    num_speculative_tokens: int | None = setting(
+        None,
+        "K, the most drafts a proposal of the written speculator holds (default: what the"
+        " algorithm trains: DFlash's block - 1, EAGLE-3's TTT steps, P-EAGLE's depths); EAGLE-3"
+        " trained 4 TTT steps can draft 8",
+        group="drafter",
+        tab=False,
+    )
     loss: str | None = setting(
         None, "override the per-slot loss: ce | kl (speculators' kl_div = kl)", group="loss",
         choices=LOSSES,
@@ -257,6 +266,11 @@ class TrainConfig:
                 "eval_samples": self.eval_samples,
             }
         )
+        k = self.num_speculative_tokens
+        if k is not None and not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise SpecUIError(
+                f"num-speculative-tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {k}"
+            )
         if self.snapshot_steps is not None and any(int(s) < 1 for s in self.snapshot_steps):
             raise SpecUIError(f"snapshot-steps must be >= 1, got {self.snapshot_steps}")
         if self.eval_every < 0:

@@ -61,6 +61,10 @@ def build(
     model = objective.build().to(device)
     if cfg.init_from:
         warm_start(model, Path(cfg.init_from), verifier, hooks)
+    if cfg.num_speculative_tokens is not None:
+        # What the written speculator (checkpoints, snapshots, the final one) proposes; training
+        # reads its own positions (TTT steps, depths, the block), never this.
+        model.config.num_speculative_tokens = cfg.num_speculative_tokens
     check_draft_vocab(model, kept, cfg.init_from)
     model.train()
     return objective, model, usable

@@ -161,6 +161,25 @@ def test_snapshot_steps_keep_servable_drafters_the_rolling_checkpoints_prune(
     assert "snapshot" in capsys.readouterr().out
 
 
+def test_eagle3_trained_on_fewer_ttt_steps_writes_the_k_it_is_asked_to_draft(
+    data, fixture_verifier, tmp_path
+):
+    out = tmp_path / "k"
+    extra = ["--algorithm", "eagle3", "--ttt-steps", "2", "--num-speculative-tokens", "5"]
+    assert main(args(data, out, *extra, "--snapshot-steps", "2", steps=3)) == 0
+    for folder in (out, out / "snapshots" / "step-00000002"):
+        config = json.loads((folder / "config.json").read_text())
+        method = config["speculators_config"]["proposal_methods"][0]
+        assert method["speculative_tokens"] == 5, folder
+    assert load_drafter(out, fixture_verifier).num_speculative_tokens == 5
+    # Without the setting the written K is what it trained: its TTT steps.
+    plain = tmp_path / "plain"
+    assert main(args(data, plain, "--algorithm", "eagle3", "--ttt-steps", "2", steps=1)) == 0
+    assert load_drafter(plain, fixture_verifier).num_speculative_tokens == 2
+    with pytest.raises(SpecUIError, match="num-speculative-tokens"):
+        TrainConfig(algorithm="eagle3", num_speculative_tokens=0)
+
+
 def test_dspark_warm_start_copies_the_dflash_backbone(data, fixture_dir, fixture_verifier):
     from specui.algorithms.objective import objective_for
     from specui.training.model import warm_start
