@@ -10,6 +10,8 @@
     python scripts/train_shipped_tools.py scaling RUNS [--svg OUT.svg]   (scripts/scaling_study.sh)
     python scripts/train_shipped_tools.py campaign-scaling STATE [--svg OUT.svg]
         [--shipped-tokens dflash=N ...]   (the campaign's snapshots beside the from-scratch study)
+    python scripts/train_shipped_tools.py campaign-acceptance STATE
+        (issue 49's bars on the campaign's ship check; exit 1 while one is missed)
 
 ``distill`` is the self-distillation stage (the same cache ``specui train``
 reads, so training skips it).  ``heldout-file`` writes held-out prompts
@@ -699,6 +701,42 @@ def campaign_scaling(a: argparse.Namespace) -> None:
         print(f"wrote {a.svg}", file=sys.stderr)
 
 
+def campaign_acceptance(a: argparse.Namespace) -> None:
+    """Issue 49's acceptance on the campaign's ship check: a markdown table, each chosen
+    drafter against the one it would replace, and every bar it misses."""
+    from specui.training import campaign_acceptance as ca
+
+    found = ca.verdicts(Path(a.state))
+    eagle3 = next((v.speedup for v in found if v.stage == "eagle3"), None)
+    print(
+        "| drafter | tau (shipped) | a_1 | tau - shipped [95% CI] | "
+        + " | ".join(ca.LONG_GROUPS)
+        + " | math tau (shipped) | speedup, adaptive | AUROC |"
+    )
+    print("|---" * (8 + len(ca.LONG_GROUPS)) + "|")
+    missed = [f"tau bar: {p}" for p in ca.best_problems(found)]
+    for v in found:
+        shipped = f" ({v.shipped_tau:.2f})" if v.shipped_tau is not None else ""
+        diff = "-"
+        if v.paired is not None:
+            d, lo, hi = v.paired
+            diff = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" + (" ships" if v.ships else "")
+        groups = " | ".join(f"{v.groups[g]:.2f}" if g in v.groups else "-" for g in ca.LONG_GROUPS)
+        math_tau = "-" if v.math_tau is None else f"{v.math_tau:.2f}"
+        if v.shipped_math_tau is not None:
+            math_tau += f" ({v.shipped_math_tau:.2f})"
+        speed = "-" if v.speedup is None else f"{v.speedup:.2f}x"
+        auroc = "-" if v.auroc is None else f"{v.auroc:.3f}"
+        print(
+            f"| {v.stage} | {v.tau:.2f}{shipped} | {v.a1:.2f} | {diff} | {groups} | {math_tau} |"
+            f" {speed} | {auroc} |"
+        )
+        missed += [f"{v.stage}: {p}" for p in v.problems(eagle3)]
+    print("\n".join(["", "bars missed:", *missed] if missed else ["", "every bar met"]))
+    if missed:
+        raise SystemExit(1)
+
+
 def _curve_svg(series: dict[str, list[tuple[int, float]]], x_label: str) -> str:
     """Spec-Bench tau against tokens, log x, one line a series."""
     w, h, left, top = 620, 360, 56, 34
@@ -837,6 +875,9 @@ def main() -> None:
         help="sequence tokens the shipped drafter was trained on (its model card)",
     )
     p.set_defaults(func=campaign_scaling)
+    p = sub.add_parser("campaign-acceptance")
+    p.add_argument("state", help="the campaign's state folder (SPECUI_CAMPAIGN_DIR)")
+    p.set_defaults(func=campaign_acceptance)
     p = sub.add_parser("scaling")
     p.add_argument("runs")
     p.add_argument("--svg", default=None)

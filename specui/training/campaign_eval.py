@@ -183,8 +183,8 @@ class Point:
 
 def points(folder: Path, stage: str) -> list[Point]:
     """What the stage's evaluation files say, a point per candidate, by step."""
-    benches = {name: _bench(eval_file(folder, stage, name)) for name in EVAL_SETS}
-    rows = {name: _rows(bench) for name, bench in benches.items()}
+    benches = {name: read_bench(eval_file(folder, stage, name)) for name in EVAL_SETS}
+    rows = {name: bench_rows(bench) for name, bench in benches.items()}
     per_token = _tokens_per_step(folder, stage)
     out = []
     for path in candidates(folder, stage):
@@ -225,14 +225,16 @@ def _tokens_per_step(folder: Path, stage: str) -> float:
         return 0.0
 
 
-def _bench(path: Path) -> dict:
+def read_bench(path: Path) -> dict:
+    """A ``specui bench --json`` file; {} when it is missing or torn."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _rows(bench: dict) -> dict[str, dict]:
+def bench_rows(bench: dict) -> dict[str, dict]:
+    """A bench's runs by drafter name (a folder's drafter is named by the folder)."""
     return {str(r.get("drafter")): r for r in bench.get("runs", []) if r.get("drafter")}
 
 
