@@ -696,9 +696,36 @@ def campaign_scaling(a: argparse.Namespace) -> None:
             ci = f" [{p.spec_bench_ci[0]:.2f}-{p.spec_bench_ci[1]:.2f}]" if p.spec_bench_ci else ""
             held = f"{p.heldout_tau:.3f}" if p.heldout_tau is not None else ""
             print(f"| {stage} | {where} | {tokens:,} | {held} | {p.spec_bench_tau:.3f}{ci} |")
+    from specui.training.campaign_acceptance import BAR_TAU as target
+
+    for name, pts in series.items():
+        if "campaign" in name and len(pts) >= 2:
+            print(_doubling_line(name, sorted(pts), target))
     if a.svg:
         Path(a.svg).write_text(_curve_svg(series, "sequence tokens trained on (log scale)"))
         print(f"wrote {a.svg}", file=sys.stderr)
+
+
+def _doubling_line(name: str, pts: list[tuple[int, float]], target: float) -> str:
+    """Where a curve bends and what it says the target would take: the tau gained per doubling
+    of the tokens between consecutive points, and a least-squares line in log2(tokens) over the
+    last half of the points (at least two), extrapolated to ``target``."""
+    pairs = zip(pts, pts[1:], strict=False)
+    steps = [(t1 - t0) / math.log2(n1 / n0) for (n0, t0), (n1, t1) in pairs if n1 > n0]
+    tail = pts[len(pts) // 2 :] if len(pts) >= 4 else pts
+    xs = [math.log2(n) for n, _ in tail]
+    ys = [t for _, t in tail]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+    line = f"{name}: tau per doubling between points " + ", ".join(f"{d:+.3f}" for d in steps)
+    line += f"; last {len(tail)} points {slope:+.3f} per doubling"
+    if ys[-1] >= target:
+        return line + f"; at {target} already"
+    if slope <= 0:
+        return line + f"; {target} not reached on this trend"
+    need = 2 ** (mx + (target - my) / slope)
+    return line + f"; {target} at about {need:,.0f} tokens on this trend"
 
 
 def campaign_acceptance(a: argparse.Namespace) -> None:

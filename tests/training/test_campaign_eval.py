@@ -187,3 +187,27 @@ def test_the_scaling_report_puts_the_campaign_beside_the_from_scratch_study(tmp_
     assert int(scratch[0].split("|")[3].replace(",", "")) > 232_543
     text = svg.read_text()
     assert text.count("<polyline") == 3 and "dflash campaign" in text and "1M" in text
+    assert "dflash campaign: tau per doubling between points" in out  # the campaign's trend
+
+
+def test_the_scaling_trend_says_where_the_curve_bends_and_what_the_bar_would_take():
+    import importlib.util
+
+    from tests.support.paths import REPO
+
+    spec = importlib.util.spec_from_file_location(
+        "train_shipped_tools", REPO / "scripts" / "train_shipped_tools.py"
+    )
+    tools = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tools)
+    pts = [(1_000_000, 1.5), (2_000_000, 1.6), (4_000_000, 1.7), (8_000_000, 1.75)]
+    line = tools._doubling_line("dflash campaign", pts, 2.0)
+    # +0.1, +0.1, then +0.05 a doubling: the bend; the last two points' line reaches 2.0 after
+    # 5.5 more doublings from their middle (2^(log2 4M + 0.5)): 4M x 2^6.
+    assert line == (
+        "dflash campaign: tau per doubling between points +0.100, +0.100, +0.050; last 2 points"
+        " +0.050 per doubling; 2.0 at about 256,000,000 tokens on this trend"
+    )
+    flat = tools._doubling_line("x", [(1_000_000, 1.5), (2_000_000, 1.4)], 2.0)
+    assert flat.endswith("2.0 not reached on this trend")
+    assert tools._doubling_line("x", [(1, 1.9), (2, 2.1)], 2.0).endswith("at 2.0 already")
