@@ -163,6 +163,7 @@ def main() -> None:
     for n, st in alone.items():
         k = drafters[n].num_speculative_tokens
         print(line(f"{n} (K {k})", st))
+    ceilings: dict[tuple[str, str], list[int]] = {}  # (lookup, learned) -> steps by prompt
     for lk in lookups:
         for ln in learned:
             better = min((lk, ln), key=lambda n: sum(alone[n]))
@@ -170,12 +171,12 @@ def main() -> None:
                 steps([a if had else b for a, b, had in zip(x, y, z, strict=True)])
                 for x, y, z in zip(acc[lk], acc[ln], drafted[lk], strict=True)
             ]
-            ceiling = [
+            ceilings[lk, ln] = [
                 steps([max(a, b) for a, b in zip(x, y, strict=True)])
                 for x, y in zip(acc[lk], acc[ln], strict=True)
             ]
             print(line(f"{ln}+{lk} lookup first", first, alone[better]))
-            print(line(f"{ln}+{lk} ceiling", ceiling, alone[better]))
+            print(line(f"{ln}+{lk} ceiling", ceilings[lk, ln], alone[better]))
     by_group: dict[str, list[int]] = defaultdict(list)
     for i, g in enumerate(groups):
         by_group[g].append(i)
@@ -184,10 +185,7 @@ def main() -> None:
         for g, idx in by_group.items():
             parts = []
             for ln in learned:
-                ceil = sum(
-                    steps([max(a, b) for a, b in zip(acc[lookups[0]][i], acc[ln][i], strict=True)])
-                    for i in idx
-                )
+                ceil = sum(ceilings[lookups[0], ln][i] for i in idx)
                 best = min(sum(alone[n][i] for i in idx) for n in (lookups[0], ln))
                 parts.append(f"{ln} {best / ceil:.2f}x")
             print(f"  {g:<16} " + ", ".join(parts))

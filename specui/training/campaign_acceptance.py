@@ -67,10 +67,11 @@ class Verdict:
                 f"math tau {self.math_tau:.2f}, down {self.shipped_math_tau - self.math_tau:.2f}"
                 f" from {self.shipped_math_tau:.2f} (bar {BAR_MATH_DROP})"
             )
-        slower = self.speedup is None or (
-            eagle3_speedup is not None and self.speedup < eagle3_speedup
-        )
-        if self.stage in PARALLEL and eagle3_speedup is not None and slower:
+        if (
+            self.stage in PARALLEL
+            and eagle3_speedup is not None
+            and (self.speedup is None or self.speedup < eagle3_speedup)
+        ):
             got = "missing" if self.speedup is None else f"{self.speedup:.2f}x"
             out.append(f"speedup {got} < EAGLE-3's {eagle3_speedup:.2f}x")
         if self.stage == "dspark" and (self.auroc is None or self.auroc < BAR_AUROC):
