@@ -181,6 +181,14 @@ def main() -> None:
     for i, g in enumerate(groups):
         by_group[g].append(i)
     if len(by_group) > 1:
+        # Each proposer's own tokens a step by group: where a drafter trained further gained.
+        print("by group, each proposer alone (tokens a step):")
+        for g, idx in by_group.items():
+            parts = [
+                f"{n} {sum(tokens[i] for i in idx) / sum(alone[n][i] for i in idx):.3f}"
+                for n in alone
+            ]
+            print(f"  {g:<16} " + ", ".join(parts))
         print("by group, the ceiling of each learned drafter with the first lookup:")
         for g, idx in by_group.items():
             parts = []
