@@ -410,6 +410,25 @@ def test_the_check_picks_the_rate_with_the_best_held_out_acceptance(tmp_path):
     assert ct.choose_lr(runs) == ct.LR_CHECK[1]  # by the last evaluation of each
 
 
+def test_a_higher_rate_that_only_ties_is_not_chosen(tmp_path):
+    """The first campaign's check: 6e-4 and 1.2e-3 tie (1.888 / 1.890) and 6e-4 is chosen; a
+    clear lead still wins."""
+    from specui.training import campaign_train as ct
+
+    def check(scores: tuple[float, float, float]) -> float | None:
+        runs = tmp_path / "-".join(map(str, scores)) / "runs"
+        for rate, score in zip(ct.LR_CHECK, scores, strict=True):
+            run = runs / f"lr-{rate:g}"
+            run.mkdir(parents=True)
+            (run / "metrics.jsonl").write_text(json.dumps({"step": 300, ct.HELD_OUT: score}))
+            (run / "train_run.json").write_text(json.dumps({"status": "finished"}))
+        return ct.choose_lr(runs)
+
+    assert check((1.835, 1.888, 1.890)) == ct.LR_CHECK[1]
+    assert check((1.889, 1.888, 1.890)) == ct.LR_CHECK[0]
+    assert check((1.835, 1.860, 1.890)) == ct.LR_CHECK[2]
+
+
 def _state(pid: int) -> str:
     """A process's state letter from /proc (T: stopped)."""
     return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
