@@ -265,7 +265,7 @@ def _evaluation_index() -> tuple[dict[str, list[tuple[str, str]]], frozenset[str
         if not ps.evaluation_only:
             continue
         for p in ps.loader("all", None):
-            for norm in {normalize_text(t) for t in _texts(p)}:
+            for norm in {normalize_text(t) for t in prompt_texts(p)}:
                 words = norm.split()
                 if len(words) < _WINDOW:
                     short.add(norm)
@@ -274,7 +274,8 @@ def _evaluation_index() -> tuple[dict[str, list[tuple[str, str]]], frozenset[str
     return {h: list(v.items()) for h, v in heads.items()}, frozenset(short)
 
 
-def _texts(p: Prompt) -> list[str]:
+def prompt_texts(p: Prompt) -> list[str]:
+    """The text a prompt holds: its text, or every turn's content."""
     if p.text is not None:
         return [p.text]
     return [m.get("content", "") for m in p.messages or () if isinstance(m.get("content"), str)]
@@ -304,7 +305,7 @@ def check_training_prompts(prompts: Iterable[Prompt], name: str = "the training 
         return
     hits: list[tuple[str, str]] = []
     for p in prompts:
-        for text in _texts(p):
+        for text in prompt_texts(p):
             norm = normalize_text(text)
             if norm in short:
                 hits.append((p.id, "an evaluation prompt"))

@@ -10,6 +10,7 @@ import json
 from dataclasses import replace
 from itertools import zip_longest
 
+from specui.data.overlap import shared_content
 from specui.data.prompts import (
     Prompt,
     read_prompt_file,
@@ -260,6 +261,7 @@ def general(split: str, limit: int | None) -> list[Prompt]:
 
 CAMPAIGN_EVAL_FRACTION = 0.02  # ~600 of ~30k rows: enough to evaluate, little generation unused
 CAMPAIGN_LONG_TOKENS = 480  # a "long" prompt (the campaign's long-document and long-code kinds)
+CAMPAIGN_HELD_OUT = 48  # the held-out evaluation reads 24 of them, the campaign's bench 12
 
 
 @register_prompt_set(
@@ -285,16 +287,36 @@ def campaign(split: str, limit: int | None) -> list[Prompt]:
         meta = {"kind": row.get("kind", ""), "prompt_tokens": row.get("prompt_tokens", 0)}
         prompts.append(replace(p, meta=meta))
     if split != "all":
-        # Salted: the general corpus's rows here all sit in its own training split, which the
-        # unsalted hash decides; a key of their own spreads the held-out rows over every kind.
-        prompts = [
-            p
-            for p in prompts
-            if split_of(f"campaign:{p.content_hash}", CAMPAIGN_EVAL_FRACTION) == split
-        ]
-    if split == "eval":
-        # Long and short prompts alternate, so a bench's first 12 hold both.
-        longs = [p for p in prompts if p.meta["prompt_tokens"] > CAMPAIGN_LONG_TOKENS]
-        shorts = [p for p in prompts if p.meta["prompt_tokens"] <= CAMPAIGN_LONG_TOKENS]
-        prompts = [p for pair in zip_longest(longs, shorts) for p in pair if p is not None]
+        stat = path.stat()
+        key = (str(path), stat.st_mtime_ns, stat.st_size, CAMPAIGN_LONG_TOKENS, CAMPAIGN_HELD_OUT)
+        if key not in _CAMPAIGN_SPLITS:  # ~15 s on the whole corpus: once a process
+            train, held = campaign_splits(prompts)
+            _CAMPAIGN_SPLITS[key] = ([p.id for p in train], [p.id for p in held])
+        by_id = {p.id: p for p in prompts}
+        prompts = [by_id[i] for i in _CAMPAIGN_SPLITS[key][split == "eval"]]
     return prompts[:limit] if limit is not None else prompts
+
+
+_CAMPAIGN_SPLITS: dict[tuple, tuple[list[str], list[str]]] = {}
+
+
+def campaign_splits(prompts: list[Prompt]) -> tuple[list[Prompt], list[Prompt]]:
+    """(train, held-out) of the campaign's prompts, sharing no content (``specui.data.overlap``).
+
+    The held-out prompts are the first ``CAMPAIGN_HELD_OUT`` of the split key's held-out side,
+    long and short alternating (so a bench's first 12 hold both).  Each long one shares its
+    passage with ~30 prompts of the key's training side; those, and any prompt sharing content
+    with a short one, are trained on by neither side.  The key's other held-out prompts are set
+    aside: a larger held-out split would take more of each passage's prompts from training.
+    """
+    # Salted: the general corpus's rows here all sit in its own training split, which the
+    # unsalted hash decides; a key of their own spreads the held-out rows over every kind.
+    keyed = [split_of(f"campaign:{p.content_hash}", CAMPAIGN_EVAL_FRACTION) for p in prompts]
+    train = [i for i, s in enumerate(keyed) if s == "train"]
+    held = [i for i, s in enumerate(keyed) if s == "eval"]
+    longs = [i for i in held if prompts[i].meta["prompt_tokens"] > CAMPAIGN_LONG_TOKENS]
+    shorts = [i for i in held if prompts[i].meta["prompt_tokens"] <= CAMPAIGN_LONG_TOKENS]
+    held = [i for pair in zip_longest(longs, shorts) for i in pair if i is not None]
+    held = held[:CAMPAIGN_HELD_OUT]
+    shared = shared_content(prompts, train, held)
+    return [prompts[i] for i in train if i not in shared], [prompts[i] for i in held]

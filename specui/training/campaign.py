@@ -412,7 +412,7 @@ def materialize(verifier, folder: Path, seed: int = SEED, partial: bool = False)
         ids = p.encode(verifier)
         resp = general_cache.get(prompt_key(ids))
         if resp is not None:
-            out.append(_train_row(p, resp, p.meta.get("kind", "general"), len(ids)))
+            out.append(train_row(p, resp, p.meta.get("kind", "general"), len(ids)))
     general = len(out)
     missing = 0
     for r in campaign_rows(folder):
@@ -422,7 +422,7 @@ def materialize(verifier, folder: Path, seed: int = SEED, partial: bool = False)
         if resp is None:
             missing += 1
         else:
-            out.append(_train_row(p, resp, r["kind"], len(ids)))
+            out.append(train_row(p, resp, r["kind"], len(ids)))
     if missing and not partial:
         raise SpecUIError(
             f"{missing} campaign prompts have no response yet: generation is not done"
@@ -446,7 +446,8 @@ def mean_sequence_tokens(train_file: Path) -> float:
     return total / max(n, 1)
 
 
-def _train_row(p: Prompt, response: Sequence[int], kind: str, prompt_tokens: int) -> dict:
+def train_row(p: Prompt, response: Sequence[int], kind: str, prompt_tokens: int) -> dict:
+    """A train.jsonl row: the prompt as its text, turns or ids, its kind, size and response."""
     row: dict = {"id": p.id, "kind": kind, "prompt_tokens": prompt_tokens}
     if p.messages is not None:
         row["messages"] = list(p.messages)
