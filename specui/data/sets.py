@@ -259,7 +259,7 @@ def general(split: str, limit: int | None) -> list[Prompt]:
     return prompts[:limit] if limit is not None else prompts
 
 
-CAMPAIGN_EVAL_FRACTION = 0.02  # ~600 of ~30k rows: enough to evaluate, little generation unused
+CAMPAIGN_EVAL_FRACTION = 0.02  # the split key's held-out side, ~600 rows: the 48 come from it
 CAMPAIGN_LONG_TOKENS = 480  # a "long" prompt (the campaign's long-document and long-code kinds)
 CAMPAIGN_HELD_OUT = 48  # the held-out evaluation reads 24 of them, the campaign's bench 12
 
