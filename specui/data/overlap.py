@@ -14,6 +14,7 @@ may share.  In the campaign's corpus a passage's runs are in at most 65 prompts,
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from specui.data.prompts import Prompt, normalize_text, prompt_texts
@@ -39,11 +40,10 @@ def shared_content(
 ) -> set[int]:
     """The ``candidates`` (indices into ``corpus``) that share content with a ``held_out`` one:
     a run both hold that at most ``boilerplate`` prompts of ``corpus`` hold."""
-    every = [runs(p) for p in corpus]
-    held: set[int] = set().union(*(every[i] for i in held_out))
-    count = dict.fromkeys(held, 0)
-    for rs in every:
-        for r in rs & held:
-            count[r] += 1
+    held: set[int] = set().union(*(runs(corpus[i]) for i in held_out))
+    # Only the held-out runs each prompt holds are kept: a few per prompt, where all of a
+    # corpus's runs (millions, for long documents) would be held at once in every process.
+    touched = [runs(p) & held for p in corpus]
+    count = Counter(r for rs in touched for r in rs)
     content = {r for r, n in count.items() if n <= boilerplate}
-    return {i for i in candidates if every[i] & content}
+    return {i for i in candidates if touched[i] & content}

@@ -292,8 +292,9 @@ def campaign(split: str, limit: int | None) -> list[Prompt]:
         if key not in _CAMPAIGN_SPLITS:  # ~15 s on the whole corpus: once a process
             train, held = campaign_splits(prompts)
             _CAMPAIGN_SPLITS[key] = ([p.id for p in train], [p.id for p in held])
+        train_ids, held_ids = _CAMPAIGN_SPLITS[key]
         by_id = {p.id: p for p in prompts}
-        prompts = [by_id[i] for i in _CAMPAIGN_SPLITS[key][split == "eval"]]
+        prompts = [by_id[i] for i in (held_ids if split == "eval" else train_ids)]
     return prompts[:limit] if limit is not None else prompts
 
 
