@@ -12,6 +12,8 @@
         [--shipped-tokens dflash=N ...]   (the campaign's snapshots beside the from-scratch study)
     python scripts/train_shipped_tools.py campaign-acceptance STATE
         (issue 49's bars on the campaign's ship check; exit 1 while one is missed)
+    python scripts/train_shipped_tools.py campaign-ship STATE [--dest DIR] [--dry-run]
+        (each paired-better campaign drafter replaces the shipped one, with its card)
 
 ``distill`` is the self-distillation stage (the same cache ``specui train``
 reads, so training skips it).  ``heldout-file`` writes held-out prompts
@@ -180,26 +182,10 @@ def convert(a: argparse.Namespace) -> None:
     if not (run / "config.json").is_file():
         sys.exit(f"ship {a.algo}: {run} holds no finished drafter")
     _threads()
-    from specui.algorithms.base import verifier_identity
-    from specui.algorithms.checkpoint import load_model, save_drafter
-    from specui.verifier.embedded import EMBEDDED_HUB_ID
+    from specui.training.shipping import write_bf16
     from specui.verifier.model import Verifier
 
-    verifier = Verifier.load("embedded")
-    model = load_model(run, verifier)
-    model.config.verifier_name_or_path = EMBEDDED_HUB_ID  # not this machine's cache path
-    # A run trained before the GGUF-config fix recorded no verifier architecture: name it.
-    arch = verifier_identity(verifier)["verifier_architectures"]
-    model.config.verifier_architectures = model.config.verifier_architectures or arch
-    if (
-        a.num_speculative_tokens
-    ):  # EAGLE-3 trains 4 TTT steps but ships drafting K 8, like the others
-        model.config.num_speculative_tokens = a.num_speculative_tokens
-    # A frozen embedding is the verifier's own: leave it out (SpecUI and vLLM borrow it).
-    embed = "embed_tokens.weight"
-    frozen = embed in model.verifier_fallback and not model.get_parameter(embed).requires_grad
-    save_drafter(model, dest, dtype="bfloat16", borrow=(embed,) if frozen else ())
-    size = sum(f.stat().st_size for f in dest.iterdir() if f.is_file())
+    size = write_bf16(run, dest, Verifier.load("embedded"), a.num_speculative_tokens)
     print(f"ship {a.algo}: wrote {dest} (bf16, {size / 2**20:.1f} MiB)")
 
 
@@ -764,6 +750,33 @@ def campaign_acceptance(a: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def campaign_ship(a: argparse.Namespace) -> None:
+    """Ship what the campaign's ship check found paired-better (``specui.training.campaign_ship``)
+    and say, drafter by drafter, what shipped and why the others stay."""
+    from specui.paths import shipped_drafters_dir
+    from specui.training import campaign_ship as cs
+
+    state = Path(a.state)
+    dest = Path(a.dest) if a.dest else shipped_drafters_dir()
+    if a.dry_run:
+        shipments = cs.plan(state, dest)
+    else:
+        _threads()
+        from specui.verifier.model import Verifier
+
+        shipments = cs.ship(state, dest, Verifier.load("embedded"))
+    if not shipments:
+        sys.exit(f"campaign-ship: {state} has no ship check yet (the campaign runs it last)")
+    for s in shipments:
+        verb = ("would ship" if a.dry_run else "shipped") if s.ships else "keeps the shipped"
+        line = f"{s.stage}: {verb} {s.dest}"
+        if s.reasons:
+            line += f" ({'; '.join(s.reasons)})"
+        if s.ships and s.problems:
+            line += f"; bars still missed: {'; '.join(s.problems)}"
+        print(line)
+
+
 def _curve_svg(series: dict[str, list[tuple[int, float]]], x_label: str) -> str:
     """Spec-Bench tau against tokens, log x, one line a series."""
     w, h, left, top = 620, 360, 56, 34
@@ -905,6 +918,11 @@ def main() -> None:
     p = sub.add_parser("campaign-acceptance")
     p.add_argument("state", help="the campaign's state folder (SPECUI_CAMPAIGN_DIR)")
     p.set_defaults(func=campaign_acceptance)
+    p = sub.add_parser("campaign-ship")
+    p.add_argument("state", help="the campaign's state folder (SPECUI_CAMPAIGN_DIR)")
+    p.add_argument("--dest", default=None, help="default: the repository's data/drafters")
+    p.add_argument("--dry-run", action="store_true", help="say what would ship; write nothing")
+    p.set_defaults(func=campaign_ship)
     p = sub.add_parser("scaling")
     p.add_argument("runs")
     p.add_argument("--svg", default=None)

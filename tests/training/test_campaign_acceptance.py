@@ -52,6 +52,24 @@ def test_a_candidate_equal_to_the_shipped_drafter_is_not_paired_better(tmp_path,
     row = next(line for line in done.stdout.splitlines() if line.startswith("| dflash |"))
     assert f"| {v.tau:.2f} ({v.shipped_tau:.2f}) |" in row and "ships" not in row
     assert "dflash: not paired-better" in done.stdout
+    # ... so the ship step keeps the shipped drafter, and says why.
+    dest = tmp_path / "drafters"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(tools),
+            "campaign-ship",
+            str(tmp_path),
+            "--dest",
+            str(dest),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "dflash: keeps the shipped" in done.stdout and "not paired-better" in done.stdout
+    assert not dest.exists()
 
 
 def _verdict(**kw) -> ca.Verdict:
