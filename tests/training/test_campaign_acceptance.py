@@ -13,6 +13,7 @@ from specui.paths import shipped_drafters_dir
 from specui.training import campaign_acceptance as ca
 from specui.training import campaign_eval as ce
 from tests.support.paths import REPO
+from tests.support.ship_check import tiny_ship_check
 
 
 @pytest.mark.slow
@@ -24,16 +25,7 @@ def test_a_candidate_equal_to_the_shipped_drafter_is_not_paired_better(tmp_path,
     (tmp_path / "evals" / "dflash-heldout.json").write_text(
         '{"runs": [{"drafter": "step-00000010", "acceptance_length": 1.5}]}'
     )
-    monkeypatch.setattr(ce, "MAX_NEW_TOKENS", 12)
-    monkeypatch.setattr(
-        ce,
-        "SHIP_SETS",
-        {
-            "ship-spec-bench": ("spec-bench", 2, "fixed"),
-            "ship-math": ("gsm-symbolic", 2, "fixed"),
-            "ship-spec-bench-adaptive": ("spec-bench", 2, "adaptive"),
-        },
-    )
+    tiny_ship_check(monkeypatch)
     assert len(ce.ship_check(tmp_path, ["dflash"])) == 3  # real benches
     (v,) = ca.verdicts(tmp_path)
     assert v.stage == "dflash" and v.tau == v.shipped_tau and v.tau >= 1.0

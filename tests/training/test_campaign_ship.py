@@ -16,6 +16,7 @@ from specui.algorithms.checkpoint import load_model, save_drafter
 from specui.training import campaign_eval as ce
 from specui.training import campaign_ship as cs
 from tests.support.paths import REPO
+from tests.support.ship_check import tiny_ship_check
 
 CANDIDATE_STEP = 10
 
@@ -73,16 +74,7 @@ def test_a_paired_better_candidate_ships_once_with_its_card(
     state = tmp_path / "state"
     candidate_from = REPO / "data" / "drafters" / "dflash"
     _campaign_state(state, candidate_from)
-    monkeypatch.setattr(ce, "MAX_NEW_TOKENS", 24)
-    monkeypatch.setattr(
-        ce,
-        "SHIP_SETS",
-        {
-            "ship-spec-bench": ("spec-bench", 6, "fixed"),
-            "ship-math": ("gsm-symbolic", 2, "fixed"),
-            "ship-spec-bench-adaptive": ("spec-bench", 2, "adaptive"),
-        },
-    )
+    tiny_ship_check(monkeypatch, spec_bench=6, max_new_tokens=24)
     assert len(ce.ship_check(state, ["dflash"])) == 3  # real benches
 
     dest_root, archive = tmp_path / "drafters", tmp_path / "cards"
