@@ -4,6 +4,7 @@ kept in the data folder, read back without measuring, measured again when the ke
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -74,3 +75,40 @@ def test_a_learned_drafter_gets_a_catch_up_price_kept_with_the_model(data_dir, f
     cost._MEMO.clear()
     again = cost.cost_model(v, 3, (learned,))
     assert again.catchup_s[key] == pytest.approx(model.catchup_s[key], rel=1e-3)
+
+
+class _Interrupted:
+    """A verifier whose forwards another process holds up: from the fourth repeat of the
+    measure on, every forward takes ``SPIKE_S`` longer (as a preempted one does on a busy
+    machine), so five of each point's seven kept samples carry it."""
+
+    SPIKE_S = 0.02
+
+    def __init__(self, verifier, rows: int) -> None:
+        self._v, self._calls, self._rows = verifier, 0, rows
+
+    def __getattr__(self, name):
+        return getattr(self._v, name)
+
+    def forward(self, ids, cache, *args, **kwargs):
+        self._calls += 1
+        rep = (self._calls - 2) // self._rows  # call 1 fills the context; then rows per repeat
+        if rep >= 3:
+            time.sleep(self.SPIKE_S)
+        return self._v.forward(ids, cache, *args, **kwargs)
+
+
+def test_a_busy_machine_s_delays_stay_out_of_the_verify_curve():
+    # The figure is the least of the repeats (a delay only ever adds time): with two undisturbed
+    # repeats of each point, no delay reaches the curve.  The median of the seven would carry it.
+    v = make_tiny_verifier(vocab_size=64, hidden=32, layers=2, seed=1)
+    rows = 4
+    curve = cost.measure_verify(_Interrupted(v, rows), rows, repeats=7)
+    assert len(curve) == rows
+    assert max(curve) < _Interrupted.SPIKE_S / 2, curve
+    assert cost.steady([0.004, 0.03, 0.0041, 0.05]) == 0.004
+
+
+def test_the_estimator_s_version_is_part_of_the_cache_key(data_dir):
+    v = make_tiny_verifier(vocab_size=64, hidden=32, layers=2, seed=1)
+    assert cost.model_key(v)["version"] == cost.COST_MODEL_VERSION
