@@ -23,7 +23,7 @@ from typing import Any
 from specui.paths import REPO_ROOT
 from specui.training import campaign_acceptance as ca
 from specui.training import campaign_eval as ce
-from specui.training.campaign import TRAIN_FILE, mean_sequence_tokens
+from specui.training.campaign import TRAIN_FILE
 
 CARDS_ARCHIVE = REPO_ROOT / "docs" / "shipped" / "general" / "cards"
 CAMPAIGN_MARK = "trained by SpecUI's training campaign"  # in every card this module writes
@@ -47,9 +47,10 @@ def already_shipped(dest: Path) -> bool:
     return card.is_file() and CAMPAIGN_MARK in card.read_text(encoding="utf-8")
 
 
-def plan(folder: Path, dest_root: Path) -> list[Shipment]:
-    """What ``ship`` would do, stage by stage (nothing is written)."""
-    found = ca.verdicts(folder)
+def plan(folder: Path, dest_root: Path, found: list[ca.Verdict] | None = None) -> list[Shipment]:
+    """What ``ship`` would do, stage by stage (nothing is written); ``found``: the verdicts, when
+    the caller has them (each reads the store and bootstraps the paired intervals)."""
+    found = ca.verdicts(folder) if found is None else found
     eagle3 = next((v.speedup for v in found if v.stage == "eagle3"), None)
     out = []
     for v in found:
@@ -71,24 +72,25 @@ def ship(
     dest_root: Path,
     verifier: Any,
     archive: Path = CARDS_ARCHIVE,
-    dry_run: bool = False,
 ) -> list[Shipment]:
     """Replace each drafter that ships (bf16 weights and card; its old card archived first)."""
     from specui.training.shipping import write_bf16
 
-    found = {v.stage: v for v in ca.verdicts(folder)}
+    verdicts = ca.verdicts(folder)
+    found = {v.stage: v for v in verdicts}
     eagle3 = found["eagle3"].speedup if "eagle3" in found else None
-    best = ca.best_problems(list(found.values()))
-    shipments = plan(folder, dest_root)
+    best = ca.best_problems(verdicts)
+    shipments = plan(folder, dest_root, verdicts)
+    corpus = corpus_stats(folder) if any(s.ships for s in shipments) else (0, 0, 0.0)
     for s in shipments:
-        if not s.ships or dry_run:
+        if not s.ships:
             continue
         v = found[s.stage]
         candidate = folder / ce.CANDIDATES / ca.CANDIDATE.format(s.stage)
         tmp = s.dest.with_name(s.dest.name + ".shipping")
         shutil.rmtree(tmp, ignore_errors=True)
         write_bf16(candidate, tmp, verifier)
-        s.card = card(v, folder, tmp, eagle3, best)
+        s.card = card(v, folder, tmp, eagle3, best, corpus)
         (tmp / "README.md").write_text(s.card, encoding="utf-8")
         old_card = s.dest / "README.md"
         if old_card.is_file():
@@ -108,17 +110,18 @@ def ship(
 # --- the card ------------------------------------------------------------------------------
 
 
-def _corpus(folder: Path) -> tuple[int, int]:
-    """(rows, response tokens) of the campaign's training file."""
-    rows = tokens = 0
+def corpus_stats(folder: Path) -> tuple[int, int, float]:
+    """(rows, response tokens, mean prompt + response tokens) of the campaign's training file, in
+    one pass (``campaign.mean_sequence_tokens`` is the last)."""
+    rows = tokens = prompt_tokens = 0
     with (folder / TRAIN_FILE).open(encoding="utf-8") as f:
         for line in f:
             if line.strip():
                 row = json.loads(line)
-                ids = row.get("response_ids", [])
                 rows += 1
-                tokens += len(json.loads(ids) if isinstance(ids, str) else ids)
-    return rows, tokens
+                tokens += len(row["response_ids"])
+                prompt_tokens += int(row.get("prompt_tokens", 0))
+    return rows, tokens, (tokens + prompt_tokens) / max(rows, 1)
 
 
 def _wall_s(run: Path, up_to: int, log_every: int) -> float:
@@ -161,9 +164,15 @@ def _ci(row: dict, key: str) -> str:
 
 
 def card(
-    v: ca.Verdict, folder: Path, weights: Path, eagle3_speedup: float | None, best: list[str]
+    v: ca.Verdict,
+    folder: Path,
+    weights: Path,
+    eagle3_speedup: float | None,
+    best: list[str],
+    corpus: tuple[int, int, float],
 ) -> str:
-    """The model card of stage ``v.stage``'s chosen snapshot, written as ``weights`` holds it."""
+    """The model card of stage ``v.stage``'s chosen snapshot, written as ``weights`` holds it;
+    ``corpus``: ``corpus_stats(folder)``."""
     from safetensors import safe_open
 
     run = folder / "runs" / v.stage
@@ -174,8 +183,8 @@ def card(
     step = int(snap.name.split("-")[1])
     points = {p.step: p for p in ce.points(folder, v.stage)}
     chosen, start = points.get(step), points.get(0)
-    per_step = int(cfg["batch_size"]) * world * mean_sequence_tokens(folder / TRAIN_FILE)
-    rows, response_tokens = _corpus(folder)
+    rows, response_tokens, mean_tokens = corpus
+    per_step = int(cfg["batch_size"]) * world * mean_tokens
     with safe_open(str(weights / "model.safetensors"), "pt") as f:
         n_params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118
     size = (weights / "model.safetensors").stat().st_size
